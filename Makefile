@@ -1,0 +1,50 @@
+# `make serve` and `make test` set everything up on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BUF := tools/node_modules/.bin/buf
+HOST ?= 127.0.0.1
+PORT ?= 50051
+PYTEST_ARGS ?=
+
+.PHONY: all venv serve test lint format proto buf-lint clean
+
+all: test
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml clients/python/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e clients/python -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+$(BUF): tools/package.json
+	cd tools && npm install --silent --no-audit --no-fund
+	touch $(BUF)
+
+serve: $(STAMP)
+	$(BIN)/pooling-server --host $(HOST) --port $(PORT)
+
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
+
+buf-lint: $(STAMP) $(BUF)
+	$(BIN)/python scripts/gen_proto.py --descriptor-set $(VENV)/pooling.binpb
+	$(BUF) lint $(VENV)/pooling.binpb --path pooling/v1/pooling.proto
+
+lint: $(STAMP) buf-lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) tools/node_modules

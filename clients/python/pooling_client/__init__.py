@@ -1,0 +1,51 @@
+"""Python client for the pooling gRPC service, mirroring vLLM's ``LLM`` pooling API.
+
+Only speaks the wire protocol (no torch, no model code), so it installs anywhere::
+
+    from pooling_client import PoolingClient, PoolingParams
+
+    client = PoolingClient("127.0.0.1:50051")
+    outputs = client.embed(
+        ["Hello world", "How are you?"], pooling_params=PoolingParams(use_activation=True)
+    )
+    outputs[0].outputs.embedding
+
+``classify``, ``score``, ``encode`` (token_embed / token_classify), ``models`` and ``tokenize``
+work the same way; :class:`AsyncPoolingClient` offers them as coroutines. Failed calls raise
+:class:`PoolingError`, whose ``reason`` and ``field_violations`` say what to fix.
+"""
+
+from pooling_client.async_client import AsyncPoolingClient
+from pooling_client.client import PoolingClient
+from pooling_client.errors import FieldViolation, PoolingError
+from pooling_client.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    ModelInfo,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+    TokenizeOutput,
+)
+from pooling_client.params import PoolingParams
+
+__all__ = [
+    "AsyncPoolingClient",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "FieldViolation",
+    "ModelInfo",
+    "PoolingClient",
+    "PoolingError",
+    "PoolingOutput",
+    "PoolingParams",
+    "PoolingRequestOutput",
+    "ScoringOutput",
+    "ScoringRequestOutput",
+    "TokenizeOutput",
+]

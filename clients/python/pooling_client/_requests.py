@@ -1,0 +1,176 @@
+"""Request building and response conversion shared by the sync and async clients.
+
+Pure functions only (no I/O), so both clients stay thin wrappers around one transport call,
+and a later streaming path can split one prepared request into chunks and reuse the same
+conversion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from pooling_client.outputs import (
+    classification_request_outputs,
+    embedding_request_outputs,
+    pooling_request_outputs,
+    scoring_request_outputs,
+)
+from pooling_client.params import PoolingParams, check_task
+from pooling_client.v1 import pooling_pb2
+
+#: Tasks that take a TextInput (everything but score).
+TEXT_TASKS: tuple[str, ...] = ("embed", "classify", "token_embed", "token_classify")
+#: Tasks ``encode`` accepts; "embed" and "classify" delegate to embed()/classify().
+ENCODE_TASKS: tuple[str, ...] = ("token_embed", "token_classify", "embed", "classify")
+
+#: How the "[SEP]" form of score input separates query from document.
+SEP_TOKEN = "[SEP]"
+
+_CONVERTERS: dict[str, Callable[[pooling_pb2.PoolResponse], list[Any]]] = {
+    "embed": embedding_request_outputs,
+    "classify": classification_request_outputs,
+    "score": scoring_request_outputs,
+    "token_embed": pooling_request_outputs,
+    "token_classify": pooling_request_outputs,
+}
+
+
+def new_request_id() -> str:
+    """A fresh request id for calls that do not name one."""
+    return uuid.uuid4().hex
+
+
+def as_texts(prompts: str | Iterable[str], name: str = "prompts") -> list[str]:
+    """Normalise one text or a sequence of texts to a list, rejecting non-strings."""
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(text).__name__}")
+    return texts
+
+
+def split_sep(text: str) -> tuple[str, str]:
+    """Split "query [SEP] doc" on the first [SEP], dropping the whitespace around it."""
+    query, sep, doc = text.partition(SEP_TOKEN)
+    if not sep:
+        raise ValueError(f"Score input {text!r} has no {SEP_TOKEN} separator")
+    return query.rstrip(), doc.lstrip()
+
+
+def split_pairs(data: str | Iterable[Any]) -> tuple[list[str], list[str]]:
+    """Split (text_1, text_2) tuples or "q [SEP] d" strings into equal-length N:N lists."""
+    items = [data] if isinstance(data, str) else list(data)
+    text_1: list[str] = []
+    text_2: list[str] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            query, doc = split_sep(item)
+        elif isinstance(item, (tuple, list)):
+            if len(item) != 2:
+                raise ValueError(f"data_1[{i}] must be a (text_1, text_2) pair, got {len(item)}")
+            query, doc = item
+            if not isinstance(query, str) or not isinstance(doc, str):
+                raise TypeError(f"data_1[{i}] must hold two str")
+        else:
+            raise TypeError(
+                f"data_1[{i}] must be a (text_1, text_2) pair or a '{SEP_TOKEN}' string, "
+                f"got {type(item).__name__}"
+            )
+        text_1.append(query)
+        text_2.append(doc)
+    return text_1, text_2
+
+
+def score_texts(
+    data_1: str | Iterable[Any], data_2: str | Iterable[str] | None
+) -> tuple[list[str], list[str]]:
+    """Resolve score()'s arguments into text_1/text_2 lists (shapes are checked by the server)."""
+    if data_2 is None:
+        return split_pairs(data_1)
+    return as_texts(data_1, "data_1"), as_texts(data_2, "data_2")
+
+
+def resolve_params(
+    task: str, pooling_params: PoolingParams | None, truncate_prompt_tokens: int | None
+) -> PoolingParams:
+    """Merge the truncate_prompt_tokens kwarg into the params (the kwarg wins), then verify."""
+    params = pooling_params if pooling_params is not None else PoolingParams()
+    if truncate_prompt_tokens is not None:
+        params = dataclasses.replace(params, truncate_prompt_tokens=truncate_prompt_tokens)
+    params.verify(task)
+    return params
+
+
+def pool_request(
+    task: str,
+    inputs: list[str] | tuple[list[str], list[str]],
+    *,
+    pooling_params: PoolingParams | None = None,
+    truncate_prompt_tokens: int | None = None,
+    model: str | None = None,
+    request_id: str | None = None,
+) -> pooling_pb2.PoolRequest:
+    """Build a verified PoolRequest whose input case is named by ``task``.
+
+    ``inputs`` is a list of texts, or for score a (text_1, text_2) pair of lists.
+    """
+    check_task(task)
+    params = resolve_params(task, pooling_params, truncate_prompt_tokens)
+    request = pooling_pb2.PoolRequest(
+        request_id=request_id if request_id is not None else new_request_id(),
+        model=model or "",
+        params=params.to_proto(task),
+    )
+    if task == "score":
+        text_1, text_2 = inputs
+        request.score.text_1.extend(text_1)
+        request.score.text_2.extend(text_2)
+    else:
+        if isinstance(inputs, tuple):
+            raise TypeError(f"Task {task} takes a list of texts, not text pairs")
+        getattr(request, task).texts.extend(inputs)
+    return request
+
+
+def expected_outputs(request: pooling_pb2.PoolRequest) -> int:
+    """How many outputs a PoolRequest should produce: one per text, or per pair for score."""
+    case = request.WhichOneof("input")
+    if case == "score":
+        text_1, text_2 = request.score.text_1, request.score.text_2
+        return len(text_2) if len(text_1) == 1 else len(text_1)
+    return len(getattr(request, case).texts) if case else 0
+
+
+def pool_outputs(
+    task: str, request: pooling_pb2.PoolRequest, response: pooling_pb2.PoolResponse
+) -> list[Any]:
+    """Convert a PoolResponse into the task's request outputs, checking it answers ``request``."""
+    outputs = _CONVERTERS[task](response)
+    expected = expected_outputs(request)
+    if len(outputs) != expected:
+        raise ValueError(
+            f"PoolResponse {response.request_id!r} has {len(outputs)} outputs, expected {expected}"
+        )
+    return outputs
+
+
+def check_encode_task(pooling_task: str) -> None:
+    """Raise ValueError unless encode() can run ``pooling_task``."""
+    if pooling_task not in ENCODE_TASKS:
+        raise ValueError(
+            f"encode() does not support pooling_task={pooling_task!r}; "
+            f"expected one of {list(ENCODE_TASKS)} (use score() for scoring)"
+        )
+
+
+def tokenize_request(
+    prompts: str | Sequence[str], *, model: str | None, add_special_tokens: bool | None
+) -> pooling_pb2.TokenizeRequest:
+    """Build a TokenizeRequest; add_special_tokens is sent only when set."""
+    request = pooling_pb2.TokenizeRequest(model=model or "", texts=as_texts(prompts))
+    if add_special_tokens is not None:
+        request.add_special_tokens = add_special_tokens
+    return request

@@ -1,0 +1,244 @@
+"""PoolingClient: a blocking client whose methods mirror vLLM's ``LLM`` pooling API.
+
+``client.embed(texts)`` returns what ``LLM.embed(texts)`` would, but runs on a remote pooling
+server, so scripts written against vLLM port over by swapping the object they call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from pooling_client import _requests
+from pooling_client._channel import (
+    ClientConfig,
+    MetadataArg,
+    channel_credentials,
+    channel_options,
+)
+from pooling_client.errors import PoolingError
+from pooling_client.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    ModelInfo,
+    PoolingRequestOutput,
+    ScoringRequestOutput,
+    TokenizeOutput,
+    model_infos,
+    tokenize_outputs,
+)
+from pooling_client.params import PoolingParams
+from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+
+_Response = TypeVar("_Response")
+
+
+class PoolingClient:
+    """Blocking client for a pooling server.
+
+    Args:
+        target: "host:port" of the server.
+        model: default served model name; None uses the server's default model.
+        timeout: default deadline in seconds for each call; None waits indefinitely.
+        credentials: TLS channel credentials; or give the PEM parts below instead.
+        root_certificates, private_key, certificate_chain: PEM bytes for TLS (mutual TLS
+            with key and chain). Without any TLS argument the channel is insecure.
+        api_key: sent as "authorization: Bearer <key>" metadata on every call.
+        metadata: extra metadata pairs, or a callable returning them, evaluated per call.
+        options: gRPC channel options.
+        compression: channel compression.
+
+    Every failed call raises :class:`~pooling_client.errors.PoolingError`.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        model: str | None = None,
+        timeout: float | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        root_certificates: bytes | None = None,
+        private_key: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        api_key: str | None = None,
+        metadata: MetadataArg = None,
+        options: Sequence[tuple[str, Any]] | None = None,
+        compression: grpc.Compression | None = None,
+    ) -> None:
+        creds = channel_credentials(credentials, root_certificates, private_key, certificate_chain)
+        merged = channel_options(options)
+        if creds is None:
+            self._channel = grpc.insecure_channel(target, merged, compression)
+        else:
+            self._channel = grpc.secure_channel(target, creds, merged, compression)
+        self._stub = pooling_pb2_grpc.PoolingServiceStub(self._channel)
+        self._config = ClientConfig(model, timeout, metadata, api_key)
+
+    def embed(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        use_tqdm: bool = False,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per text, in input order (vLLM ``LLM.embed``).
+
+        ``use_tqdm`` is accepted for vLLM compatibility and currently ignored.
+        """
+        texts = _requests.as_texts(prompts)
+        return self._pool(
+            "embed", texts, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+        )
+
+    def classify(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        use_tqdm: bool = False,
+    ) -> list[ClassificationRequestOutput]:
+        """One classification per text, in input order (vLLM ``LLM.classify``)."""
+        texts = _requests.as_texts(prompts)
+        return self._pool(
+            "classify", texts, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+        )
+
+    def score(
+        self,
+        data_1: str | Iterable[Any],
+        data_2: str | Sequence[str] | None = None,
+        *,
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        use_tqdm: bool = False,
+    ) -> list[ScoringRequestOutput]:
+        """One relevance score per pair (vLLM ``LLM.score``).
+
+        With ``data_2``: 1:1, 1:N or N:N texts. Without it: ``data_1`` is a list of
+        (text_1, text_2) tuples or "query [SEP] document" strings, scored pairwise.
+        """
+        pairs = _requests.score_texts(data_1, data_2)
+        return self._pool(
+            "score", pairs, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+        )
+
+    def encode(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        pooling_task: str = "token_embed",
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        use_tqdm: bool = False,
+    ) -> (
+        list[PoolingRequestOutput]
+        | list[EmbeddingRequestOutput]
+        | list[ClassificationRequestOutput]
+    ):
+        """Per-token outputs for "token_embed"/"token_classify" (vLLM ``LLM.encode``).
+
+        "embed" and "classify" are forwarded to :meth:`embed` and :meth:`classify`.
+        """
+        _requests.check_encode_task(pooling_task)
+        kwargs: dict[str, Any] = {
+            "pooling_params": pooling_params,
+            "truncate_prompt_tokens": truncate_prompt_tokens,
+            "model": model,
+            "timeout": timeout,
+            "request_id": request_id,
+        }
+        if pooling_task == "embed":
+            return self.embed(prompts, **kwargs)
+        if pooling_task == "classify":
+            return self.classify(prompts, **kwargs)
+        texts = _requests.as_texts(prompts)
+        return self._pool(
+            pooling_task, texts, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+        )
+
+    def models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        """Every served model and what it can do, the default model first."""
+        response = self._call(self._stub.ListModels, pooling_pb2.ListModelsRequest(), timeout)
+        return model_infos(response)
+
+    def tokenize(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        model: str | None = None,
+        add_special_tokens: bool | None = None,
+        timeout: float | None = None,
+    ) -> list[TokenizeOutput]:
+        """The tokens the model would see for each text (special tokens added by default)."""
+        request = _requests.tokenize_request(
+            prompts, model=self._config.model_for(model), add_special_tokens=add_special_tokens
+        )
+        return tokenize_outputs(self._call(self._stub.Tokenize, request, timeout))
+
+    def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        self._channel.close()
+
+    def __enter__(self) -> PoolingClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _pool(
+        self,
+        task: str,
+        inputs: list[str] | tuple[list[str], list[str]],
+        pooling_params: PoolingParams | None,
+        truncate_prompt_tokens: int | None,
+        model: str | None,
+        timeout: float | None,
+        request_id: str | None,
+    ) -> list[Any]:
+        """Run one task as one Pool call. (Chunking big jobs over PoolStream hooks in here.)"""
+        request = _requests.pool_request(
+            task,
+            inputs,
+            pooling_params=pooling_params,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            model=self._config.model_for(model),
+            request_id=request_id,
+        )
+        response = self._call(self._stub.Pool, request, timeout)
+        return _requests.pool_outputs(task, request, response)
+
+    def _call(
+        self, method: Callable[..., _Response], request: Any, timeout: float | None
+    ) -> _Response:
+        """Invoke a unary method with the client's metadata, mapping failures to PoolingError."""
+        try:
+            return method(
+                request,
+                timeout=self._config.timeout_for(timeout),
+                metadata=self._config.call_metadata(),
+            )
+        except grpc.RpcError as error:
+            raise PoolingError.from_rpc_error(error) from error

@@ -1,0 +1,265 @@
+"""Result classes mirroring vLLM's pooling outputs, and their conversion from wire messages.
+
+Each converter turns one ``PoolResponse`` into one request output per input text (or text
+pair), in input order, so results line up with ``vllm.LLM.embed``/``classify``/``score``/
+``encode``. Token matrices become numpy float32 arrays when numpy is installed (an optional
+extra) and plain row lists otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pooling_client.v1 import pooling_pb2
+
+try:  # numpy is an optional extra; token matrices fall back to nested lists without it.
+    import numpy as np
+except ImportError:  # pragma: no cover - exercised only where numpy is absent
+    np = None  # type: ignore[assignment]
+
+
+@dataclass
+class EmbeddingOutput:
+    """One text's embedding (vLLM ``EmbeddingOutput``)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        """Number of components, as vLLM reports it."""
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    """One text's class probabilities, or raw logits when use_activation is False."""
+
+    probs: list[float]
+    label_id: int
+    label: str
+
+    @property
+    def num_classes(self) -> int:
+        """Number of labels the model predicts over."""
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    """One text pair's relevance score (vLLM ``ScoringOutput``)."""
+
+    score: float
+
+
+@dataclass
+class PoolingOutput:
+    """One text's per-token output (token_embed or token_classify).
+
+    ``data`` has one row per token: a numpy float32 array of shape (rows, cols) when numpy is
+    installed, else a list of row lists. ``label_ids``/``labels`` are filled for
+    token_classify only.
+    """
+
+    data: Any
+    token_ids: list[int] = field(default_factory=list)
+    offsets: list[tuple[int, int]] = field(default_factory=list)
+    special_tokens_mask: list[bool] = field(default_factory=list)
+    label_ids: list[int] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """The embedding of one input text."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """The classification of one input text."""
+
+    request_id: str
+    outputs: ClassificationOutput
+
+
+@dataclass
+class ScoringRequestOutput:
+    """The score of one input text pair."""
+
+    request_id: str
+    outputs: ScoringOutput
+
+
+@dataclass
+class PoolingRequestOutput:
+    """The per-token output of one input text."""
+
+    request_id: str
+    outputs: PoolingOutput
+
+
+def _enum_suffix(enum: Any, value: int, prefix: str) -> str:
+    """Lower-case short name of an enum value ("POOLING_TASK_EMBED" -> "embed").
+
+    Values this client does not know (a newer server) come back as their number.
+    """
+    try:
+        name = enum.Name(value)
+    except ValueError:
+        return str(value)
+    return name.removeprefix(prefix).lower()
+
+
+def _spans(spans: Iterable[pooling_pb2.TokenSpan]) -> list[tuple[int, int]]:
+    return [(span.start, span.end) for span in spans]
+
+
+@dataclass
+class ModelInfo:
+    """One served model and what it can do (from a ``ModelCard``)."""
+
+    name: str
+    tasks: list[str]
+    hidden_size: int
+    max_input_tokens: int
+    is_matryoshka: bool
+    matryoshka_dimensions: list[int]
+    labels: list[str]
+    pooling_type: str | None
+    default_use_activation: bool
+    is_default: bool
+    architecture: str
+    truncation_side: str
+    long_input: str
+
+    @classmethod
+    def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
+        """Convert a ModelCard; tasks and pooling_type become short names like "embed", "mean"."""
+        tasks = [
+            _enum_suffix(pooling_pb2.PoolingTask, task, "POOLING_TASK_")
+            for task in card.tasks
+            if task != pooling_pb2.POOLING_TASK_UNSPECIFIED
+        ]
+        pooling_type = None
+        if card.pooling_type != pooling_pb2.POOLING_TYPE_UNSPECIFIED:
+            pooling_type = _enum_suffix(pooling_pb2.PoolingType, card.pooling_type, "POOLING_TYPE_")
+        return cls(
+            name=card.name,
+            tasks=tasks,
+            hidden_size=card.hidden_size,
+            max_input_tokens=card.max_input_tokens,
+            is_matryoshka=card.is_matryoshka,
+            matryoshka_dimensions=list(card.matryoshka_dimensions),
+            labels=list(card.labels),
+            pooling_type=pooling_type,
+            default_use_activation=card.default_use_activation,
+            is_default=card.is_default,
+            architecture=card.architecture,
+            truncation_side=card.truncation_side,
+            long_input=card.long_input,
+        )
+
+
+@dataclass
+class TokenizeOutput:
+    """How the model tokenizes one text; offsets are (start, end) code-point spans."""
+
+    token_ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+
+    @classmethod
+    def from_proto(cls, item: pooling_pb2.TokenizedText) -> TokenizeOutput:
+        """Convert one TokenizedText."""
+        return cls(list(item.token_ids), list(item.tokens), _spans(item.offsets))
+
+
+def _output_of(response: pooling_pb2.PoolResponse, *cases: str) -> Any:
+    """Return the response's output message, checking it is one of ``cases``."""
+    case = response.WhichOneof("output")
+    if case not in cases:
+        raise ValueError(f"PoolResponse carries output {case!r}, expected {' or '.join(cases)}")
+    return getattr(response, case)
+
+
+def _matrix_data(matrix: pooling_pb2.TokenMatrix) -> Any:
+    """Reshape a row-major TokenMatrix into (rows, cols)."""
+    rows, cols = matrix.rows, matrix.cols
+    if rows < 0 or cols < 0 or len(matrix.values) != rows * cols:
+        raise ValueError(
+            f"TokenMatrix has {len(matrix.values)} values, expected rows*cols = {rows}*{cols}"
+        )
+    if np is not None:
+        return np.fromiter(matrix.values, dtype=np.float32, count=rows * cols).reshape(rows, cols)
+    values = list(matrix.values)
+    return [values[r * cols : (r + 1) * cols] for r in range(rows)]
+
+
+def embedding_request_outputs(
+    response: pooling_pb2.PoolResponse,
+) -> list[EmbeddingRequestOutput]:
+    """One EmbeddingRequestOutput per embedded text."""
+    rid = response.request_id
+    output = _output_of(response, "embed")
+    return [
+        EmbeddingRequestOutput(f"{rid}-{i}", EmbeddingOutput(list(embedding.values)))
+        for i, embedding in enumerate(output.embeddings)
+    ]
+
+
+def classification_request_outputs(
+    response: pooling_pb2.PoolResponse,
+) -> list[ClassificationRequestOutput]:
+    """One ClassificationRequestOutput per classified text."""
+    rid = response.request_id
+    output = _output_of(response, "classify")
+    return [
+        ClassificationRequestOutput(
+            f"{rid}-{i}", ClassificationOutput(list(item.probs), item.label_id, item.label)
+        )
+        for i, item in enumerate(output.classifications)
+    ]
+
+
+def scoring_request_outputs(response: pooling_pb2.PoolResponse) -> list[ScoringRequestOutput]:
+    """One ScoringRequestOutput per scored pair."""
+    rid = response.request_id
+    output = _output_of(response, "score")
+    return [
+        ScoringRequestOutput(f"{rid}-{i}", ScoringOutput(score))
+        for i, score in enumerate(output.scores)
+    ]
+
+
+def pooling_request_outputs(response: pooling_pb2.PoolResponse) -> list[PoolingRequestOutput]:
+    """One PoolingRequestOutput per text of a token_embed or token_classify response."""
+    rid = response.request_id
+    output = _output_of(response, "token_embed", "token_classify")
+    return [
+        PoolingRequestOutput(
+            f"{rid}-{i}",
+            PoolingOutput(
+                data=_matrix_data(matrix),
+                token_ids=list(matrix.token_ids),
+                offsets=_spans(matrix.offsets),
+                special_tokens_mask=list(matrix.special_tokens_mask),
+                label_ids=list(matrix.label_ids),
+                labels=list(matrix.labels),
+            ),
+        )
+        for i, matrix in enumerate(output.items)
+    ]
+
+
+def model_infos(response: pooling_pb2.ListModelsResponse) -> list[ModelInfo]:
+    """One ModelInfo per served model, the default first (server order)."""
+    return [ModelInfo.from_proto(card) for card in response.models]
+
+
+def tokenize_outputs(response: pooling_pb2.TokenizeResponse) -> list[TokenizeOutput]:
+    """One TokenizeOutput per input text."""
+    return [TokenizeOutput.from_proto(item) for item in response.items]

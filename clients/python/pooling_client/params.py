@@ -1,0 +1,104 @@
+"""PoolingParams: how to pool, checked on the client before anything is sent.
+
+Mirrors vLLM's ``PoolingParams`` so code written against ``vllm.LLM`` ports over. The server
+re-validates everything; checking here only turns an obvious mistake into a ``ValueError``
+without a round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pooling_client.v1 import pooling_pb2
+
+#: The tasks a request can run, by the names vLLM uses.
+TASKS: tuple[str, ...] = ("embed", "classify", "score", "token_embed", "token_classify")
+
+_EMBED_PARAMS = frozenset({"use_activation", "dimensions", "truncate_prompt_tokens"})
+_CLASSIFY_PARAMS = frozenset({"use_activation", "truncate_prompt_tokens"})
+
+#: Which PoolingParams fields each task accepts (as in vLLM's ``valid_parameters``).
+TASK_PARAMS: dict[str, frozenset[str]] = {
+    "embed": _EMBED_PARAMS,
+    "token_embed": _EMBED_PARAMS,
+    "classify": _CLASSIFY_PARAMS,
+    "score": _CLASSIFY_PARAMS,
+    "token_classify": _CLASSIFY_PARAMS,
+}
+
+#: Task name -> wire enum value.
+TASK_ENUM: dict[str, pooling_pb2.PoolingTask] = {
+    "embed": pooling_pb2.POOLING_TASK_EMBED,
+    "classify": pooling_pb2.POOLING_TASK_CLASSIFY,
+    "score": pooling_pb2.POOLING_TASK_SCORE,
+    "token_embed": pooling_pb2.POOLING_TASK_TOKEN_EMBED,
+    "token_classify": pooling_pb2.POOLING_TASK_TOKEN_CLASSIFY,
+}
+
+_OPTIONAL_FIELDS = ("use_activation", "dimensions", "truncate_prompt_tokens")
+
+
+def check_task(task: str) -> None:
+    """Raise ValueError unless ``task`` is one of :data:`TASKS`."""
+    if task not in TASK_PARAMS:
+        raise ValueError(f"Unknown pooling task {task!r}; expected one of {list(TASKS)}")
+
+
+@dataclass
+class PoolingParams:
+    """How to pool; unset (None) fields take the model's defaults on the server.
+
+    Attributes:
+        use_activation: embed/token_embed: L2-normalise; classify/score/token_classify:
+            apply the model's activation (softmax or sigmoid).
+        dimensions: embed/token_embed on matryoshka models: keep this many leading dimensions.
+        task: optional; when set it must equal the task being run.
+        truncate_prompt_tokens: keep this many tokens per text (-1: the model's maximum).
+    """
+
+    use_activation: bool | None = None
+    dimensions: int | None = None
+    task: str | None = None
+    truncate_prompt_tokens: int | None = None
+
+    def verify(self, task: str) -> None:
+        """Raise ValueError if these params cannot be used for ``task`` (like vLLM's verify).
+
+        Unlike vLLM this does not fill in ``self.task``: a params object can be reused for
+        different tasks as long as it leaves ``task`` unset.
+        """
+        check_task(task)
+        if self.task is not None:
+            check_task(self.task)
+            if self.task != task:
+                raise ValueError(f"You cannot overwrite task={self.task!r} with task={task!r}")
+        allowed = TASK_PARAMS[task]
+        invalid = [name for name in _OPTIONAL_FIELDS if getattr(self, name) is not None]
+        invalid = [name for name in invalid if name not in allowed]
+        if invalid:
+            raise ValueError(
+                f"Task {task} only supports {sorted(allowed)} parameters, "
+                f"does not support {invalid} parameters"
+            )
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ValueError(f"dimensions must be >= 1, got {self.dimensions}")
+        tpt = self.truncate_prompt_tokens
+        if tpt is not None and (tpt < -1 or tpt == 0):
+            raise ValueError(f"truncate_prompt_tokens must be -1 or >= 1, got {tpt}")
+
+    def to_proto(self, task: str) -> pooling_pb2.PoolingParams:
+        """Build the wire message for ``task``; only fields that are set are sent.
+
+        The wire task is ``self.task`` when set, else ``task``. This does not call
+        :meth:`verify`, so params the server should reject can still be sent as given
+        (useful for testing the server); the clients verify before calling this.
+        """
+        check_task(task)
+        wire_task = task if self.task is None else self.task
+        check_task(wire_task)
+        message = pooling_pb2.PoolingParams(task=TASK_ENUM[wire_task])
+        for name in _OPTIONAL_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(message, name, value)
+        return message

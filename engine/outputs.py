@@ -1,0 +1,50 @@
+"""Results the engine returns, one per text (or per pair for score), in input order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.params import Task
+
+
+@dataclass(frozen=True)
+class Embedding:
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class Classification:
+    probs: np.ndarray
+    label_id: int
+    label: str
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """One row per token; `label_ids`/`labels` only for token_classify."""
+
+    values: np.ndarray
+    token_ids: list[int]
+    offsets: list[tuple[int, int]]
+    special_tokens_mask: list[bool]
+    label_ids: list[int] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+
+
+ItemOutput = Embedding | Classification | Score | TokenRows
+
+
+@dataclass(frozen=True)
+class PoolResult:
+    request_id: str
+    model: str
+    task: Task
+    prompt_tokens: int
+    outputs: list[ItemOutput]

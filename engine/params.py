@@ -1,0 +1,36 @@
+"""Pooling tasks and parameters, with the table of which parameter each task accepts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+
+
+class Task(StrEnum):
+    EMBED = "embed"
+    CLASSIFY = "classify"
+    SCORE = "score"
+    TOKEN_EMBED = "token_embed"
+    TOKEN_CLASSIFY = "token_classify"
+
+
+@dataclass(frozen=True)
+class PoolingParams:
+    """vLLM's PoolingParams: None means "the model's default"."""
+
+    use_activation: bool | None = None
+    dimensions: int | None = None
+    truncate_prompt_tokens: int | None = None
+
+    def set_fields(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+
+# Which parameters each task accepts (as vLLM's pooling_params does).
+TASK_PARAMS: dict[Task, frozenset[str]] = {
+    Task.EMBED: frozenset({"use_activation", "dimensions", "truncate_prompt_tokens"}),
+    Task.TOKEN_EMBED: frozenset({"use_activation", "dimensions", "truncate_prompt_tokens"}),
+    Task.CLASSIFY: frozenset({"use_activation", "truncate_prompt_tokens"}),
+    Task.SCORE: frozenset({"use_activation", "truncate_prompt_tokens"}),
+    Task.TOKEN_CLASSIFY: frozenset({"use_activation", "truncate_prompt_tokens"}),
+}

@@ -1,0 +1,220 @@
+"""Per task: which sequences a request needs computed, and how raw outputs become results.
+
+Pooling methods ran in the model runner; here the heads (matryoshka truncation,
+normalisation, activations) and chunk merging are applied per item, so one batch
+can mix requests with different parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.heads import activate, cosine, normalize, truncate_dimensions
+from engine.loader import LoadedModel
+from engine.model_info import Activation, ModelInfo
+from engine.outputs import Classification, Embedding, ItemOutput, Score, TokenRows
+from engine.params import Task
+from engine.request import PoolRequest
+from engine.tokenization import Encoding, special_edges
+from engine.validation import check_lengths
+
+Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    work: list[tuple[Encoding, bool]]
+    finish: Finish
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(encoding) for encoding, _ in self.work)
+
+
+@dataclass(frozen=True)
+class _Text:
+    """One input text: its full encoding and the sequences computed for it (chunks)."""
+
+    encoding: Encoding
+    parts: list[Encoding]
+
+
+def plan_request(request: PoolRequest, model: LoadedModel) -> Plan:
+    if request.task is Task.SCORE:
+        return (
+            _plan_cross_encoder(request, model)
+            if model.info.is_cross_encoder
+            else (_plan_bi_encoder(request, model))
+        )
+    texts = _encode(request, model, request.texts, f"{request.task}.texts")
+    keep_tokens = request.task in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
+    finish_one = _FINISHERS[request.task]
+    return _plan_texts(
+        texts, keep_tokens, lambda text, raws: finish_one(request, model.info, text, raws)
+    )
+
+
+def _plan_texts(
+    texts: list[_Text],
+    keep_tokens: bool,
+    finish_one: Callable[[_Text, list[np.ndarray]], ItemOutput],
+) -> Plan:
+    work = [(part, keep_tokens) for text in texts for part in text.parts]
+
+    def finish(raws: list[np.ndarray]) -> list[ItemOutput]:
+        outputs, start = [], 0
+        for text in texts:
+            outputs.append(finish_one(text, raws[start : start + len(text.parts)]))
+            start += len(text.parts)
+        return outputs
+
+    return Plan(work, finish)
+
+
+def _encode(
+    request: PoolRequest,
+    model: LoadedModel,
+    texts: Sequence[str],
+    path: str,
+    pairs: Sequence[str] | None = None,
+) -> list[_Text]:
+    info = model.info
+    encodings = model.tokenizer.encode(
+        texts,
+        pairs,
+        truncate=request.params.truncate_prompt_tokens,
+        side=info.truncation_side,
+    )
+    check_lengths(request, info, [(f"{path}[{i}]", len(e)) for i, e in enumerate(encodings)])
+    return [
+        _Text(e, model.tokenizer.chunk(e) if len(e) > info.max_input_tokens else [e])
+        for e in encodings
+    ]
+
+
+def _pooled_vector(text: _Text, raws: list[np.ndarray]) -> np.ndarray:
+    """One chunk: its vector. Several: their token-weighted mean (vLLM's chunked processing)."""
+    if len(raws) == 1:
+        return raws[0]
+    weights = np.array([len(part) for part in text.parts], dtype=np.float32)
+    return (np.stack(raws) * weights[:, None]).sum(axis=0) / weights.sum()
+
+
+def _token_rows(text: _Text, raws: list[np.ndarray]) -> np.ndarray:
+    """Chunks' rows joined back into one row per token of the full text."""
+    if len(raws) == 1:
+        return raws[0]
+    prefix, suffix = special_edges(text.encoding.special_mask)
+    rows = [raws[0][:prefix]]
+    rows += [raw[prefix : len(raw) - suffix] for raw in raws]
+    rows.append(raws[-1][len(raws[-1]) - suffix :])
+    return np.concatenate(rows)
+
+
+def _use_activation(request: PoolRequest, default: bool) -> bool:
+    value = request.params.use_activation
+    return default if value is None else value
+
+
+def _finish_embed(request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]):
+    values = truncate_dimensions(_pooled_vector(text, raws), request.params.dimensions)
+    if _use_activation(request, info.default_normalize):
+        values = normalize(values)
+    return Embedding(values.astype(np.float32))
+
+
+def _finish_token_embed(
+    request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]
+) -> TokenRows:
+    values = truncate_dimensions(_token_rows(text, raws), request.params.dimensions)
+    if _use_activation(request, info.default_normalize):
+        values = normalize(values)
+    return _rows(text, values)
+
+
+def _class_values(request: PoolRequest, info: ModelInfo, logits: np.ndarray) -> np.ndarray:
+    activation = info.activation if _use_activation(request, True) else Activation.IDENTITY
+    return activate(logits.astype(np.float32), activation)
+
+
+def _finish_classify(
+    request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]
+) -> Classification:
+    probs = _class_values(request, info, raws[0])
+    label_id = int(np.argmax(probs))
+    return Classification(probs, label_id, info.label(label_id))
+
+
+def _finish_token_classify(
+    request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]
+) -> TokenRows:
+    probs = _class_values(request, info, _token_rows(text, raws))
+    label_ids = [int(i) for i in np.argmax(probs, axis=-1)]
+    return _rows(text, probs, label_ids, [info.label(i) for i in label_ids])
+
+
+def _rows(
+    text: _Text,
+    values: np.ndarray,
+    label_ids: list[int] | None = None,
+    labels: list[str] | None = None,
+) -> TokenRows:
+    e = text.encoding
+    return TokenRows(
+        np.ascontiguousarray(values, dtype=np.float32),
+        e.input_ids,
+        e.offsets,
+        e.special_mask,
+        label_ids or [],
+        labels or [],
+    )
+
+
+_FINISHERS = {
+    Task.EMBED: _finish_embed,
+    Task.TOKEN_EMBED: _finish_token_embed,
+    Task.CLASSIFY: _finish_classify,
+    Task.TOKEN_CLASSIFY: _finish_token_classify,
+}
+
+
+def _pair_index(request: PoolRequest) -> list[tuple[int, int]]:
+    """(text_1 index, text_2 index) per pair: 1:N broadcasts the single text_1."""
+    one = len(request.text_1) == 1
+    return [(0 if one else i, i) for i in range(len(request.text_2))]
+
+
+def _plan_cross_encoder(request: PoolRequest, model: LoadedModel) -> Plan:
+    pairs = _pair_index(request)
+    texts = _encode(
+        request,
+        model,
+        [request.text_1[i] for i, _ in pairs],
+        "score.text_2",
+        [request.text_2[j] for _, j in pairs],
+    )
+    activation = Activation.SIGMOID if _use_activation(request, True) else Activation.IDENTITY
+
+    def finish_one(text: _Text, raws: list[np.ndarray]) -> Score:
+        return Score(float(activate(raws[0].astype(np.float32), activation)[0]))
+
+    return _plan_texts(texts, False, finish_one)
+
+
+def _plan_bi_encoder(request: PoolRequest, model: LoadedModel) -> Plan:
+    """Embed every text once, then the cosine similarity of each pair, in float32."""
+    firsts = _encode(request, model, request.text_1, "score.text_1")
+    seconds = _encode(request, model, request.text_2, "score.text_2")
+    vectors = _plan_texts(
+        firsts + seconds, False, lambda text, raws: Embedding(_pooled_vector(text, raws))
+    )
+
+    def finish(raws: list[np.ndarray]) -> list[ItemOutput]:
+        embedded = [e.values for e in vectors.finish(raws)]  # type: ignore[union-attr]
+        first, second = embedded[: len(firsts)], embedded[len(firsts) :]
+        return [Score(cosine(first[i], second[j])) for i, j in _pair_index(request)]
+
+    return Plan(vectors.work, finish)

@@ -1,0 +1,32 @@
+"""A pooling request as the engine sees it, after the transport has decoded it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.params import PoolingParams, Task
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """One task over a batch of texts (or text pairs for score).
+
+    `task` comes from the input case and is None when no input was given;
+    `declared_task` is the optional task named in the params, which must agree.
+    """
+
+    task: Task | None
+    params: PoolingParams = field(default_factory=PoolingParams)
+    request_id: str = ""
+    model: str = ""
+    declared_task: Task | None = None
+    texts: tuple[str, ...] = ()
+    text_1: tuple[str, ...] = ()
+    text_2: tuple[str, ...] = ()
+
+    @property
+    def num_items(self) -> int:
+        """Texts for the text tasks, pairs for score (1:N counts N)."""
+        if self.task is Task.SCORE:
+            return max(len(self.text_1), len(self.text_2))
+        return len(self.texts)

@@ -1,0 +1,227 @@
+"""Every request rule, in one table. Nothing invalid reaches a model.
+
+Rules run in stages: the shape of the input, then whether the model can run the
+task, then the parameters. A stage with violations stops validation, so later
+rules can rely on what earlier ones checked. Field paths follow the wire schema
+(`embed.texts[3]`, `params.dimensions`) because the input case is named by the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.model_info import ModelInfo
+from engine.params import TASK_PARAMS, Task
+from engine.request import PoolRequest
+
+INPUT_CASES = ", ".join(task.value for task in Task)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_client_batch_size: int = 1024
+
+
+Check = Callable[[PoolRequest, ModelInfo, Limits], Iterator[FieldViolation]]
+
+
+def _input_present(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    if request.task is None:
+        yield FieldViolation("input", f"set one input case: {INPUT_CASES}", "INPUT_MISSING")
+
+
+def _input_not_empty(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    if request.task is None:
+        return
+    if request.task is Task.SCORE:
+        for name in ("text_1", "text_2"):
+            if not getattr(request, name):
+                yield FieldViolation(f"score.{name}", "must hold at least one text", "EMPTY_INPUT")
+    elif not request.texts:
+        yield FieldViolation(f"{request.task}.texts", "must hold at least one text", "EMPTY_INPUT")
+
+
+def _score_shape(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    n1, n2 = len(request.text_1), len(request.text_2)
+    if request.task is Task.SCORE and n1 and n2 and n1 != 1 and n1 != n2:
+        yield FieldViolation(
+            "score.text_2",
+            f"text_1 has {n1} texts and text_2 has {n2}: send one text_1 (1:N) "
+            "or as many text_1 as text_2 (N:N)",
+            "SCORE_SHAPE_MISMATCH",
+        )
+
+
+def _batch_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    if request.task is not None and request.num_items > limits.max_client_batch_size:
+        path = "score.text_2" if request.task is Task.SCORE else f"{request.task}.texts"
+        yield FieldViolation(
+            path,
+            f"{request.num_items} inputs exceed the limit of {limits.max_client_batch_size} "
+            "per request (--max-client-batch-size); split the request or use PoolStream",
+            "TOO_MANY_INPUTS",
+        )
+
+
+def _task_agrees(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    declared = request.declared_task
+    if declared is not None and request.task is not None and declared is not request.task:
+        yield FieldViolation(
+            "params.task",
+            f"task {declared} disagrees with the input case {request.task}",
+            "TASK_MISMATCH",
+        )
+
+
+def _task_supported(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    if request.task is not None and request.task not in info.tasks:
+        supported = ", ".join(task.value for task in info.tasks)
+        yield FieldViolation(
+            str(request.task),
+            f'model "{info.name}" does not support {request.task}; it supports: {supported}',
+            "TASK_NOT_SUPPORTED",
+        )
+
+
+def _params_for_task(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    assert request.task is not None
+    allowed = TASK_PARAMS[request.task]
+    for name in request.params.set_fields():
+        if name not in allowed:
+            accepted = ", ".join(sorted(allowed))
+            yield FieldViolation(
+                f"params.{name}",
+                f"{name} is not valid for {request.task}; it accepts: {accepted}",
+                "PARAM_NOT_SUPPORTED_FOR_TASK",
+            )
+
+
+def _dimensions(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    dims = request.params.dimensions
+    if dims is None or "dimensions" not in TASK_PARAMS[request.task]:  # type: ignore[index]
+        return
+    field = "params.dimensions"
+    if not info.is_matryoshka:
+        yield FieldViolation(
+            field,
+            f'model "{info.name}" does not support matryoshka representation; changing '
+            "the output dimensions would give poor results. Leave dimensions unset",
+            "DIMENSIONS_NOT_SUPPORTED",
+        )
+    elif dims < 1 or dims > info.hidden_size:
+        yield FieldViolation(
+            field,
+            f"dimensions must be between 1 and the hidden size {info.hidden_size}, got {dims}",
+            "DIMENSIONS_OUT_OF_RANGE",
+        )
+    elif info.matryoshka_dimensions and dims not in info.matryoshka_dimensions:
+        allowed = ", ".join(str(d) for d in info.matryoshka_dimensions)
+        yield FieldViolation(
+            field,
+            f'model "{info.name}" only supports the matryoshka dimensions [{allowed}], got {dims}',
+            "DIMENSIONS_NOT_SUPPORTED",
+        )
+
+
+def _truncate(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    n = request.params.truncate_prompt_tokens
+    if n is None or n == -1:
+        return
+    if n < -1 or n == 0:
+        problem = f"got {n}"
+    elif n > info.max_input_tokens:
+        problem = f"got {n}, above the model's maximum input length"
+    elif n < info.num_special_tokens:
+        problem = f"got {n}, fewer than the model's {info.num_special_tokens} special tokens"
+    else:
+        return
+    yield FieldViolation(
+        "params.truncate_prompt_tokens",
+        f"truncate_prompt_tokens must be -1 (the maximum) or between {info.num_special_tokens} "
+        f"and {info.max_input_tokens}; {problem}",
+        "TRUNCATE_PROMPT_TOKENS_INVALID",
+    )
+
+
+@dataclass(frozen=True)
+class Stage:
+    kind: ErrorKind
+    checks: tuple[Check, ...]
+
+
+RULES: tuple[Stage, ...] = (
+    Stage(
+        ErrorKind.INVALID_ARGUMENT,
+        (_input_present, _input_not_empty, _score_shape, _batch_size, _task_agrees),
+    ),
+    Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported,)),
+    Stage(ErrorKind.INVALID_ARGUMENT, (_params_for_task, _dimensions, _truncate)),
+)
+
+
+def validate_request(request: PoolRequest, info: ModelInfo, limits: Limits) -> None:
+    """Raise PoolingError for the first stage of RULES that finds violations."""
+    for stage in RULES:
+        violations = [v for check in stage.checks for v in check(request, info, limits)]
+        if violations:
+            error = PoolingError.invalid(violations)
+            error.kind = stage.kind
+            raise error
+
+
+def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
+    listed = ", ".join(f'"{s}"' for s in served)
+    return PoolingError(
+        ErrorKind.NOT_FOUND,
+        "MODEL_NOT_FOUND",
+        f'model "{name}" is not served; served models: {listed}',
+        (FieldViolation("model", f"unknown model; use one of {listed}", "MODEL_NOT_FOUND"),),
+        metadata={"model": name, "served_models": ",".join(served)},
+    )
+
+
+def check_lengths(request: PoolRequest, info: ModelInfo, inputs: Sequence[tuple[str, int]]) -> None:
+    """Reject inputs over the model's maximum length, unless truncation or chunking applies.
+
+    `inputs` pairs each input's field path with its token count before truncation.
+    """
+    if request.params.truncate_prompt_tokens is not None:
+        return
+    if info.chunks_long_input:
+        return
+    violations = [
+        FieldViolation(
+            path,
+            f"has {count} tokens, more than the model's maximum of {info.max_input_tokens}; "
+            "shorten it or set params.truncate_prompt_tokens (-1 truncates to the maximum)",
+            "INPUT_TOO_LONG",
+        )
+        for path, count in inputs
+        if count > info.max_input_tokens
+    ]
+    if violations:
+        raise PoolingError.invalid(violations)
+
+
+def validate_tokenize(texts: Sequence[str], limits: Limits) -> None:
+    if len(texts) > limits.max_client_batch_size:
+        raise PoolingError.invalid(
+            [
+                FieldViolation(
+                    "texts",
+                    f"{len(texts)} texts exceed the limit of {limits.max_client_batch_size} "
+                    "per request (--max-client-batch-size)",
+                    "TOO_MANY_INPUTS",
+                )
+            ]
+        )

@@ -1,0 +1,193 @@
+"""`pooling-server`: command-line flags -> ServerConfig -> serve."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from engine.batch_queue import BatchConfig
+from engine.loader import DEFAULT_MODEL, ModelSpec
+from engine.model_info import LongInput, PoolingType
+from engine.validation import Limits
+from service.server import ServerConfig, serve
+
+PER_MODEL = "Give it once for every model, or once per --model in the same order."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pooling-server",
+        description="Serve vLLM-style pooling (embed, classify, score, token_embed, "
+        "token_classify) for Hugging Face encoder models over gRPC.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    net.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
+    net.add_argument(
+        "--max-message-mb", type=int, default=64, help="largest request or response message"
+    )
+
+    models = parser.add_argument_group("models")
+    models.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]PATH_OR_ID",
+        help=f"a model folder or hub id, optionally served as NAME; repeat to serve several "
+        f"(the first is the default). Default: {DEFAULT_MODEL}, embedded, offline",
+    )
+    models.add_argument(
+        "--pooling-type",
+        action="append",
+        choices=[PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST],
+        help="override the pooling method for embed. " + PER_MODEL,
+    )
+    models.add_argument(
+        "--truncation-side",
+        action="append",
+        choices=["left", "right"],
+        help="which end truncate_prompt_tokens cuts (default right). " + PER_MODEL,
+    )
+    models.add_argument(
+        "--long-input",
+        action="append",
+        choices=[mode.value for mode in LongInput],
+        help="texts over the maximum length without truncation: reject them, or split into "
+        "chunks pooled and averaged by token count (default reject). " + PER_MODEL,
+    )
+    models.add_argument(
+        "--hf-overrides",
+        action="append",
+        metavar="JSON",
+        help="settings applied over the model config, e.g. '{\"is_matryoshka\": true}' or "
+        "'{\"matryoshka_dimensions\": [128, 256]}'. " + PER_MODEL,
+    )
+    models.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    models.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="auto: float32 on CPU, bfloat16 on a GPU that supports it, else float16",
+    )
+    models.add_argument(
+        "--attn-implementation",
+        default=None,
+        help="transformers attention implementation (default: the fastest available, sdpa)",
+    )
+
+    batching = parser.add_argument_group("limits and batching")
+    batching.add_argument(
+        "--max-client-batch-size", type=int, default=1024, help="most inputs in one request"
+    )
+    batching.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="padded tokens per forward batch"
+    )
+    batching.add_argument("--max-batch-size", type=int, default=256, help="sequences per batch")
+    batching.add_argument(
+        "--batch-wait-ms", type=float, default=0.0, help="wait this long for a batch to fill"
+    )
+    batching.add_argument(
+        "--max-queued-items", type=int, default=100_000, help="queue bound per model"
+    )
+    batching.add_argument(
+        "--max-stream-inflight", type=int, default=256, help="unanswered inputs per stream"
+    )
+
+    life = parser.add_argument_group("lifecycle")
+    life.add_argument(
+        "--drain-delay-s",
+        type=float,
+        default=0.0,
+        help="after SIGTERM, report NOT_SERVING this long before refusing new calls",
+    )
+    life.add_argument(
+        "--shutdown-grace-s", type=float, default=30.0, help="time to finish accepted calls"
+    )
+    life.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def _per_model(values: Sequence[Any] | None, count: int, flag: str) -> list[Any]:
+    if not values:
+        return [None] * count
+    if len(values) == 1:
+        return list(values) * count
+    if len(values) == count:
+        return list(values)
+    raise SystemExit(f"{flag} was given {len(values)} times for {count} models; {PER_MODEL}")
+
+
+def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
+    sources = args.model or [DEFAULT_MODEL]
+    n = len(sources)
+    specs = []
+    for source, pooling, side, long_input, overrides in zip(
+        sources,
+        _per_model(args.pooling_type, n, "--pooling-type"),
+        _per_model(args.truncation_side, n, "--truncation-side"),
+        _per_model(args.long_input, n, "--long-input"),
+        _per_model(args.hf_overrides, n, "--hf-overrides"),
+        strict=True,
+    ):
+        try:
+            parsed = json.loads(overrides) if overrides else {}
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--hf-overrides is not valid JSON: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise SystemExit("--hf-overrides must be a JSON object")
+        specs.append(
+            ModelSpec.parse(
+                source,
+                pooling_type=PoolingType(pooling) if pooling else None,
+                truncation_side=side or "right",
+                long_input=LongInput(long_input or LongInput.REJECT),
+                hf_overrides=parsed,
+            )
+        )
+    names = [spec.served_name for spec in specs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"served model names must be unique: {names}")
+    return specs
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        models=model_specs(args),
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        attn_implementation=args.attn_implementation,
+        limits=Limits(max_client_batch_size=args.max_client_batch_size),
+        batch=BatchConfig(
+            max_batch_tokens=args.max_batch_tokens,
+            max_batch_size=args.max_batch_size,
+            batch_wait_s=args.batch_wait_ms / 1000,
+            max_queued_items=args.max_queued_items,
+        ),
+        max_stream_inflight=args.max_stream_inflight,
+        drain_delay_s=args.drain_delay_s,
+        shutdown_grace_s=args.shutdown_grace_s,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return asyncio.run(serve(config_from_args(args)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""Protobuf <-> engine types. No rules here: validation lives in engine/validation.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.engine import TokenizedText
+from engine.errors import FieldViolation, PoolingError
+from engine.model_info import ModelInfo, PoolingType
+from engine.outputs import Classification, Embedding, PoolResult, Score, TokenRows
+from engine.params import PoolingParams, Task
+from engine.request import PoolRequest
+from pooling_client.v1 import pooling_pb2 as pb
+
+TASK_FROM_PROTO: dict[int, Task] = {
+    pb.POOLING_TASK_EMBED: Task.EMBED,
+    pb.POOLING_TASK_CLASSIFY: Task.CLASSIFY,
+    pb.POOLING_TASK_SCORE: Task.SCORE,
+    pb.POOLING_TASK_TOKEN_EMBED: Task.TOKEN_EMBED,
+    pb.POOLING_TASK_TOKEN_CLASSIFY: Task.TOKEN_CLASSIFY,
+}
+TASK_TO_PROTO = {task: value for value, task in TASK_FROM_PROTO.items()}
+POOLING_TYPE_TO_PROTO = {
+    PoolingType.MEAN: pb.POOLING_TYPE_MEAN,
+    PoolingType.CLS: pb.POOLING_TYPE_CLS,
+    PoolingType.LAST: pb.POOLING_TYPE_LAST,
+    PoolingType.ALL: pb.POOLING_TYPE_ALL,
+}
+
+
+def params_from_proto(params: pb.PoolingParams) -> tuple[PoolingParams, Task | None]:
+    """The params and the declared task (None when unspecified)."""
+    declared = None
+    if params.task != pb.POOLING_TASK_UNSPECIFIED:
+        declared = TASK_FROM_PROTO.get(params.task)
+        if declared is None:
+            raise PoolingError.invalid(
+                [FieldViolation("params.task", f"unknown task value {params.task}", "TASK_UNKNOWN")]
+            )
+    return (
+        PoolingParams(
+            use_activation=params.use_activation if params.HasField("use_activation") else None,
+            dimensions=params.dimensions if params.HasField("dimensions") else None,
+            truncate_prompt_tokens=(
+                params.truncate_prompt_tokens if params.HasField("truncate_prompt_tokens") else None
+            ),
+        ),
+        declared,
+    )
+
+
+def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
+    case = request.WhichOneof("input")
+    params, declared = params_from_proto(request.params)
+    task = Task(case) if case else None
+    inputs: dict[str, tuple[str, ...]] = {}
+    if task is Task.SCORE:
+        inputs = {"text_1": tuple(request.score.text_1), "text_2": tuple(request.score.text_2)}
+    elif task is not None:
+        inputs = {"texts": tuple(getattr(request, case).texts)}
+    return PoolRequest(
+        task=task,
+        params=params,
+        request_id=request.request_id,
+        model=request.model,
+        declared_task=declared,
+        **inputs,
+    )
+
+
+def _token_matrix(rows: TokenRows) -> pb.TokenMatrix:
+    values = rows.values.reshape(len(rows.token_ids), -1)
+    return pb.TokenMatrix(
+        rows=values.shape[0],
+        cols=values.shape[1],
+        values=values.ravel().tolist(),
+        token_ids=rows.token_ids,
+        offsets=[pb.TokenSpan(start=s, end=e) for s, e in rows.offsets],
+        special_tokens_mask=rows.special_tokens_mask,
+        label_ids=rows.label_ids,
+        labels=rows.labels,
+    )
+
+
+def response_to_proto(result: PoolResult) -> pb.PoolResponse:
+    response = pb.PoolResponse(
+        request_id=result.request_id,
+        model=result.model,
+        usage=pb.Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
+    )
+    outputs = result.outputs
+    if result.task is Task.EMBED:
+        response.embed.embeddings.extend(
+            pb.Embedding(values=o.values.tolist()) for o in outputs if isinstance(o, Embedding)
+        )
+    elif result.task is Task.CLASSIFY:
+        response.classify.classifications.extend(
+            pb.Classification(probs=o.probs.tolist(), label_id=o.label_id, label=o.label)
+            for o in outputs
+            if isinstance(o, Classification)
+        )
+    elif result.task is Task.SCORE:
+        response.score.scores.extend(o.value for o in outputs if isinstance(o, Score))
+    else:
+        target = (
+            response.token_embed if result.task is Task.TOKEN_EMBED else response.token_classify
+        )
+        target.items.extend(_token_matrix(o) for o in outputs if isinstance(o, TokenRows))
+    return response
+
+
+def model_card(info: ModelInfo) -> pb.ModelCard:
+    return pb.ModelCard(
+        name=info.name,
+        tasks=[TASK_TO_PROTO[task] for task in info.tasks],
+        hidden_size=info.hidden_size,
+        max_input_tokens=info.max_input_tokens,
+        is_matryoshka=info.is_matryoshka,
+        matryoshka_dimensions=info.matryoshka_dimensions,
+        labels=info.labels,
+        pooling_type=POOLING_TYPE_TO_PROTO[info.pooling_type],
+        default_use_activation=info.default_normalize,
+        is_default=info.is_default,
+        architecture=info.architecture,
+        truncation_side=info.truncation_side,
+        long_input=str(info.long_input),
+    )
+
+
+def tokenize_response(info: ModelInfo, items: Sequence[TokenizedText]) -> pb.TokenizeResponse:
+    return pb.TokenizeResponse(
+        model=info.name,
+        max_input_tokens=info.max_input_tokens,
+        items=[
+            pb.TokenizedText(
+                token_ids=item.token_ids,
+                tokens=item.tokens,
+                offsets=[pb.TokenSpan(start=s, end=e) for s, e in item.offsets],
+            )
+            for item in items
+        ],
+    )

@@ -1,0 +1,71 @@
+"""The one place engine errors become gRPC statuses with google.rpc details."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from engine.errors import ErrorKind, PoolingError
+
+DOMAIN = "pooling.v1"
+
+GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+def internal_error() -> PoolingError:
+    """For unexpected exceptions: logged on the server, never described to the client."""
+    return PoolingError(ErrorKind.INTERNAL, "INTERNAL_ERROR", "internal server error")
+
+
+def unavailable(message: str) -> PoolingError:
+    return PoolingError(ErrorKind.UNAVAILABLE, "NOT_READY", message, retry_after_s=1.0)
+
+
+def _pack(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def to_status_proto(error: PoolingError) -> status_pb2.Status:
+    code = GRPC_CODES[error.kind]
+    details = [
+        _pack(
+            error_details_pb2.ErrorInfo(
+                reason=error.reason, domain=DOMAIN, metadata=dict(error.metadata)
+            )
+        )
+    ]
+    if error.violations:
+        bad_request = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description, reason=v.reason
+                )
+                for v in error.violations
+            ]
+        )
+        details.append(_pack(bad_request))
+    if error.retry_after_s is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(error.retry_after_s * 1e9))
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
+    return status_pb2.Status(
+        code=getattr(code_pb2, code.name), message=error.message, details=details
+    )
+
+
+def to_grpc_status(error: PoolingError) -> grpc.Status:
+    return rpc_status.to_status(to_status_proto(error))

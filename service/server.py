@@ -1,0 +1,135 @@
+"""Server lifecycle: listen, load models, report health, drain on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine.batch_queue import BatchConfig
+from engine.engine import Engine
+from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, resolve_dtype
+from engine.validation import Limits
+from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+from service.servicer import PoolingServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pooling_pb2.DESCRIPTOR.services_by_name["PoolingService"].full_name
+HEALTH_NAMES = ("", SERVICE_NAME)
+
+
+@dataclass
+class ServerConfig:
+    models: Sequence[ModelSpec] = field(default_factory=lambda: [ModelSpec(DEFAULT_MODEL)])
+    host: str = "127.0.0.1"
+    port: int = 50051
+    device: str = "auto"
+    dtype: str = "auto"
+    attn_implementation: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    max_stream_inflight: int = 256
+    drain_delay_s: float = 0.0
+    shutdown_grace_s: float = 30.0
+    max_message_bytes: int = 64 * 1024 * 1024
+
+
+def load_engine(config: ServerConfig) -> Engine:
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    models = []
+    for index, spec in enumerate(config.models):
+        model = load_model(
+            spec,
+            device=device,
+            dtype=dtype,
+            attn_implementation=config.attn_implementation,
+            is_default=index == 0,
+        )
+        info = model.info
+        log.info(
+            "loaded model %s (%s) on %s/%s: tasks %s, max %d tokens, pooling %s",
+            info.name,
+            info.architecture,
+            device,
+            str(dtype).removeprefix("torch."),
+            ", ".join(info.tasks),
+            info.max_input_tokens,
+            info.pooling_type,
+        )
+        models.append(model)
+    return Engine(models, config.limits, config.batch)
+
+
+class PoolingServer:
+    """A gRPC server whose health turns SERVING only once every model is loaded and warm."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.servicer = PoolingServicer(config.max_stream_inflight)
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+            ],
+        )
+        pooling_pb2_grpc.add_PoolingServiceServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = 0
+
+    async def _set_health(self, status: int) -> None:
+        for name in HEALTH_NAMES:
+            await self.health.set(name, status)
+
+    async def start(self) -> None:
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self.config.host}:{self.config.port}"
+        self.port = self.server.add_insecure_port(address)
+        if not self.port:
+            raise RuntimeError(f"cannot listen on {address}")
+        await self.server.start()
+        log.info("listening on %s:%d; loading models", self.config.host, self.port)
+        engine = await asyncio.to_thread(load_engine, self.config)
+        await engine.start()
+        self.servicer.engine = engine
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %d model(s) on port %d", len(engine.model_infos), self.port)
+
+    async def stop(self) -> None:
+        """Drain: NOT_SERVING first, then stop accepting and finish what was accepted."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.config.drain_delay_s:
+            await asyncio.sleep(self.config.drain_delay_s)
+        await self.server.stop(self.config.shutdown_grace_s)
+        if self.servicer.engine is not None:
+            await self.servicer.engine.stop()
+        log.info("stopped")
+
+
+async def serve(config: ServerConfig) -> int:
+    server = PoolingServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(server.start())
+    await asyncio.wait({starting, asyncio.create_task(stop.wait())}, return_when="FIRST_COMPLETED")
+    if starting.done():
+        starting.result()
+        await stop.wait()
+    else:
+        starting.cancel()
+    log.info("shutting down")
+    await server.stop()
+    return 0

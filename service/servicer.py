@@ -1,0 +1,174 @@
+"""PoolingService: translate, delegate to the engine, translate back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from google.rpc import status_pb2
+
+from engine.engine import Engine
+from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.validation import validate_tokenize
+from pooling_client.v1 import pooling_pb2 as pb
+from pooling_client.v1 import pooling_pb2_grpc
+from service import convert
+from service.errors import internal_error, to_grpc_status, to_status_proto, unavailable
+from service.stream_limit import InflightLimit
+
+log = logging.getLogger(__name__)
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
+    def __init__(self, max_stream_inflight: int = 256) -> None:
+        self.engine: Engine | None = None  # set once the models are loaded
+        self.max_stream_inflight = max_stream_inflight
+
+    def _ready_engine(self) -> Engine:
+        if self.engine is None:
+            raise unavailable("the models are still loading; retry shortly")
+        return self.engine
+
+    async def _pool(self, request: pb.PoolRequest, deadline: float | None) -> pb.PoolResponse:
+        """Run one request; every failure comes out as a PoolingError."""
+        try:
+            engine = self._ready_engine()
+            result = await engine.pool(convert.request_from_proto(request), deadline=deadline)
+            return convert.response_to_proto(result)
+        except PoolingError:
+            raise
+        except Exception as exc:
+            log.exception("request %r failed", request.request_id)
+            raise internal_error() from exc
+
+    async def Pool(
+        self, request: pb.PoolRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PoolResponse:
+        try:
+            return await self._pool(request, _deadline(context))
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise  # unreachable: abort raises
+
+    async def PoolStream(
+        self,
+        request_iterator: AsyncIterator[pb.PoolStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.PoolStreamResponse]:
+        """Requests run concurrently; each response is sent as soon as it is ready.
+
+        The reader stops pulling requests while `max_stream_inflight` items are
+        unanswered, so a fast client cannot make the server buffer without bound.
+        """
+        limit = InflightLimit(self.max_stream_inflight)
+        done: asyncio.Queue[tuple[pb.PoolStreamResponse, int] | None] = asyncio.Queue()
+        deadline = _deadline(context)
+        seen: set[str] = set()
+        running: set[asyncio.Task[None]] = set()
+
+        async def run(request: pb.PoolRequest, weight: int) -> None:
+            try:
+                response = pb.PoolStreamResponse(
+                    request_id=request.request_id, response=await self._pool(request, deadline)
+                )
+            except PoolingError as error:
+                response = pb.PoolStreamResponse(
+                    request_id=request.request_id, error=to_status_proto(error)
+                )
+            await done.put((response, weight))
+
+        async def read() -> None:
+            async for message in request_iterator:
+                request = message.request
+                weight = _weight(request)
+                await limit.acquire(weight)
+                error = _stream_id_error(request.request_id, seen)
+                if error is not None:
+                    await done.put(
+                        (pb.PoolStreamResponse(request_id=request.request_id, error=error), weight)
+                    )
+                    continue
+                seen.add(request.request_id)
+                task = asyncio.create_task(run(request, weight))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running)
+            await done.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                if reader.done():
+                    reader.result()  # re-raise a failed read; otherwise drain what is left
+                    item = await done.get()
+                else:
+                    getter = asyncio.ensure_future(done.get())
+                    await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        continue
+                    item = getter.result()
+                if item is None:
+                    return
+                response, weight = item
+                yield response
+                limit.release(weight)
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        try:
+            engine = self._ready_engine()
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise
+        return pb.ListModelsResponse(models=[convert.model_card(i) for i in engine.model_infos])
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        try:
+            engine = self._ready_engine()
+            validate_tokenize(list(request.texts), engine.limits)
+            add_special = (
+                request.add_special_tokens if request.HasField("add_special_tokens") else True
+            )
+            info, items = await engine.tokenize(request.model, request.texts, add_special)
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise
+        return convert.tokenize_response(info, items)
+
+
+def _weight(request: pb.PoolRequest) -> int:
+    case = request.WhichOneof("input")
+    if case == "score":
+        return max(len(request.score.text_1), len(request.score.text_2), 1)
+    return max(len(getattr(request, case).texts), 1) if case else 1
+
+
+def _stream_id_error(request_id: str, seen: set[str]) -> status_pb2.Status | None:
+    if request_id and request_id not in seen:
+        return None
+    problem = "is required on a stream" if not request_id else "repeats an earlier request_id"
+    reason = "REQUEST_ID_MISSING" if not request_id else "REQUEST_ID_DUPLICATE"
+    return to_status_proto(
+        PoolingError(
+            ErrorKind.INVALID_ARGUMENT,
+            reason,
+            f"request_id {problem}",
+            (FieldViolation("request.request_id", f"request_id {problem}", reason),),
+        )
+    )
