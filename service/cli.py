@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument(
         "--pooling-type",
         action="append",
-        choices=[PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST],
-        help="override the pooling method for embed. " + PER_MODEL,
+        choices=["auto", PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST],
+        help="the pooling method for embed; auto: the sentence-transformers config, else CLS "
+        "for encoders and LAST for decoders. " + PER_MODEL,
     )
     models.add_argument(
         "--truncation-side",
@@ -143,7 +144,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
         specs.append(
             ModelSpec.parse(
                 source,
-                pooling_type=PoolingType(pooling) if pooling else None,
+                pooling_type=PoolingType(pooling) if pooling not in (None, "auto") else None,
                 truncation_side=side or "right",
                 long_input=LongInput(long_input or LongInput.REJECT),
                 hf_overrides=parsed,

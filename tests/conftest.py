@@ -1,0 +1,99 @@
+"""Session fixtures: fixture models on disk and one real server that serves them all."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pooling_client import PoolingClient
+from pooling_client.v1 import pooling_pb2_grpc
+from tests.fixture_models import MINILM, build_all
+from tests.server_process import ServerProcess, start_server
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+MAX_CLIENT_BATCH_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Served:
+    """One --model of the shared server, with its per-model flags."""
+
+    name: str
+    folder: str
+    pooling_type: str = "auto"
+    truncation_side: str = "right"
+    long_input: str = "reject"
+    hf_overrides: dict[str, object] = field(default_factory=dict)
+
+
+def served_models(folders: dict[str, Path]) -> list[Served]:
+    minilm = str(MINILM)
+    return [
+        Served(DEFAULT_MODEL, DEFAULT_MODEL),
+        Served("minilm-matryoshka", minilm, hf_overrides={"is_matryoshka": True}),
+        Served("minilm-dims", minilm, hf_overrides={"matryoshka_dimensions": [128, 256]}),
+        Served("tiny-bert", str(folders["tiny-bert"])),
+        Served("tiny-bert-mean", str(folders["tiny-bert"]), pooling_type="mean"),
+        Served("tiny-bert-left", str(folders["tiny-bert"]), truncation_side="left"),
+        Served("tiny-bert-chunk", str(folders["tiny-bert"]), "mean", long_input="chunk"),
+        Served("tiny-st-mean", str(folders["tiny-st-mean"])),
+        Served("tiny-classifier", str(folders["tiny-classifier"])),
+        Served("tiny-cross-encoder", str(folders["tiny-cross-encoder"])),
+        Served("tiny-multilabel", str(folders["tiny-multilabel"])),
+        Served("tiny-regression", str(folders["tiny-regression"])),
+        Served("tiny-ner", str(folders["tiny-ner"])),
+        Served("tiny-ner-chunk", str(folders["tiny-ner"]), long_input="chunk"),
+        Served("tiny-decoder", str(folders["tiny-decoder"])),
+    ]
+
+
+def server_args(models: list[Served]) -> list[str]:
+    args: list[str] = []
+    for model in models:
+        args += ["--model", f"{model.name}={model.folder}"]
+    for model in models:
+        args += ["--pooling-type", model.pooling_type]
+        args += ["--truncation-side", model.truncation_side]
+        args += ["--long-input", model.long_input]
+        args += ["--hf-overrides", json.dumps(model.hf_overrides)]
+    return args
+
+
+@pytest.fixture(scope="session")
+def model_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build_all(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def served(model_folders: dict[str, Path]) -> dict[str, Served]:
+    return {model.name: model for model in served_models(model_folders)}
+
+
+@pytest.fixture(scope="session")
+def server(
+    served: dict[str, Served], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    args = server_args(list(served.values()))
+    args += ["--max-client-batch-size", str(MAX_CLIENT_BATCH_SIZE), "--dtype", "float32"]
+    process = start_server(args, tmp_path_factory.mktemp("logs"))
+    yield process
+    process.stop(signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def client(server: ServerProcess) -> Iterator[PoolingClient]:
+    with PoolingClient(server.address, timeout=60) as pooling_client:
+        yield pooling_client
+
+
+@pytest.fixture(scope="session")
+def stub(server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
+    """The raw generated stub, for requests the Python client would refuse to send."""
+    with grpc.insecure_channel(server.address) as channel:
+        yield pooling_pb2_grpc.PoolingServiceStub(channel)
