@@ -134,7 +134,11 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise
-        return pb.ListModelsResponse(models=[convert.model_card(i) for i in engine.model_infos])
+        return pb.ListModelsResponse(
+            models=[convert.model_card(info) for info in engine.model_infos],
+            max_client_batch_size=engine.limits.max_client_batch_size,
+            max_stream_inflight=self.max_stream_inflight,
+        )
 
     async def Tokenize(
         self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext

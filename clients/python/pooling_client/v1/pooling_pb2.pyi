@@ -235,10 +235,14 @@ class ModelCard(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "max_client_batch_size", "max_stream_inflight")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIENT_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STREAM_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelCard]
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ...) -> None: ...
+    max_client_batch_size: int
+    max_stream_inflight: int
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ..., max_client_batch_size: _Optional[int] = ..., max_stream_inflight: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "texts", "add_special_tokens")
