@@ -1,8 +1,8 @@
 """Request building and response conversion shared by the sync and async clients.
 
 Pure functions only (no I/O), so both clients stay thin wrappers around one transport call,
-and a later streaming path can split one prepared request into chunks and reuse the same
-conversion.
+and the streaming path (``_chunking``) splits one prepared request into chunks and reuses the
+same input filling and conversion.
 """
 
 from __future__ import annotations
@@ -124,6 +124,14 @@ def pool_request(
         model=model or "",
         params=params.to_proto(task),
     )
+    set_inputs(request, task, inputs)
+    return request
+
+
+def set_inputs(
+    request: pooling_pb2.PoolRequest, task: str, inputs: list[str] | tuple[list[str], list[str]]
+) -> None:
+    """Append ``inputs`` to the request's ``task`` input case (texts, or score's text pairs)."""
     if task == "score":
         text_1, text_2 = inputs
         request.score.text_1.extend(text_1)
@@ -132,7 +140,6 @@ def pool_request(
         if isinstance(inputs, tuple):
             raise TypeError(f"Task {task} takes a list of texts, not text pairs")
         getattr(request, task).texts.extend(inputs)
-    return request
 
 
 def expected_outputs(request: pooling_pb2.PoolRequest) -> int:
@@ -148,8 +155,12 @@ def pool_outputs(
     task: str, request: pooling_pb2.PoolRequest, response: pooling_pb2.PoolResponse
 ) -> list[Any]:
     """Convert a PoolResponse into the task's request outputs, checking it answers ``request``."""
+    return convert_outputs(task, response, expected_outputs(request))
+
+
+def convert_outputs(task: str, response: pooling_pb2.PoolResponse, expected: int) -> list[Any]:
+    """Convert a PoolResponse into the task's request outputs, checking there are ``expected``."""
     outputs = _CONVERTERS[task](response)
-    expected = expected_outputs(request)
     if len(outputs) != expected:
         raise ValueError(
             f"PoolResponse {response.request_id!r} has {len(outputs)} outputs, expected {expected}"

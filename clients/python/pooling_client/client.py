@@ -6,19 +6,21 @@ server, so scripts written against vLLM port over by swapping the object they ca
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
 
-from pooling_client import _requests
+from pooling_client import _chunking, _requests
 from pooling_client._channel import (
     ClientConfig,
     MetadataArg,
     channel_credentials,
     channel_options,
 )
+from pooling_client._progress import Progress, UseTqdm, progress
 from pooling_client.errors import PoolingError
 from pooling_client.outputs import (
     ClassificationRequestOutput,
@@ -50,6 +52,12 @@ class PoolingClient:
         metadata: extra metadata pairs, or a callable returning them, evaluated per call.
         options: gRPC channel options.
         compression: channel compression.
+        batch_size: the most inputs (texts, or pairs for score) per request; None uses the
+            server's limit. A bigger job is split into chunks of min(batch_size, the server's
+            max_client_batch_size) sent over one PoolStream, a bounded number unanswered at
+            once, and reassembled in input order, so any number of inputs is one call. Jobs
+            that fit in one chunk are one unary Pool call. The server's limits come from one
+            ListModels call, made the first time a job might need chunking and then cached.
 
     Every failed call raises :class:`~pooling_client.errors.PoolingError`.
     """
@@ -68,6 +76,7 @@ class PoolingClient:
         metadata: MetadataArg = None,
         options: Sequence[tuple[str, Any]] | None = None,
         compression: grpc.Compression | None = None,
+        batch_size: int | None = None,
     ) -> None:
         creds = channel_credentials(credentials, root_certificates, private_key, certificate_chain)
         merged = channel_options(options)
@@ -77,6 +86,8 @@ class PoolingClient:
             self._channel = grpc.secure_channel(target, creds, merged, compression)
         self._stub = pooling_pb2_grpc.PoolingServiceStub(self._channel)
         self._config = ClientConfig(model, timeout, metadata, api_key)
+        self._batch_size = _chunking.check_batch_size(batch_size)
+        self._limits: _chunking.StreamLimits | None = None
 
     def embed(
         self,
@@ -87,15 +98,22 @@ class PoolingClient:
         model: str | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: UseTqdm = False,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per text, in input order (vLLM ``LLM.embed``).
 
-        ``use_tqdm`` is accepted for vLLM compatibility and currently ignored.
+        ``use_tqdm=True`` shows a tqdm progress bar counting inputs (when tqdm is installed).
         """
         texts = _requests.as_texts(prompts)
         return self._pool(
-            "embed", texts, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+            "embed",
+            texts,
+            pooling_params,
+            truncate_prompt_tokens,
+            model,
+            timeout,
+            request_id,
+            use_tqdm,
         )
 
     def classify(
@@ -107,12 +125,19 @@ class PoolingClient:
         model: str | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: UseTqdm = False,
     ) -> list[ClassificationRequestOutput]:
         """One classification per text, in input order (vLLM ``LLM.classify``)."""
         texts = _requests.as_texts(prompts)
         return self._pool(
-            "classify", texts, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+            "classify",
+            texts,
+            pooling_params,
+            truncate_prompt_tokens,
+            model,
+            timeout,
+            request_id,
+            use_tqdm,
         )
 
     def score(
@@ -125,7 +150,7 @@ class PoolingClient:
         model: str | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: UseTqdm = False,
     ) -> list[ScoringRequestOutput]:
         """One relevance score per pair (vLLM ``LLM.score``).
 
@@ -134,7 +159,14 @@ class PoolingClient:
         """
         pairs = _requests.score_texts(data_1, data_2)
         return self._pool(
-            "score", pairs, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+            "score",
+            pairs,
+            pooling_params,
+            truncate_prompt_tokens,
+            model,
+            timeout,
+            request_id,
+            use_tqdm,
         )
 
     def encode(
@@ -147,7 +179,7 @@ class PoolingClient:
         model: str | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: UseTqdm = False,
     ) -> (
         list[PoolingRequestOutput]
         | list[EmbeddingRequestOutput]
@@ -164,6 +196,7 @@ class PoolingClient:
             "model": model,
             "timeout": timeout,
             "request_id": request_id,
+            "use_tqdm": use_tqdm,
         }
         if pooling_task == "embed":
             return self.embed(prompts, **kwargs)
@@ -171,12 +204,20 @@ class PoolingClient:
             return self.classify(prompts, **kwargs)
         texts = _requests.as_texts(prompts)
         return self._pool(
-            pooling_task, texts, pooling_params, truncate_prompt_tokens, model, timeout, request_id
+            pooling_task,
+            texts,
+            pooling_params,
+            truncate_prompt_tokens,
+            model,
+            timeout,
+            request_id,
+            use_tqdm,
         )
 
     def models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """Every served model and what it can do, the default model first."""
         response = self._call(self._stub.ListModels, pooling_pb2.ListModelsRequest(), timeout)
+        self._limits = _chunking.StreamLimits.from_proto(response)
         return model_infos(response)
 
     def tokenize(
@@ -211,24 +252,80 @@ class PoolingClient:
     def _pool(
         self,
         task: str,
-        inputs: list[str] | tuple[list[str], list[str]],
+        inputs: _chunking.Inputs,
         pooling_params: PoolingParams | None,
         truncate_prompt_tokens: int | None,
         model: str | None,
         timeout: float | None,
         request_id: str | None,
+        use_tqdm: UseTqdm,
     ) -> list[Any]:
-        """Run one task as one Pool call. (Chunking big jobs over PoolStream hooks in here.)"""
-        request = _requests.pool_request(
+        """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
+        template = _requests.pool_request(
             task,
-            inputs,
+            _chunking.empty_inputs(task),
             pooling_params=pooling_params,
             truncate_prompt_tokens=truncate_prompt_tokens,
             model=self._config.model_for(model),
             request_id=request_id,
         )
-        response = self._call(self._stub.Pool, request, timeout)
-        return _requests.pool_outputs(task, request, response)
+        count = _chunking.input_count(task, inputs)
+        if count is not None and _chunking.needs_limits(count, self._batch_size):
+            limits = self._stream_limits(timeout)
+            job = _chunking.plan(task, inputs, template, self._batch_size, limits)
+            if job is not None:
+                with progress(use_tqdm, job.total, task) as bar:
+                    return self._pool_stream(job, timeout, bar)
+        request = _chunking.whole_request(template, task, inputs)
+        with progress(use_tqdm, _requests.expected_outputs(request), task) as bar:
+            response = self._call(self._stub.Pool, request, timeout)
+            outputs = _requests.pool_outputs(task, request, response)
+            bar.update(len(outputs))
+        return outputs
+
+    def _pool_stream(
+        self, job: _chunking.ChunkedJob, timeout: float | None, bar: Progress
+    ) -> list[Any]:
+        """Run a chunked job over one PoolStream, never more than ``job.window`` unanswered.
+
+        gRPC pulls requests from its own thread; it reads them from a queue that this thread
+        fills only as answers come back, so the window holds however fast gRPC pulls.
+        """
+        outbox: queue.SimpleQueue[pooling_pb2.PoolStreamRequest | None] = queue.SimpleQueue()
+        closed = False
+
+        def send() -> None:
+            nonlocal closed
+            for request in job.fill():
+                outbox.put(request)
+            if job.exhausted and not closed:
+                closed = True
+                outbox.put(None)  # ends the request iterator: half-closes the stream
+
+        call = self._stub.PoolStream(
+            iter(outbox.get, None),
+            timeout=self._config.timeout_for(timeout),
+            metadata=self._config.call_metadata(),
+        )
+        try:
+            send()
+            for response in call:
+                bar.update(job.accept(response))
+                send()
+        except grpc.RpcError as error:
+            raise PoolingError.from_rpc_error(error) from error
+        finally:
+            outbox.put(None)  # release gRPC's request thread if it is still waiting
+            call.cancel()  # a no-op once the stream has ended; stops it after a failure
+        return job.outputs()
+
+    def _stream_limits(self, timeout: float | None) -> _chunking.StreamLimits:
+        """The server's batch and stream limits, fetched with one ListModels call and cached."""
+        if self._limits is None:
+            request = pooling_pb2.ListModelsRequest()
+            response = self._call(self._stub.ListModels, request, timeout)
+            self._limits = _chunking.StreamLimits.from_proto(response)
+        return self._limits
 
     def _call(
         self, method: Callable[..., _Response], request: Any, timeout: float | None
