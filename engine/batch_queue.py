@@ -1,18 +1,20 @@
-"""Per-model batching queue: items wait with a future each; a scheduler forms batches.
+"""Per-model batching queue: items wait with an asyncio future each; a worker forms batches.
 
-A batch is built around the oldest waiting item (so nothing starves) from the items
-closest to it in length (so little is spent on padding), within a budget of padded
-tokens (longest x count) and a cap on items. The forward pass runs in the model's own
-worker thread, so the event loop keeps accepting work while the model computes.
+The model's own worker thread takes the next batch the moment the previous forward pass
+ends, without a round trip through the event loop, so the model never idles while the
+loop is busy answering; the loop meanwhile keeps accepting work. A batch is built around
+an anchor item from the items closest to it in length, within a budget of padded tokens
+(longest x count), a cap on items and a minimum share of real (non-padding) tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,9 +29,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BatchConfig:
     max_batch_tokens: int = 16384
-    max_batch_size: int = 256
+    max_batch_size: int = 32  # 0: chosen by the server for the device
     batch_wait_s: float = 0.0
     max_queued_items: int = 100_000
+    # A batch grows only while real tokens / padded tokens stays above this.
+    min_padding_efficiency: float = 0.8
+    # An item passed over this many times anchors the next batch.
+    max_skips: int = 3
     # How many of the oldest items a scheduling step looks at; bounds its cost.
     lookahead: int = 2048
 
@@ -41,6 +47,7 @@ class QueuedItem:
     future: asyncio.Future[np.ndarray]
     deadline: float | None
     enqueued: float = field(default_factory=time.monotonic)
+    skipped: int = 0
 
 
 @dataclass
@@ -73,24 +80,28 @@ class BatchQueue:
         self.runner = runner
         self.config = config
         self.stats = QueueStats()
-        self.observers: list = []
+        self.observers: list[Callable[[str, BatchRecord], None]] = []
         self._pending: list[QueuedItem] = []
-        self._wakeup = asyncio.Event()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"forward-{runner.info.name}")
-        self._task: asyncio.Task[None] | None = None
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker = threading.Thread(
+            target=self._work, name=f"forward-{runner.info.name}", daemon=True
+        )
 
     @property
     def depth(self) -> int:
         return len(self._pending)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._schedule())
+        self._loop = asyncio.get_running_loop()
+        self._worker.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._worker.shutdown(wait=True)
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        await asyncio.to_thread(self._worker.join)
 
     def submit(
         self, work: Sequence[tuple[Encoding, bool]], deadline: float | None = None
@@ -106,18 +117,97 @@ class BatchQueue:
             )
         loop = asyncio.get_running_loop()
         items = [QueuedItem(enc, keep, loop.create_future(), deadline) for enc, keep in work]
-        self._pending.extend(items)
-        self._wakeup.set()
+        with self._lock:
+            self._pending.extend(items)
+            self._lock.notify()
         return [item.future for item in items]
 
-    def _drop_dead(self) -> None:
+    def _drop_dead(self) -> list[QueuedItem]:
+        """Remove cancelled items and return those whose deadline has passed."""
         now = time.monotonic()
-        alive = []
+        alive, expired = [], []
         for item in self._pending:
             if item.future.done():
                 self.stats.dropped_cancelled += 1
             elif item.deadline is not None and now >= item.deadline:
                 self.stats.dropped_expired += 1
+                expired.append(item)
+            else:
+                alive.append(item)
+        self._pending = alive
+        return expired
+
+    def _take_batch(self) -> list[QueuedItem]:
+        """An anchor item, then the items closest to it in length while the batch stays dense.
+
+        The anchor is the oldest item, or the one passed over most once that reaches
+        `max_skips`: so a long text is never starved by a stream of short ones, and is
+        batched with texts of its own length rather than padded against short ones.
+        """
+        if not self._pending:
+            return []
+        config = self.config
+        window = self._pending[: config.lookahead]
+        anchor = max(
+            range(len(window)),
+            key=lambda i: (window[i].skipped >= config.max_skips, window[i].skipped, -i),
+        )
+        if window[anchor].skipped < config.max_skips:
+            anchor = 0
+        anchor_len = len(window[anchor].encoding)
+        by_closeness = sorted(
+            (i for i in range(len(window)) if i != anchor),
+            key=lambda i: (abs(len(window[i].encoding) - anchor_len), i),
+        )
+        chosen, longest, real = [anchor], anchor_len, anchor_len
+        for i in by_closeness:
+            if len(chosen) >= config.max_batch_size:
+                break
+            n = len(window[i].encoding)
+            padded = max(longest, n) * (len(chosen) + 1)
+            if (
+                padded > config.max_batch_tokens
+                or real + n < config.min_padding_efficiency * padded
+            ):
+                continue
+            chosen.append(i)
+            longest, real = max(longest, n), real + n
+        taken = set(chosen)
+        youngest = max(chosen)
+        for i, item in enumerate(window[:youngest]):
+            if i not in taken:
+                item.skipped += 1
+        batch = [window[i] for i in sorted(taken)]
+        rest_of_window = [item for i, item in enumerate(window) if i not in taken]
+        self._pending = rest_of_window + self._pending[len(window) :]
+        return batch
+
+    def _work(self) -> None:
+        """The worker thread: take a batch, run it, hand the results to the event loop."""
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._pending or self._stopping)
+                if self._stopping:
+                    return
+            if self.config.batch_wait_s and len(self._pending) < self.config.max_batch_size:
+                time.sleep(self.config.batch_wait_s)
+            with self._lock:
+                expired = self._drop_dead()
+                batch = self._take_batch()
+            if expired:
+                self._call_in_loop(self._expire, expired)
+            if batch:
+                self._run(batch)
+
+    def _call_in_loop(self, callback: Callable[..., None], *args: object) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop closed at shutdown: nobody waits
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    @staticmethod
+    def _expire(items: list[QueuedItem]) -> None:
+        for item in items:
+            if not item.future.done():
                 item.future.set_exception(
                     PoolingError(
                         ErrorKind.DEADLINE_EXCEEDED,
@@ -125,61 +215,33 @@ class BatchQueue:
                         "the deadline passed while the request was queued",
                     )
                 )
-            else:
-                alive.append(item)
-        self._pending = alive
 
-    def _take_batch(self) -> list[QueuedItem]:
-        self._drop_dead()
-        if not self._pending:
-            return []
-        window = self._pending[: self.config.lookahead]
-        anchor_len = len(window[0].encoding)
-        by_closeness = sorted(
-            range(len(window)), key=lambda i: (abs(len(window[i].encoding) - anchor_len), i)
-        )
-        chosen: list[int] = []
-        longest = 0
-        for i in by_closeness:
-            n = len(window[i].encoding)
-            if chosen and max(longest, n) * (len(chosen) + 1) > self.config.max_batch_tokens:
-                continue
-            chosen.append(i)
-            longest = max(longest, n)
-            if len(chosen) >= self.config.max_batch_size:
-                break
-        taken = set(chosen)
-        batch = [window[i] for i in sorted(chosen)]
-        self._pending = [item for i, item in enumerate(window) if i not in taken] + self._pending[
-            len(window) :
-        ]
-        return batch
-
-    async def _schedule(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            if self.config.batch_wait_s and len(self._pending) < self.config.max_batch_size:
-                await asyncio.sleep(self.config.batch_wait_s)
-            batch = self._take_batch()
-            if not batch:
-                self._wakeup.clear()
-                continue
-            await self._run(loop, batch)
-
-    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[QueuedItem]) -> None:
+    def _run(self, batch: list[QueuedItem]) -> None:
         encodings = [item.encoding for item in batch]
         started = time.monotonic()
+        outputs: list[np.ndarray] | None = None
         error: BaseException | None = None
         try:
-            outputs = await loop.run_in_executor(
-                self._worker, self.runner.forward, encodings, [item.keep_tokens for item in batch]
-            )
+            outputs = self.runner.forward(encodings, [item.keep_tokens for item in batch])
         except Exception as exc:  # one failed batch fails its items, not the server
             log.exception("forward pass failed for %d items", len(batch))
             error = exc
-            self.stats.failed_batches += 1
-            failure = _forward_error(exc)
+        record = BatchRecord(
+            len(batch),
+            sum(len(e) for e in encodings),
+            max(len(e) for e in encodings) * len(encodings),
+            [started - item.enqueued for item in batch],
+            time.monotonic() - started,
+            error,
+        )
+        self._call_in_loop(self._deliver, batch, outputs, record)
+
+    def _deliver(
+        self, batch: list[QueuedItem], outputs: list[np.ndarray] | None, record: BatchRecord
+    ) -> None:
+        """On the event loop: resolve the futures still waited for, update stats."""
+        if outputs is None:
+            failure = _forward_error(record.error)
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(failure)
@@ -187,25 +249,16 @@ class BatchQueue:
             for item, output in zip(batch, outputs, strict=True):
                 if not item.future.done():
                     item.future.set_result(output)
-        tokens = sum(len(e) for e in encodings)
-        padded = max(len(e) for e in encodings) * len(encodings)
         self.stats.batches += 1
-        self.stats.items_computed += len(batch)
-        self.stats.tokens_computed += tokens
-        self.stats.padded_tokens_computed += padded
-        record = BatchRecord(
-            len(batch),
-            tokens,
-            padded,
-            [started - item.enqueued for item in batch],
-            time.monotonic() - started,
-            error,
-        )
+        self.stats.items_computed += record.size
+        self.stats.tokens_computed += record.tokens
+        self.stats.padded_tokens_computed += record.padded_tokens
+        self.stats.failed_batches += record.error is not None
         for observe in self.observers:
             observe(self.runner.info.name, record)
 
 
-def _forward_error(exc: BaseException) -> PoolingError:
+def _forward_error(exc: BaseException | None) -> PoolingError:
     if "out of memory" in str(exc).lower():
         return PoolingError(
             ErrorKind.RESOURCE_EXHAUSTED,

@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-message-mb", type=int, default=64, help="largest request or response message"
     )
 
+    net.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
+    net.add_argument("--metrics-host", default="127.0.0.1", help="address for the metrics port")
+
     models = parser.add_argument_group("models")
     models.add_argument(
         "--model",
@@ -76,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: float32 on CPU, bfloat16 on a GPU that supports it, else float16",
     )
     models.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="intra-op threads for the forward pass (default: torch's, one per core)",
+    )
+    models.add_argument(
         "--attn-implementation",
         default=None,
         help="transformers attention implementation (default: the fastest available, sdpa)",
@@ -88,7 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     batching.add_argument(
         "--max-batch-tokens", type=int, default=16384, help="padded tokens per forward batch"
     )
-    batching.add_argument("--max-batch-size", type=int, default=256, help="sequences per batch")
+    batching.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="sequences per batch (default: 32 on CPU, where bigger batches gain nothing and "
+        "keep clients in lockstep; 256 on a GPU)",
+    )
     batching.add_argument(
         "--batch-wait-ms", type=float, default=0.0, help="wait this long for a batch to fill"
     )
@@ -167,7 +184,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=Limits(max_client_batch_size=args.max_client_batch_size),
         batch=BatchConfig(
             max_batch_tokens=args.max_batch_tokens,
-            max_batch_size=args.max_batch_size,
+            max_batch_size=args.max_batch_size or 0,
             batch_wait_s=args.batch_wait_ms / 1000,
             max_queued_items=args.max_queued_items,
         ),
@@ -175,6 +192,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         drain_delay_s=args.drain_delay_s,
         shutdown_grace_s=args.shutdown_grace_s,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -184,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

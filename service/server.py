@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,6 +17,7 @@ from engine.engine import Engine
 from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, resolve_dtype
 from engine.validation import Limits
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+from service.metrics import Metrics
 from service.servicer import PoolingServicer
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class ServerConfig:
     drain_delay_s: float = 0.0
     shutdown_grace_s: float = 30.0
     max_message_bytes: int = 64 * 1024 * 1024
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
 
 
 def load_engine(config: ServerConfig) -> Engine:
@@ -65,7 +68,10 @@ def load_engine(config: ServerConfig) -> Engine:
             info.pooling_type,
         )
         models.append(model)
-    return Engine(models, config.limits, config.batch)
+    batch = config.batch
+    if not batch.max_batch_size:
+        batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
+    return Engine(models, config.limits, batch)
 
 
 class PoolingServer:
@@ -73,7 +79,8 @@ class PoolingServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.servicer = PoolingServicer(config.max_stream_inflight)
+        self.metrics = Metrics()
+        self.servicer = PoolingServicer(self.metrics, config.max_stream_inflight)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             options=[
@@ -99,9 +106,17 @@ class PoolingServer:
         if not self.port:
             raise RuntimeError(f"cannot listen on {address}")
         await self.server.start()
+        if self.config.metrics_port is not None:
+            self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+            log.info(
+                "metrics on http://%s:%d/metrics",
+                self.config.metrics_host,
+                self.config.metrics_port,
+            )
         log.info("listening on %s:%d; loading models", self.config.host, self.port)
         engine = await asyncio.to_thread(load_engine, self.config)
         await engine.start()
+        self.metrics.attach(engine)
         self.servicer.engine = engine
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving %d model(s) on port %d", len(engine.model_infos), self.port)

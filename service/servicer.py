@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator
 import grpc
 from google.rpc import status_pb2
 
-from engine.engine import Engine
+from engine.engine import Engine, Timings
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.validation import validate_tokenize
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service import convert
-from service.errors import internal_error, to_grpc_status, to_status_proto, unavailable
+from service.errors import GRPC_CODES, internal_error, to_grpc_status, to_status_proto, unavailable
+from service.metrics import Metrics
 from service.stream_limit import InflightLimit
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,9 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 
 
 class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
-    def __init__(self, max_stream_inflight: int = 256) -> None:
+    def __init__(self, metrics: Metrics, max_stream_inflight: int = 256) -> None:
         self.engine: Engine | None = None  # set once the models are loaded
+        self.metrics = metrics
         self.max_stream_inflight = max_stream_inflight
 
     def _ready_engine(self) -> Engine:
@@ -37,23 +39,56 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             raise unavailable("the models are still loading; retry shortly")
         return self.engine
 
-    async def _pool(self, request: pb.PoolRequest, deadline: float | None) -> pb.PoolResponse:
+    async def _pool(
+        self, request: pb.PoolRequest, deadline: float | None, rpc: str
+    ) -> pb.PoolResponse:
         """Run one request; every failure comes out as a PoolingError."""
+        started = time.monotonic()
+        timings = Timings()
+        code, items, tokens = "OK", 0, 0
         try:
             engine = self._ready_engine()
-            result = await engine.pool(convert.request_from_proto(request), deadline=deadline)
+            result = await engine.pool(
+                convert.request_from_proto(request), deadline=deadline, timings=timings
+            )
+            items, tokens = len(result.outputs), result.prompt_tokens
             return convert.response_to_proto(result)
-        except PoolingError:
+        except PoolingError as error:
+            code = GRPC_CODES[error.kind].name
+            raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
             raise
         except Exception as exc:
+            code = "INTERNAL"
             log.exception("request %r failed", request.request_id)
             raise internal_error() from exc
+        finally:
+            timings.total_s = time.monotonic() - started
+            self.metrics.observe_request(
+                rpc,
+                request.WhichOneof("input") or "none",
+                self._model_label(request.model),
+                code,
+                timings,
+                items,
+                tokens,
+            )
+
+    def _model_label(self, name: str) -> str:
+        """The served name; unknown names share one label so clients cannot grow the series."""
+        if self.engine is None:
+            return "unknown"
+        try:
+            return self.engine.resolve(name).info.name
+        except PoolingError:
+            return "unknown"
 
     async def Pool(
         self, request: pb.PoolRequest, context: grpc.aio.ServicerContext
     ) -> pb.PoolResponse:
         try:
-            return await self._pool(request, _deadline(context))
+            return await self._pool(request, _deadline(context), "Pool")
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise  # unreachable: abort raises
@@ -77,7 +112,8 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         async def run(request: pb.PoolRequest, weight: int) -> None:
             try:
                 response = pb.PoolStreamResponse(
-                    request_id=request.request_id, response=await self._pool(request, deadline)
+                    request_id=request.request_id,
+                    response=await self._pool(request, deadline, "PoolStream"),
                 )
             except PoolingError as error:
                 response = pb.PoolStreamResponse(

@@ -1,0 +1,147 @@
+"""Prometheus metrics: what requests asked for, and where their time went."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.batch_queue import BatchRecord
+from engine.engine import Engine, Timings
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's own counters at scrape time, so the engine needs no metrics code."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        depth = GaugeMetricFamily(
+            "pooling_queue_depth", "Items waiting in the queue", labels=["model"]
+        )
+        dropped = CounterMetricFamily(
+            "pooling_dropped_items",
+            "Queued items dropped before computing: cancelled by the client or past the deadline",
+            labels=["model", "reason"],
+        )
+        loaded = GaugeMetricFamily("pooling_models_loaded", "Models loaded and serving")
+        queues = self.engine.queues if self.engine else {}
+        for name, queue in queues.items():
+            depth.add_metric([name], queue.depth)
+            dropped.add_metric([name, "cancelled"], queue.stats.dropped_cancelled)
+            dropped.add_metric([name, "expired"], queue.stats.dropped_expired)
+        loaded.add_metric([], len(queues))
+        yield from (depth, dropped, loaded)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "pooling_requests",
+            "Requests by RPC, task, model and status code",
+            ["rpc", "task", "model", "code"],
+            registry=r,
+        )
+        self.items = Counter(
+            "pooling_items", "Inputs (texts or pairs) requested", ["model", "task"], registry=r
+        )
+        self.tokens = Counter(
+            "pooling_prompt_tokens", "Tokens computed for requests", ["model", "task"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "pooling_request_seconds",
+            "Time from receipt to response",
+            ["rpc", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_seconds = Histogram(
+            "pooling_tokenize_seconds",
+            "Time spent tokenizing a request",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "pooling_queue_seconds",
+            "Time an item waited in the queue",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_seconds = Histogram(
+            "pooling_inference_seconds",
+            "Time of one batch's forward pass",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "pooling_batch_size", "Sequences per batch", ["model"], buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "pooling_batch_tokens",
+            "Padded tokens per batch (longest x count)",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.real_tokens = Counter(
+            "pooling_batch_real_tokens", "Non-padding tokens computed", ["model"], registry=r
+        )
+        self.padded_tokens = Counter(
+            "pooling_batch_padded_tokens",
+            "Tokens computed including padding",
+            ["model"],
+            registry=r,
+        )
+        self.failed_batches = Counter(
+            "pooling_failed_batches", "Batches whose forward pass failed", ["model"], registry=r
+        )
+        self._engine_collector = _EngineCollector()
+        r.register(self._engine_collector)
+
+    def attach(self, engine: Engine) -> None:
+        self._engine_collector.engine = engine
+        for queue in engine.queues.values():
+            queue.observers.append(self.observe_batch)
+
+    def observe_batch(self, model: str, record: BatchRecord) -> None:
+        self.batch_size.labels(model).observe(record.size)
+        self.batch_tokens.labels(model).observe(record.padded_tokens)
+        self.real_tokens.labels(model).inc(record.tokens)
+        self.padded_tokens.labels(model).inc(record.padded_tokens)
+        self.inference_seconds.labels(model).observe(record.forward_s)
+        for wait in record.queue_wait_s:
+            self.queue_seconds.labels(model).observe(wait)
+        if record.error is not None:
+            self.failed_batches.labels(model).inc()
+
+    def observe_request(
+        self,
+        rpc: str,
+        task: str,
+        model: str,
+        code: str,
+        timings: Timings,
+        items: int = 0,
+        tokens: int = 0,
+    ) -> None:
+        self.requests.labels(rpc, task, model, code).inc()
+        self.request_seconds.labels(rpc, model).observe(timings.total_s)
+        if code == "OK":
+            self.items.labels(model, task).inc(items)
+            self.tokens.labels(model, task).inc(tokens)
+            self.tokenize_seconds.labels(model).observe(timings.tokenize_s)
+
+    def serve(self, host: str, port: int) -> None:
+        start_http_server(port, addr=host, registry=self.registry)
