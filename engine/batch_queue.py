@@ -40,6 +40,19 @@ class BatchConfig:
     lookahead: int = 2048
 
 
+@dataclass
+class RequestTiming:
+    """When a request's items entered the queue, and the span of the batches that ran them."""
+
+    enqueued: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+
+    def add_batch(self, started: float, finished: float) -> None:
+        self.started = started if self.started is None else min(self.started, started)
+        self.finished = finished if self.finished is None else max(self.finished, finished)
+
+
 @dataclass(eq=False)
 class QueuedItem:
     encoding: Encoding
@@ -48,6 +61,7 @@ class QueuedItem:
     deadline: float | None
     enqueued: float = field(default_factory=time.monotonic)
     skipped: int = 0
+    timing: RequestTiming | None = None
 
 
 @dataclass
@@ -104,9 +118,15 @@ class BatchQueue:
         await asyncio.to_thread(self._worker.join)
 
     def submit(
-        self, work: Sequence[tuple[Encoding, bool]], deadline: float | None = None
+        self,
+        work: Sequence[tuple[Encoding, bool]],
+        deadline: float | None = None,
+        timing: RequestTiming | None = None,
     ) -> list[asyncio.Future[np.ndarray]]:
-        """Queue sequences (with whether every token's state is wanted); all or none."""
+        """Queue sequences (with whether every token's state is wanted); all or none.
+
+        `timing`, when given, is filled in as the items' batches run.
+        """
         if len(self._pending) + len(work) > self.config.max_queued_items:
             raise PoolingError(
                 ErrorKind.RESOURCE_EXHAUSTED,
@@ -116,7 +136,13 @@ class BatchQueue:
                 retry_after_s=1.0,
             )
         loop = asyncio.get_running_loop()
-        items = [QueuedItem(enc, keep, loop.create_future(), deadline) for enc, keep in work]
+        now = time.monotonic()
+        if timing is not None:
+            timing.enqueued = now
+        items = [
+            QueuedItem(enc, keep, loop.create_future(), deadline, now, timing=timing)
+            for enc, keep in work
+        ]
         with self._lock:
             self._pending.extend(items)
             self._lock.notify()
@@ -226,12 +252,16 @@ class BatchQueue:
         except Exception as exc:  # one failed batch fails its items, not the server
             log.exception("forward pass failed for %d items", len(batch))
             error = exc
+        finished = time.monotonic()
+        for item in batch:
+            if item.timing is not None:
+                item.timing.add_batch(started, finished)
         record = BatchRecord(
             len(batch),
             sum(len(e) for e in encodings),
             max(len(e) for e in encodings) * len(encodings),
             [started - item.enqueued for item in batch],
-            time.monotonic() - started,
+            finished - started,
             error,
         )
         self._call_in_loop(self._deliver, batch, outputs, record)

@@ -10,9 +10,9 @@ import asyncio
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engine.batch_queue import BatchConfig, BatchQueue
+from engine.batch_queue import BatchConfig, BatchQueue, RequestTiming
 from engine.loader import LoadedModel
 from engine.model_info import ModelInfo
 from engine.outputs import PoolResult
@@ -30,11 +30,17 @@ class TokenizedText:
 
 @dataclass
 class Timings:
-    """Where a request's time went, in seconds."""
+    """Where a request's time went, in seconds; `batches` holds the raw time.monotonic() marks.
+
+    Inference is the span from the first of the request's batches starting to the last
+    ending; queue is the wait before that.
+    """
 
     tokenize_s: float = 0.0
-    queue_and_inference_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
     total_s: float = 0.0
+    batches: RequestTiming = field(default_factory=RequestTiming)
 
 
 class Engine:
@@ -90,14 +96,17 @@ class Engine:
         plan = await loop.run_in_executor(self._tokenizer_pool, plan_request, request, model)
         tokenized = time.monotonic()
         timings.tokenize_s = tokenized - started
-        futures = self._queues[model.info.name].submit(plan.work, deadline)
+        futures = self._queues[model.info.name].submit(plan.work, deadline, timings.batches)
         try:
             raws = await asyncio.gather(*futures)
         finally:
             for future in futures:  # a caller that went away: drop what is still queued
                 future.cancel()
         outputs = plan.finish(list(raws))
-        timings.queue_and_inference_s = time.monotonic() - tokenized
+        batches = timings.batches
+        if batches.started is not None and batches.finished is not None:
+            timings.queue_s = batches.started - batches.enqueued
+            timings.inference_s = batches.finished - batches.started
         timings.total_s = time.monotonic() - started
         return PoolResult(
             request.request_id, model.info.name, request.task, plan.prompt_tokens, outputs

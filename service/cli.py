@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +13,10 @@ from engine.batch_queue import BatchConfig
 from engine.loader import DEFAULT_MODEL, ModelSpec
 from engine.model_info import LongInput, PoolingType
 from engine.validation import Limits
+from service import logs
+from service.auth import load_keys
 from service.server import ServerConfig, serve
+from service.transport import TlsConfig, TransportConfig
 
 PER_MODEL = "Give it once for every model, or once per --model in the same order."
 
@@ -37,6 +39,68 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
     net.add_argument("--metrics-host", default="127.0.0.1", help="address for the metrics port")
+
+    net.add_argument("--keepalive-time-s", type=float, default=60.0, help="server ping interval")
+    net.add_argument(
+        "--keepalive-timeout-s", type=float, default=20.0, help="close if a ping is unanswered"
+    )
+    net.add_argument(
+        "--no-keepalive-permit-without-calls",
+        dest="keepalive_permit_without_calls",
+        action="store_false",
+        help="refuse client keepalive pings on connections with no active call",
+    )
+    net.add_argument(
+        "--min-client-ping-interval-s",
+        type=float,
+        default=10.0,
+        help="accept client pings this often (mesh sidecars ping; too strict a value makes "
+        "the server answer GOAWAY too_many_pings)",
+    )
+    net.add_argument(
+        "--max-concurrent-streams", type=int, default=0, help="per connection (0: unlimited)"
+    )
+    net.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=0.0,
+        help="close connections after this long so clients rebalance across replicas (0: never)",
+    )
+    net.add_argument(
+        "--max-connection-age-grace-s",
+        type=float,
+        default=30.0,
+        help="time given to calls on a connection closed for age",
+    )
+    net.add_argument(
+        "--gzip-responses",
+        action="store_true",
+        help="compress responses (gzip-compressed requests are always accepted)",
+    )
+
+    security = parser.add_argument_group("security")
+    security.add_argument("--tls-cert", help="PEM certificate chain: serve TLS")
+    security.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    security.add_argument(
+        "--tls-client-ca", help="PEM CA bundle: require client certificates (mutual TLS)"
+    )
+    security.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="accept `authorization: Bearer KEY` on PoolingService (repeatable); health and "
+        "reflection stay open",
+    )
+    security.add_argument("--api-key-file", help="a file of accepted keys, one per line")
+
+    observe = parser.add_argument_group("observability")
+    observe.add_argument(
+        "--otlp-endpoint", help="export OpenTelemetry traces over OTLP/gRPC to this endpoint"
+    )
+    observe.add_argument("--log-format", default="text", choices=["text", "json"])
+    observe.add_argument(
+        "--log-inputs", action="store_true", help="include input texts in request log lines"
+    )
 
     models = parser.add_argument_group("models")
     models.add_argument(
@@ -126,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     life.add_argument(
         "--shutdown-grace-s", type=float, default=30.0, help="time to finish accepted calls"
     )
-    life.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    observe.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
     return parser
 
 
@@ -173,6 +239,14 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     return specs
 
 
+def tls_config(args: argparse.Namespace) -> TlsConfig | None:
+    if not (args.tls_cert or args.tls_key or args.tls_client_ca):
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise SystemExit("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")
+    return TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         models=model_specs(args),
@@ -194,14 +268,26 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        transport=TransportConfig(
+            keepalive_time_s=args.keepalive_time_s,
+            keepalive_timeout_s=args.keepalive_timeout_s,
+            keepalive_permit_without_calls=args.keepalive_permit_without_calls,
+            min_client_ping_interval_s=args.min_client_ping_interval_s,
+            max_concurrent_streams=args.max_concurrent_streams,
+            max_connection_age_s=args.max_connection_age_s,
+            max_connection_age_grace_s=args.max_connection_age_grace_s,
+            gzip_responses=args.gzip_responses,
+        ),
+        tls=tls_config(args),
+        api_keys=load_keys(args.api_key, args.api_key_file),
+        otlp_endpoint=args.otlp_endpoint,
+        log_inputs=args.log_inputs,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(args.log_level, args.log_format)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.torch_threads:
         import torch

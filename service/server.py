@@ -11,14 +11,19 @@ from dataclasses import dataclass, field, replace
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 
 from engine.batch_queue import BatchConfig
 from engine.engine import Engine
 from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, resolve_dtype
 from engine.validation import Limits
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+from service.auth import BearerTokenInterceptor
 from service.metrics import Metrics
 from service.servicer import PoolingServicer
+from service.telemetry import Telemetry
+from service.telemetry import tracer_provider as make_tracer_provider
+from service.transport import TlsConfig, TransportConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,11 @@ class ServerConfig:
     max_message_bytes: int = 64 * 1024 * 1024
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    tls: TlsConfig | None = None
+    api_keys: Sequence[str] = ()
+    otlp_endpoint: str | None = None
+    log_inputs: bool = False
 
 
 def load_engine(config: ServerConfig) -> Engine:
@@ -77,16 +87,23 @@ def load_engine(config: ServerConfig) -> Engine:
 class PoolingServer:
     """A gRPC server whose health turns SERVING only once every model is loaded and warm."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(
+        self, config: ServerConfig, tracer_provider: trace.TracerProvider | None = None
+    ) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.servicer = PoolingServicer(self.metrics, config.max_stream_inflight)
+        telemetry = Telemetry(
+            self.metrics,
+            tracer_provider or make_tracer_provider(config.otlp_endpoint),
+            config.log_inputs,
+        )
+        self.servicer = PoolingServicer(telemetry, config.max_stream_inflight)
         self.health = health.aio.HealthServicer()
+        interceptors = [BearerTokenInterceptor(config.api_keys)] if config.api_keys else []
         self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", config.max_message_bytes),
-                ("grpc.max_send_message_length", config.max_message_bytes),
-            ],
+            interceptors=interceptors,
+            options=config.transport.options(config.max_message_bytes),
+            compression=grpc.Compression.Gzip if config.transport.gzip_responses else None,
         )
         pooling_pb2_grpc.add_PoolingServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -102,7 +119,10 @@ class PoolingServer:
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
-        self.port = self.server.add_insecure_port(address)
+        if self.config.tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, self.config.tls.credentials())
         if not self.port:
             raise RuntimeError(f"cannot listen on {address}")
         await self.server.start()

@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator
 import grpc
 from google.rpc import status_pb2
 
-from engine.engine import Engine, Timings
+from engine.engine import Engine
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.validation import validate_tokenize
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service import convert
 from service.errors import GRPC_CODES, internal_error, to_grpc_status, to_status_proto, unavailable
-from service.metrics import Metrics
 from service.stream_limit import InflightLimit
+from service.telemetry import RequestRecord, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,9 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 
 
 class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
-    def __init__(self, metrics: Metrics, max_stream_inflight: int = 256) -> None:
+    def __init__(self, telemetry: Telemetry, max_stream_inflight: int = 256) -> None:
         self.engine: Engine | None = None  # set once the models are loaded
-        self.metrics = metrics
+        self.telemetry = telemetry
         self.max_stream_inflight = max_stream_inflight
 
     def _ready_engine(self) -> Engine:
@@ -40,40 +40,29 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         return self.engine
 
     async def _pool(
-        self, request: pb.PoolRequest, deadline: float | None, rpc: str
+        self, request: pb.PoolRequest, record: RequestRecord, deadline: float | None
     ) -> pb.PoolResponse:
         """Run one request; every failure comes out as a PoolingError."""
-        started = time.monotonic()
-        timings = Timings()
-        code, items, tokens = "OK", 0, 0
+        code, reason, items, tokens = "OK", "", 0, 0
         try:
             engine = self._ready_engine()
             result = await engine.pool(
-                convert.request_from_proto(request), deadline=deadline, timings=timings
+                convert.request_from_proto(request), deadline=deadline, timings=record.timings
             )
             items, tokens = len(result.outputs), result.prompt_tokens
             return convert.response_to_proto(result)
         except PoolingError as error:
-            code = GRPC_CODES[error.kind].name
+            code, reason = GRPC_CODES[error.kind].name, error.reason
             raise
         except asyncio.CancelledError:
             code = "CANCELLED"
             raise
         except Exception as exc:
-            code = "INTERNAL"
+            code, reason = "INTERNAL", "INTERNAL_ERROR"
             log.exception("request %r failed", request.request_id)
             raise internal_error() from exc
         finally:
-            timings.total_s = time.monotonic() - started
-            self.metrics.observe_request(
-                rpc,
-                request.WhichOneof("input") or "none",
-                self._model_label(request.model),
-                code,
-                timings,
-                items,
-                tokens,
-            )
+            record.finish(code, self._model_label(request.model), items, tokens, reason)
 
     def _model_label(self, name: str) -> str:
         """The served name; unknown names share one label so clients cannot grow the series."""
@@ -87,8 +76,11 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
     async def Pool(
         self, request: pb.PoolRequest, context: grpc.aio.ServicerContext
     ) -> pb.PoolResponse:
+        record = self.telemetry.begin("Pool", request, context.invocation_metadata() or ())
         try:
-            return await self._pool(request, _deadline(context), "Pool")
+            response = await self._pool(request, record, _deadline(context))
+            context.set_trailing_metadata(record.trailing_metadata(response.usage.prompt_tokens))
+            return response
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise  # unreachable: abort raises
@@ -109,11 +101,14 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         seen: set[str] = set()
         running: set[asyncio.Task[None]] = set()
 
+        metadata = context.invocation_metadata() or ()
+
         async def run(request: pb.PoolRequest, weight: int) -> None:
+            record = self.telemetry.begin("PoolStream", request, metadata)
             try:
                 response = pb.PoolStreamResponse(
                     request_id=request.request_id,
-                    response=await self._pool(request, deadline, "PoolStream"),
+                    response=await self._pool(request, record, deadline),
                 )
             except PoolingError as error:
                 response = pb.PoolStreamResponse(
