@@ -6,6 +6,8 @@ default model and timeout) so both clients resolve them the same way.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +17,62 @@ import grpc
 MetadataPairs = Sequence[tuple[str, str]]
 MetadataArg = MetadataPairs | Callable[[], MetadataPairs] | None
 
+#: Spread calls over every address a target resolves to, and retry calls that found a
+#: replica going away (UNAVAILABLE) on another one.
+SERVICE_CONFIG = json.dumps(
+    {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [
+            {
+                "name": [{"service": "pooling.v1.PoolingService"}],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ],
+    }
+)
+
 #: Channel options applied unless the caller sets the same key. Token matrices of a large
 #: batch easily pass gRPC's default 4 MiB receive limit, so the client accepts any size and
 #: leaves limits to the server.
-DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.max_receive_message_length", -1),)
+DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.service_config", SERVICE_CONFIG),
+    ("grpc.enable_retries", 1),
+)
+
+
+def channel_target(target: str | Sequence[str]) -> str:
+    """One gRPC target for one address, a DNS name (all its addresses), or several replicas.
+
+    Several replicas must be IP addresses (gRPC's static `ipv4:`/`ipv6:` lists); for host
+    names, use one DNS name that resolves to every replica (a headless Service).
+    """
+    if isinstance(target, str):
+        return target
+    targets = list(target)
+    if len(targets) == 1:
+        return targets[0]
+    families = {_ip_family(t) for t in targets}
+    if len(families) != 1 or None in families:
+        raise ValueError(
+            "several targets must all be IPv4 or all IPv6 addresses with ports; for host names "
+            "use one DNS name that resolves to every replica"
+        )
+    return f"{families.pop()}:{','.join(targets)}"
+
+
+def _ip_family(address: str) -> str | None:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        return f"ipv{ipaddress.ip_address(host).version}"
+    except ValueError:
+        return None
 
 
 def channel_credentials(

@@ -20,6 +20,7 @@ from pooling_client._channel import (
     MetadataArg,
     channel_credentials,
     channel_options,
+    channel_target,
 )
 from pooling_client._progress import Progress, UseTqdm, progress
 from pooling_client.errors import PoolingError
@@ -43,7 +44,9 @@ class AsyncPoolingClient:
     """Asyncio client for a pooling server; create it inside the event loop that uses it.
 
     Args:
-        target: "host:port" of the server.
+        target: "host:port" of the server, a DNS name resolving to every replica, or a
+            list of "ip:port" replicas; calls are spread round-robin and retried on
+            UNAVAILABLE.
         model: default served model name; None uses the server's default model.
         timeout: default deadline in seconds for each call; None waits indefinitely.
         credentials: TLS channel credentials; or give the PEM parts below instead.
@@ -65,7 +68,7 @@ class AsyncPoolingClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         model: str | None = None,
         timeout: float | None = None,
@@ -82,9 +85,11 @@ class AsyncPoolingClient:
         creds = channel_credentials(credentials, root_certificates, private_key, certificate_chain)
         merged = channel_options(options)
         if creds is None:
-            self._channel = grpc.aio.insecure_channel(target, merged, compression)
+            self._channel = grpc.aio.insecure_channel(channel_target(target), merged, compression)
         else:
-            self._channel = grpc.aio.secure_channel(target, creds, merged, compression)
+            self._channel = grpc.aio.secure_channel(
+                channel_target(target), creds, merged, compression
+            )
         self._stub = pooling_pb2_grpc.PoolingServiceStub(self._channel)
         self._config = ClientConfig(model, timeout, metadata, api_key)
         self._batch_size = _chunking.check_batch_size(batch_size)

@@ -19,6 +19,7 @@ from pooling_client._channel import (
     MetadataArg,
     channel_credentials,
     channel_options,
+    channel_target,
 )
 from pooling_client._progress import Progress, UseTqdm, progress
 from pooling_client.errors import PoolingError
@@ -42,7 +43,9 @@ class PoolingClient:
     """Blocking client for a pooling server.
 
     Args:
-        target: "host:port" of the server.
+        target: "host:port" of the server, a DNS name resolving to every replica, or a
+            list of "ip:port" replicas; calls are spread round-robin and retried on
+            UNAVAILABLE.
         model: default served model name; None uses the server's default model.
         timeout: default deadline in seconds for each call; None waits indefinitely.
         credentials: TLS channel credentials; or give the PEM parts below instead.
@@ -64,7 +67,7 @@ class PoolingClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         model: str | None = None,
         timeout: float | None = None,
@@ -81,9 +84,9 @@ class PoolingClient:
         creds = channel_credentials(credentials, root_certificates, private_key, certificate_chain)
         merged = channel_options(options)
         if creds is None:
-            self._channel = grpc.insecure_channel(target, merged, compression)
+            self._channel = grpc.insecure_channel(channel_target(target), merged, compression)
         else:
-            self._channel = grpc.secure_channel(target, creds, merged, compression)
+            self._channel = grpc.secure_channel(channel_target(target), creds, merged, compression)
         self._stub = pooling_pb2_grpc.PoolingServiceStub(self._channel)
         self._config = ClientConfig(model, timeout, metadata, api_key)
         self._batch_size = _chunking.check_batch_size(batch_size)
