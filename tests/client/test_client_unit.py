@@ -7,6 +7,7 @@ The in-process gRPC tests use a tiny fake servicer, so they check the client's w
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import threading
 import time
@@ -586,10 +587,24 @@ def test_channel_settings() -> None:
     assert isinstance(creds, grpc.ChannelCredentials)
     with pytest.raises(ValueError):
         _channel.channel_credentials(creds, b"root-pem", None, None)
-    assert _channel.channel_options(None) == [("grpc.max_receive_message_length", -1)]
-    assert _channel.channel_options([("grpc.max_receive_message_length", 1024)]) == [
-        ("grpc.max_receive_message_length", 1024)
-    ]
+    assert _channel.channel_options(None) == list(_channel.DEFAULT_OPTIONS)
+    assert ("grpc.max_receive_message_length", -1) in _channel.DEFAULT_OPTIONS
+    overridden = _channel.channel_options([("grpc.max_receive_message_length", 1024)])
+    assert overridden[0] == ("grpc.max_receive_message_length", 1024)
+    assert ("grpc.max_receive_message_length", -1) not in overridden
+    config_json = dict(_channel.DEFAULT_OPTIONS)["grpc.service_config"]
+    assert json.loads(config_json)["loadBalancingConfig"] == [{"round_robin": {}}]
+
+
+def test_channel_targets() -> None:
+    assert _channel.channel_target("localhost:50051") == "localhost:50051"
+    assert _channel.channel_target(["10.0.0.1:1"]) == "10.0.0.1:1"
+    assert _channel.channel_target(["127.0.0.1:1", "127.0.0.2:2"]) == "ipv4:127.0.0.1:1,127.0.0.2:2"
+    assert _channel.channel_target(["[::1]:1", "[::1]:2"]) == "ipv6:[::1]:1,[::1]:2"
+    with pytest.raises(ValueError):
+        _channel.channel_target(["a.example:1", "b.example:2"])
+    with pytest.raises(ValueError):
+        _channel.channel_target(["127.0.0.1:1", "[::1]:2"])
     config = _channel.ClientConfig(model="m", timeout=5.0)
     assert (config.model_for(None), config.model_for("x")) == ("m", "x")
     assert (config.timeout_for(None), config.timeout_for(1.0)) == (5.0, 1.0)
