@@ -19,6 +19,7 @@ from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, 
 from engine.validation import Limits
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 from service.auth import BearerTokenInterceptor
+from service.malformed import MalformedRequestInterceptor
 from service.metrics import Metrics
 from service.servicer import PoolingServicer
 from service.telemetry import Telemetry
@@ -99,7 +100,10 @@ class PoolingServer:
         )
         self.servicer = PoolingServicer(telemetry, config.max_stream_inflight)
         self.health = health.aio.HealthServicer()
-        interceptors = [BearerTokenInterceptor(config.api_keys)] if config.api_keys else []
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if config.api_keys:
+            interceptors.append(BearerTokenInterceptor(config.api_keys))
+        interceptors.append(MalformedRequestInterceptor())
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=config.transport.options(config.max_message_bytes),
