@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,13 +27,19 @@ class ModelRunner:
         self.info = info
         self.pad_token_id = pad_token_id
         self.device = device
+        # Decoders get no token_type_ids even when the tokenizer makes them.
+        self.accepts_token_type_ids = (
+            "token_type_ids" in inspect.signature(module.forward).parameters
+        )
 
     def collate(self, batch: Sequence[Encoding]) -> dict[str, torch.Tensor]:
         """Right-pad to the longest sequence; pinned memory speeds the copy to a GPU."""
         longest = max(len(e) for e in batch)
         ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(batch), longest), dtype=torch.long)
-        with_types = all(e.token_type_ids is not None for e in batch)
+        with_types = self.accepts_token_type_ids and all(
+            e.token_type_ids is not None for e in batch
+        )
         types = torch.zeros((len(batch), longest), dtype=torch.long) if with_types else None
         for row, encoding in enumerate(batch):
             n = len(encoding)

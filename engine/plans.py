@@ -43,12 +43,10 @@ class _Text:
 
 
 def plan_request(request: PoolRequest, model: LoadedModel) -> Plan:
+    if request.task is Task.SCORE and model.info.is_cross_encoder:
+        return _plan_cross_encoder(request, model)
     if request.task is Task.SCORE:
-        return (
-            _plan_cross_encoder(request, model)
-            if model.info.is_cross_encoder
-            else (_plan_bi_encoder(request, model))
-        )
+        return _plan_bi_encoder(request, model)
     texts = _encode(request, model, request.texts, f"{request.task}.texts")
     keep_tokens = request.task in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
     finish_one = _FINISHERS[request.task]
@@ -119,7 +117,9 @@ def _use_activation(request: PoolRequest, default: bool) -> bool:
     return default if value is None else value
 
 
-def _finish_embed(request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]):
+def _finish_embed(
+    request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]
+) -> Embedding:
     values = truncate_dimensions(_pooled_vector(text, raws), request.params.dimensions)
     if _use_activation(request, info.default_normalize):
         values = normalize(values)
