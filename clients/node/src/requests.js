@@ -1,0 +1,190 @@
+// Request building shared by the unary and streaming paths. Pure functions, no I/O.
+
+import { randomUUID } from 'node:crypto';
+
+import { checkTask, paramsToWire, verifyParams } from './params.js';
+
+/** How the "[SEP]" form of score input separates query from document. */
+export const SEP_TOKEN = '[SEP]';
+
+/** Tasks encode() accepts; "embed" and "classify" delegate to embed()/classify(). */
+export const ENCODE_TASKS = Object.freeze(['token_embed', 'token_classify', 'embed', 'classify']);
+
+/** A fresh request id for calls that do not name one. */
+export function newRequestId() {
+  return randomUUID().replaceAll('-', '');
+}
+
+/**
+ * Normalise one text or an iterable of texts to an array, rejecting non-strings.
+ * @param {string|Iterable<string>} prompts
+ * @param {string} [name]
+ * @returns {string[]}
+ */
+export function asTexts(prompts, name = 'prompts') {
+  if (typeof prompts === 'string') return [prompts];
+  if (prompts === null || prompts === undefined || typeof prompts[Symbol.iterator] !== 'function') {
+    throw new TypeError(`${name} must be a string or an array of strings`);
+  }
+  const texts = [...prompts];
+  texts.forEach((text, i) => {
+    if (typeof text !== 'string') throw new TypeError(`${name}[${i}] must be a string, got ${typeof text}`);
+  });
+  return texts;
+}
+
+/**
+ * Split "query [SEP] doc" on the first [SEP], dropping the whitespace around it.
+ * @param {string} text
+ * @returns {[string, string]}
+ */
+export function splitSep(text) {
+  const at = text.indexOf(SEP_TOKEN);
+  if (at < 0) throw new TypeError(`Score input ${JSON.stringify(text)} has no ${SEP_TOKEN} separator`);
+  return [text.slice(0, at).trimEnd(), text.slice(at + SEP_TOKEN.length).trimStart()];
+}
+
+/**
+ * Split [text1, text2] pairs or "q [SEP] d" strings into equal-length N:N lists.
+ * @param {string|Iterable<unknown>} data
+ * @returns {[string[], string[]]}
+ */
+export function splitPairs(data) {
+  const items = typeof data === 'string' ? [data] : [...asIterable(data, 'text1')];
+  /** @type {string[]} */
+  const text1 = [];
+  /** @type {string[]} */
+  const text2 = [];
+  items.forEach((item, i) => {
+    let query;
+    let doc;
+    if (typeof item === 'string') {
+      [query, doc] = splitSep(item);
+    } else if (Array.isArray(item)) {
+      if (item.length !== 2) throw new TypeError(`text1[${i}] must be a [text1, text2] pair, got ${item.length} items`);
+      [query, doc] = item;
+      if (typeof query !== 'string' || typeof doc !== 'string') {
+        throw new TypeError(`text1[${i}] must hold two strings`);
+      }
+    } else {
+      throw new TypeError(`text1[${i}] must be a [text1, text2] pair or a '${SEP_TOKEN}' string`);
+    }
+    text1.push(query);
+    text2.push(doc);
+  });
+  return [text1, text2];
+}
+
+/**
+ * @param {unknown} value
+ * @param {string} name
+ * @returns {Iterable<unknown>}
+ */
+function asIterable(value, name) {
+  if (value === null || value === undefined || typeof (/** @type {any} */ (value))[Symbol.iterator] !== 'function') {
+    throw new TypeError(`${name} must be a string or an array`);
+  }
+  return /** @type {Iterable<unknown>} */ (value);
+}
+
+/**
+ * Resolve score()'s arguments into text_1/text_2 lists (shapes are checked by the server).
+ * @param {string|Iterable<unknown>} data1
+ * @param {string|Iterable<string>|null|undefined} data2
+ * @returns {[string[], string[]]}
+ */
+export function scoreTexts(data1, data2) {
+  if (data2 === null || data2 === undefined) return splitPairs(data1);
+  return [asTexts(/** @type {any} */ (data1), 'text1'), asTexts(data2, 'text2')];
+}
+
+/**
+ * @typedef {string[] | [string[], string[]]} Inputs texts, or for score [text_1, text_2]
+ */
+
+/**
+ * How many outputs a job produces, or null when it cannot be chunked (score shapes other than
+ * 1:N and N:N are left to the server to reject).
+ * @param {string} task
+ * @param {Inputs} inputs
+ * @returns {number|null}
+ */
+export function inputCount(task, inputs) {
+  if (task !== 'score') return inputs.length;
+  const [text1, text2] = /** @type {[string[], string[]]} */ (inputs);
+  if (text1.length === 1) return text2.length;
+  if (text1.length === text2.length) return text1.length;
+  return null;
+}
+
+/**
+ * The wire input case for `task`.
+ * @param {string} task
+ * @param {Inputs} inputs
+ */
+export function inputMessage(task, inputs) {
+  if (task === 'score') {
+    const [text1, text2] = /** @type {[string[], string[]]} */ (inputs);
+    return { text_1: text1, text_2: text2 };
+  }
+  return { texts: inputs };
+}
+
+/**
+ * How many outputs a PoolRequest should produce.
+ * @param {string} task
+ * @param {Inputs} inputs
+ */
+export function expectedOutputs(task, inputs) {
+  if (task !== 'score') return inputs.length;
+  const [text1, text2] = /** @type {[string[], string[]]} */ (inputs);
+  return text1.length === 1 ? text2.length : text1.length;
+}
+
+/**
+ * A PoolRequest template (no inputs) for `task`, its params verified unless `validate` is
+ * false.
+ * @param {string} task
+ * @param {object} options
+ * @param {import('./params.js').PoolingParams} [options.poolingParams]
+ * @param {number} [options.truncatePromptTokens] merged into the params (it wins)
+ * @param {string|null} [options.model]
+ * @param {string} [options.requestId]
+ * @param {boolean} [options.validate]
+ */
+export function requestTemplate(task, { poolingParams, truncatePromptTokens, model, requestId, validate = true }) {
+  checkTask(task);
+  const params = { ...(poolingParams ?? {}) };
+  if (truncatePromptTokens !== undefined && truncatePromptTokens !== null) {
+    params.truncatePromptTokens = truncatePromptTokens;
+  }
+  if (validate) verifyParams(params, task);
+  return {
+    request_id: requestId ?? newRequestId(),
+    model: model ?? '',
+    params: paramsToWire(params, task),
+  };
+}
+
+/**
+ * The template plus inputs: a complete PoolRequest.
+ * @param {ReturnType<typeof requestTemplate>} template
+ * @param {string} task
+ * @param {Inputs} inputs
+ * @param {string} [requestId]
+ */
+export function withInputs(template, task, inputs, requestId) {
+  return { ...template, request_id: requestId ?? template.request_id, [task]: inputMessage(task, inputs) };
+}
+
+/**
+ * Throw unless encode() can run `poolingTask`.
+ * @param {unknown} poolingTask
+ */
+export function checkEncodeTask(poolingTask) {
+  if (!ENCODE_TASKS.includes(/** @type {string} */ (poolingTask))) {
+    throw new TypeError(
+      `encode() does not support poolingTask=${JSON.stringify(poolingTask)}; expected one of ${ENCODE_TASKS.join(', ')} (use score() for scoring)`,
+    );
+  }
+}
