@@ -247,6 +247,17 @@ def tls_config(args: argparse.Namespace) -> TlsConfig | None:
     return TlsConfig(args.tls_cert, args.tls_key, args.tls_client_ca)
 
 
+def api_keys(args: argparse.Namespace) -> list[str]:
+    """Fail closed: asking for auth and giving no usable key must not leave the service open."""
+    keys = load_keys(args.api_key, args.api_key_file)
+    if (args.api_key or args.api_key_file) and not keys:
+        raise SystemExit(
+            "--api-key/--api-key-file were given but hold no usable key; refusing to serve "
+            "without authentication"
+        )
+    return keys
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         models=model_specs(args),
@@ -279,7 +290,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             gzip_responses=args.gzip_responses,
         ),
         tls=tls_config(args),
-        api_keys=load_keys(args.api_key, args.api_key_file),
+        api_keys=api_keys(args),
         otlp_endpoint=args.otlp_endpoint,
         log_inputs=args.log_inputs,
     )

@@ -1,4 +1,4 @@
-"""Bytes that are not a protobuf message get INVALID_ARGUMENT on every method, and serving goes on."""
+"""Bytes that are not a protobuf message get INVALID_ARGUMENT on every method; serving goes on."""
 
 from __future__ import annotations
 
