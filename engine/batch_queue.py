@@ -34,8 +34,6 @@ class BatchConfig:
     max_queued_items: int = 100_000
     # A batch grows only while real tokens / padded tokens stays above this.
     min_padding_efficiency: float = 0.8
-    # An item passed over this many times anchors the next batch.
-    max_skips: int = 3
     # How many of the oldest items a scheduling step looks at; bounds its cost.
     lookahead: int = 2048
 
@@ -60,8 +58,8 @@ class QueuedItem:
     future: asyncio.Future[np.ndarray]
     deadline: float | None
     enqueued: float = field(default_factory=time.monotonic)
-    skipped: int = 0
     timing: RequestTiming | None = None
+    counted: bool = True  # still part of the queue depth
 
 
 @dataclass
@@ -96,7 +94,8 @@ class BatchQueue:
         self.stats = QueueStats()
         self.observers: list[Callable[[str, BatchRecord], None]] = []
         self._pending: list[QueuedItem] = []
-        self._lock = threading.Condition()
+        self._waiting = 0
+        self._lock = threading.Condition(threading.RLock())
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker = threading.Thread(
@@ -105,7 +104,24 @@ class BatchQueue:
 
     @property
     def depth(self) -> int:
-        return len(self._pending)
+        """Items waiting for a batch whose caller still waits (cancelled ones do not count)."""
+        return self._waiting
+
+    def _has_room(self, count: int) -> bool:
+        """Recount only when near the bound: cancellations reach `depth` a loop turn late."""
+        bound = self.config.max_queued_items
+        if self._waiting + count <= bound:
+            return True
+        with self._lock:
+            live = sum(item.counted and not item.future.done() for item in self._pending)
+        return live + count <= bound
+
+    def _uncount(self, item: QueuedItem) -> None:
+        """An item leaves the depth once: when a batch takes it or its future is done."""
+        with self._lock:
+            if item.counted:
+                item.counted = False
+                self._waiting -= 1
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -127,7 +143,7 @@ class BatchQueue:
 
         `timing`, when given, is filled in as the items' batches run.
         """
-        if len(self._pending) + len(work) > self.config.max_queued_items:
+        if not self._has_room(len(work)):
             raise PoolingError(
                 ErrorKind.RESOURCE_EXHAUSTED,
                 "QUEUE_FULL",
@@ -145,7 +161,10 @@ class BatchQueue:
         ]
         with self._lock:
             self._pending.extend(items)
+            self._waiting += len(items)
             self._lock.notify()
+        for item in items:
+            item.future.add_done_callback(lambda _, item=item: self._uncount(item))
         return [item.future for item in items]
 
     def _drop_dead(self) -> list[QueuedItem]:
@@ -164,28 +183,21 @@ class BatchQueue:
         return expired
 
     def _take_batch(self) -> list[QueuedItem]:
-        """An anchor item, then the items closest to it in length while the batch stays dense.
+        """The oldest item, then the items closest to it in length while the batch stays dense.
 
-        The anchor is the oldest item, or the one passed over most once that reaches
-        `max_skips`: so a long text is never starved by a stream of short ones, and is
-        batched with texts of its own length rather than padded against short ones.
+        Anchoring on the oldest item means nothing starves: a long text waits only for the
+        items queued before it, and is then batched with texts of its own length rather
+        than padded against short ones.
         """
         if not self._pending:
             return []
         config = self.config
         window = self._pending[: config.lookahead]
-        anchor = max(
-            range(len(window)),
-            key=lambda i: (window[i].skipped >= config.max_skips, window[i].skipped, -i),
-        )
-        if window[anchor].skipped < config.max_skips:
-            anchor = 0
-        anchor_len = len(window[anchor].encoding)
+        anchor_len = len(window[0].encoding)
         by_closeness = sorted(
-            (i for i in range(len(window)) if i != anchor),
-            key=lambda i: (abs(len(window[i].encoding) - anchor_len), i),
+            range(1, len(window)), key=lambda i: (abs(len(window[i].encoding) - anchor_len), i)
         )
-        chosen, longest, real = [anchor], anchor_len, anchor_len
+        chosen, longest, real = [0], anchor_len, anchor_len
         for i in by_closeness:
             if len(chosen) >= config.max_batch_size:
                 break
@@ -199,11 +211,11 @@ class BatchQueue:
             chosen.append(i)
             longest, real = max(longest, n), real + n
         taken = set(chosen)
-        youngest = max(chosen)
-        for i, item in enumerate(window[:youngest]):
-            if i not in taken:
-                item.skipped += 1
         batch = [window[i] for i in sorted(taken)]
+        for item in batch:  # called under the lock
+            if item.counted:
+                item.counted = False
+                self._waiting -= 1
         rest_of_window = [item for i, item in enumerate(window) if i not in taken]
         self._pending = rest_of_window + self._pending[len(window) :]
         return batch

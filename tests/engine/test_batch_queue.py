@@ -1,0 +1,593 @@
+"""The batching queue, in process: batched results, cancellation, deadlines, limits, faults.
+
+The model runner is wrapped by `ControlledRunner`, which records every batch the worker
+hands it and can hold batches until the test lets them go, so each test decides exactly
+what is queued when a batch is taken, with events rather than sleeps. pytest-asyncio is
+not installed: each test is a sync function that drives its scenario with `asyncio.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+import torch
+
+from engine.batch_queue import BatchConfig, BatchQueue, BatchRecord
+from engine.engine import Engine
+from engine.errors import ErrorKind, PoolingError
+from engine.loader import LoadedModel, ModelSpec, load_model
+from engine.outputs import Classification, Embedding, PoolResult, Score, TokenRows
+from engine.params import PoolingParams, Task
+from engine.plans import plan_request
+from engine.request import PoolRequest
+from engine.tokenization import Encoding
+
+pytestmark = pytest.mark.timeout(120)
+
+T = TypeVar("T")
+WAIT_S = 30.0  # generous: only ever reached when something is broken
+ATOL = 1e-5
+VOCABULARY = (
+    "the quick brown fox jumps over lazy dog cell energy river mountain city light "
+    "paper music garden window table coffee morning evening ocean forest stone cloud"
+)
+WORDS = VOCABULARY.split()
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers: a controllable runner, and running an engine or a bare queue in a fresh loop
+# ---------------------------------------------------------------------------------------
+
+
+class ControlledRunner:
+    """Stands in for a ModelRunner: records each batch; can hold batches or fail them.
+
+    Batch n (1-based) may run only once `n <= allowed` (`allowed is None`: no holding).
+    `hold_first=True` holds the first batch until `open()`; `stepping=True` lets one
+    batch through per `step()`. `fail(batch)` may return an exception to raise instead
+    of computing.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        hold_first: bool = False,
+        stepping: bool = False,
+        fail: Callable[[Sequence[Encoding]], Exception | None] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.info = inner.info
+        self.fail = fail
+        self.batches: list[list[Encoding]] = []
+        self.allowed: int | None = 0 if (hold_first or stepping) else None
+        self._changed = threading.Condition()
+
+    def forward(self, batch: Sequence[Encoding], keep_tokens: Sequence[bool]) -> list[np.ndarray]:
+        with self._changed:
+            self.batches.append(list(batch))
+            number = len(self.batches)
+            self._changed.notify_all()
+            if not self._changed.wait_for(
+                lambda: self.allowed is None or number <= self.allowed, timeout=WAIT_S
+            ):
+                raise RuntimeError("test runner: batch held too long")
+        failure = self.fail(batch) if self.fail else None
+        if failure is not None:
+            raise failure
+        return self.inner.forward(batch, keep_tokens)
+
+    def open(self) -> None:
+        with self._changed:
+            self.allowed = None
+            self._changed.notify_all()
+
+    def step(self) -> None:
+        with self._changed:
+            assert self.allowed is not None
+            self.allowed += 1
+            self._changed.notify_all()
+
+    def wait_entered(self, count: int) -> None:
+        """Block until `count` batches have reached forward()."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: len(self.batches) >= count, timeout=WAIT_S), (
+                f"only {len(self.batches)} of {count} batches started"
+            )
+
+    async def entered(self, count: int) -> None:
+        await asyncio.to_thread(self.wait_entered, count)
+
+    @property
+    def seen(self) -> set[tuple[int, ...]]:
+        """The token ids of every sequence handed to forward()."""
+        with self._changed:
+            return {tuple(e.input_ids) for batch in self.batches for e in batch}
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.002)
+
+
+def with_runner(model: LoadedModel, **options: Any) -> tuple[LoadedModel, ControlledRunner]:
+    runner = ControlledRunner(model.runner, **options)
+    return dataclasses.replace(model, runner=runner), runner  # type: ignore[arg-type]
+
+
+def run_engine(
+    models: Sequence[LoadedModel],
+    body: Callable[[Engine], Awaitable[T]],
+    config: BatchConfig | None = None,
+) -> T:
+    """Start an engine over `models`, run `body(engine)`, and always stop it again."""
+
+    async def main() -> T:
+        engine = Engine(models, batch_config=config or BatchConfig())
+        await engine.start()
+        try:
+            return await asyncio.wait_for(body(engine), WAIT_S * 2)
+        finally:
+            for model in models:  # nothing may stay held, or stop() would wait forever
+                if isinstance(model.runner, ControlledRunner):
+                    model.runner.open()
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def run_queue(
+    runner: ControlledRunner, config: BatchConfig, body: Callable[[BatchQueue], Awaitable[T]]
+) -> T:
+    async def main() -> T:
+        queue = BatchQueue(runner, config)  # type: ignore[arg-type]
+        queue.start()
+        try:
+            return await asyncio.wait_for(body(queue), WAIT_S * 2)
+        finally:
+            runner.open()
+            await queue.stop()
+
+    return asyncio.run(main())
+
+
+def embed(*texts: str, model: str = "tiny-bert", **params: Any) -> PoolRequest:
+    return PoolRequest(Task.EMBED, PoolingParams(**params), model=model, texts=texts)
+
+
+def ids_of(model: LoadedModel, texts: Sequence[str]) -> set[tuple[int, ...]]:
+    return {tuple(e.input_ids) for e in model.tokenizer.encode(texts)}
+
+
+def of_length(model: LoadedModel, n: int) -> Encoding:
+    """An encoding of exactly n tokens ("hello" is one token; CLS and SEP add two)."""
+    encoding = model.tokenizer.encode(["hello " * (n - 2)])[0]
+    assert len(encoding) == n
+    return encoding
+
+
+def assert_same_result(got: PoolResult, want: PoolResult, where: str) -> None:
+    assert (got.model, got.task, got.prompt_tokens) == (want.model, want.task, want.prompt_tokens)
+    assert len(got.outputs) == len(want.outputs), where
+    for index, (g, w) in enumerate(zip(got.outputs, want.outputs, strict=True)):
+        at = f"{where} item {index}"
+        assert type(g) is type(w), at
+        if isinstance(g, Embedding):
+            a, b = g.values, w.values
+        elif isinstance(g, Classification):
+            assert isinstance(w, Classification)
+            assert (g.label_id, g.label) == (w.label_id, w.label), at
+            a, b = g.probs, w.probs
+        elif isinstance(g, Score):
+            assert isinstance(w, Score)
+            a, b = np.array([g.value]), np.array([w.value])
+        else:
+            assert isinstance(g, TokenRows) and isinstance(w, TokenRows)
+            assert g.token_ids == w.token_ids and g.offsets == w.offsets, at
+            assert g.special_tokens_mask == w.special_tokens_mask, at
+            assert (g.label_ids, g.labels) == (w.label_ids, w.labels), at
+            a, b = g.values, w.values
+        assert a.shape == b.shape, at
+        assert float(np.max(np.abs(a - b))) <= ATOL, f"{at}: {np.max(np.abs(a - b))}"
+
+
+# ---------------------------------------------------------------------------------------
+# Fixtures
+# ---------------------------------------------------------------------------------------
+
+
+def _load(folder: Path, name: str) -> LoadedModel:
+    return load_model(
+        ModelSpec(source=str(folder), name=name),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+
+
+@pytest.fixture(scope="module")
+def bert(model_folders: dict[str, Path]) -> LoadedModel:
+    return _load(model_folders["tiny-bert"], "tiny-bert")
+
+
+@pytest.fixture(scope="module")
+def classifier(model_folders: dict[str, Path]) -> LoadedModel:
+    return _load(model_folders["tiny-classifier"], "tiny-classifier")
+
+
+# ---------------------------------------------------------------------------------------
+# Batching correctness
+# ---------------------------------------------------------------------------------------
+
+
+def _mixed_requests(count: int) -> list[PoolRequest]:
+    rng = random.Random(1234)
+
+    def text() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 45)))
+
+    def texts() -> tuple[str, ...]:
+        return tuple(text() for _ in range(rng.randint(1, 4)))
+
+    requests = []
+    for i in range(count):
+        rid = f"r{i}"
+        kind = i % 9
+        if kind == 0:
+            request = PoolRequest(Task.EMBED, request_id=rid, model="tiny-bert", texts=texts())
+        elif kind in (1, 2):
+            params = PoolingParams(use_activation=kind == 2)
+            request = PoolRequest(Task.EMBED, params, rid, "tiny-bert", texts=texts())
+        elif kind == 3:
+            params = PoolingParams(truncate_prompt_tokens=9)
+            request = PoolRequest(Task.EMBED, params, rid, "tiny-bert", texts=texts())
+        elif kind in (4, 5):
+            params = PoolingParams(use_activation=False if kind == 5 else None)
+            request = PoolRequest(Task.TOKEN_EMBED, params, rid, "tiny-bert", texts=texts())
+        elif kind == 6:  # 1:N and N:N cosine scores over the embeddings
+            docs = texts()
+            queries = (text(),) if i % 2 else tuple(text() for _ in docs)
+            request = PoolRequest(
+                Task.SCORE, request_id=rid, model="tiny-bert", text_1=queries, text_2=docs
+            )
+        else:
+            params = PoolingParams(use_activation=False if kind == 8 else None)
+            request = PoolRequest(Task.CLASSIFY, params, rid, "tiny-classifier", texts=texts())
+        requests.append(request)
+    return requests
+
+
+def test_concurrent_burst_equals_one_by_one(bert: LoadedModel, classifier: LoadedModel) -> None:
+    requests = _mixed_requests(40)
+
+    async def one_by_one(engine: Engine) -> list[PoolResult]:
+        return [await engine.pool(request) for request in requests]
+
+    # Reference: every sequence alone in its batch (no padding at all), one request at a time.
+    expected = run_engine([bert, classifier], one_by_one, BatchConfig(max_batch_size=1))
+
+    held_bert, bert_runner = with_runner(bert, hold_first=True)
+    held_classifier, classifier_runner = with_runner(classifier, hold_first=True)
+    runners = {"tiny-bert": (bert, bert_runner), "tiny-classifier": (classifier, classifier_runner)}
+    sequences = {name: 0 for name in runners}
+    for request in requests:
+        model, _ = runners[request.model]
+        sequences[request.model] += len(plan_request(request, model).work)
+    records: list[tuple[str, BatchRecord]] = []
+
+    async def burst(engine: Engine) -> list[PoolResult]:
+        for queue in engine.queues.values():
+            queue.observers.append(lambda name, record: records.append((name, record)))
+        tasks = [asyncio.ensure_future(engine.pool(request)) for request in requests]
+
+        def all_queued() -> bool:
+            # The first batch of each model is held, so every sequence is either in it or queued.
+            return all(
+                engine.queues[name].depth + sum(len(b) for b in runner.batches) == sequences[name]
+                for name, (_, runner) in runners.items()
+            )
+
+        await wait_until(all_queued, "every request to be queued")
+        bert_runner.open()
+        classifier_runner.open()
+        return list(await asyncio.gather(*tasks))
+
+    got = run_engine([held_bert, held_classifier], burst)
+
+    for request, g, w in zip(requests, got, expected, strict=True):
+        assert_same_result(g, w, f"{request.request_id} ({request.task} on {request.model})")
+    for name in runners:
+        sizes = [record.size for model, record in records if model == name]
+        assert sum(sizes) == sequences[name]
+        assert max(sizes) > 1, f"{name}: no batch held more than one sequence: {sizes}"
+    assert all(record.error is None for _, record in records)
+
+
+# ---------------------------------------------------------------------------------------
+# Cancellation and deadlines
+# ---------------------------------------------------------------------------------------
+
+
+def test_cancelled_requests_are_never_computed(bert: LoadedModel) -> None:
+    model, runner = with_runner(bert, hold_first=True)
+    victim_texts = ("cancelled alpha river", "cancelled beta mountain", "cancelled gamma city")
+
+    async def body(engine: Engine) -> None:
+        queue = engine.queues["tiny-bert"]
+        blocker = asyncio.ensure_future(engine.pool(embed("the blocking batch")))
+        await runner.entered(1)
+        victim = asyncio.ensure_future(engine.pool(embed(*victim_texts)))
+        await wait_until(lambda: queue.depth == len(victim_texts), "the victim to be queued")
+        cancelled_before = queue.stats.dropped_cancelled
+
+        victim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await victim
+        runner.open()
+        await blocker
+        after = await engine.pool(embed("a request after the cancellation"))
+
+        assert len(after.outputs) == 1
+        assert queue.stats.dropped_cancelled == cancelled_before + len(victim_texts)
+        assert queue.depth == 0
+        assert not ids_of(bert, victim_texts) & runner.seen, "a cancelled item was computed"
+        assert queue.stats.items_computed == 2
+
+    run_engine([model], body)
+
+
+def test_deadline_passing_in_the_queue_fails_with_deadline_exceeded(bert: LoadedModel) -> None:
+    model, runner = with_runner(bert, hold_first=True)
+    late_texts = ("late one ocean", "late two forest")
+
+    async def body(engine: Engine) -> None:
+        queue = engine.queues["tiny-bert"]
+        blocker = asyncio.ensure_future(engine.pool(embed("the blocking batch")))
+        await runner.entered(1)
+        deadline = time.monotonic() + 0.2
+        late = asyncio.ensure_future(engine.pool(embed(*late_texts), deadline=deadline))
+        patient = asyncio.ensure_future(engine.pool(embed("no deadline at all")))
+        await wait_until(lambda: queue.depth == 3, "both requests to be queued")
+        await wait_until(lambda: time.monotonic() > deadline, "the deadline to pass")
+        expired_before = queue.stats.dropped_expired
+
+        runner.open()
+        with pytest.raises(PoolingError) as caught:
+            await late
+        assert caught.value.kind is ErrorKind.DEADLINE_EXCEEDED
+        assert caught.value.reason == "DEADLINE_EXCEEDED"
+        await blocker
+        assert len((await patient).outputs) == 1  # the request beside it is unaffected
+        assert queue.stats.dropped_expired == expired_before + len(late_texts)
+        assert not ids_of(bert, late_texts) & runner.seen, "an expired item was computed"
+
+    run_engine([model], body)
+
+
+# ---------------------------------------------------------------------------------------
+# Backpressure
+# ---------------------------------------------------------------------------------------
+
+
+def test_full_queue_refuses_whole_requests(bert: LoadedModel) -> None:
+    model, runner = with_runner(bert, hold_first=True)
+    refused_texts = ("refused first", "refused second")
+
+    async def body(engine: Engine) -> None:
+        queue = engine.queues["tiny-bert"]
+        blocker = asyncio.ensure_future(engine.pool(embed("the blocking batch")))
+        await runner.entered(1)
+        three = asyncio.ensure_future(engine.pool(embed("one", "two", "three")))
+        await wait_until(lambda: queue.depth == 3, "three items to be queued")
+
+        with pytest.raises(PoolingError) as caught:  # 3 + 2 > 4: all or none
+            await engine.pool(embed(*refused_texts))
+        error = caught.value
+        assert (error.kind, error.reason) == (ErrorKind.RESOURCE_EXHAUSTED, "QUEUE_FULL")
+        assert error.retry_after_s is not None and error.retry_after_s > 0
+        assert queue.depth == 3, "part of the refused request was queued"
+
+        fourth = asyncio.ensure_future(engine.pool(embed("exactly fills the queue")))
+        await wait_until(lambda: queue.depth == 4, "the fourth item to be queued")
+        with pytest.raises(PoolingError) as full:
+            await engine.pool(embed("one too many"))
+        assert full.value.reason == "QUEUE_FULL"
+
+        runner.open()
+        results = await asyncio.gather(blocker, three, fourth)
+        assert [len(r.outputs) for r in results] == [1, 3, 1]
+        assert not ids_of(bert, refused_texts) & runner.seen
+        # Once drained, a request of up to max_queued_items fits again.
+        assert len((await engine.pool(embed("a", "b", "c", "d"))).outputs) == 4
+
+    run_engine([model], body, BatchConfig(max_queued_items=4))
+
+
+def test_cancelled_items_do_not_take_up_the_queue_bound(bert: LoadedModel) -> None:
+    runner = ControlledRunner(bert.runner, hold_first=True)
+
+    async def body(queue: BatchQueue) -> None:
+        first = queue.submit([(of_length(bert, 5), False)])
+        await runner.entered(1)
+        for future in queue.submit([(of_length(bert, 5), False) for _ in range(4)]):
+            future.cancel()  # e.g. their clients timed out
+        live = queue.submit([(of_length(bert, 5), False)])  # abandoned work is not counted
+        await asyncio.sleep(0)  # done-callbacks run on the next loop iteration
+        assert queue.depth == 1
+        runner.open()
+        await asyncio.gather(*first, *live)
+
+    run_queue(runner, BatchConfig(max_queued_items=4), body)
+
+
+# ---------------------------------------------------------------------------------------
+# Forward failures
+# ---------------------------------------------------------------------------------------
+
+
+def test_forward_failure_fails_only_that_batch(bert: LoadedModel) -> None:
+    poison = tuple(bert.tokenizer.encode(["poison pill text"])[0].input_ids)
+
+    def fail(batch: Sequence[Encoding]) -> Exception | None:
+        if any(tuple(e.input_ids) == poison for e in batch):
+            return RuntimeError("boom: a kernel failed")
+        return None
+
+    model, runner = with_runner(bert, hold_first=True, fail=fail)
+    # Same token count, so the poisoned item and `neighbour` form one batch of two.
+    texts = {"poisoned": "poison pill text", "neighbour": "garden window table", "next": "a b c"}
+    lengths = {len(e) for e in bert.tokenizer.encode(list(texts.values()))}
+    assert len(lengths) == 1
+    records: list[BatchRecord] = []
+
+    async def body(engine: Engine) -> None:
+        queue = engine.queues["tiny-bert"]
+        queue.observers.append(lambda name, record: records.append(record))
+        blocker = asyncio.ensure_future(engine.pool(embed("the blocking batch")))
+        await runner.entered(1)
+        tasks = {}
+        for queued, (key, text) in enumerate(texts.items(), 1):  # one at a time: known order
+            tasks[key] = asyncio.ensure_future(engine.pool(embed(text)))
+            await wait_until(lambda n=queued: queue.depth == n, f"{key} to be queued")
+        runner.open()
+        outcomes = dict(
+            zip(tasks, await asyncio.gather(*tasks.values(), return_exceptions=True), strict=True)
+        )
+        await blocker
+
+        for key in ("poisoned", "neighbour"):
+            error = outcomes[key]
+            assert isinstance(error, PoolingError), f"{key}: {error!r}"
+            assert (error.kind, error.reason) == (ErrorKind.INTERNAL, "FORWARD_FAILED")
+            assert "boom" not in error.message  # the exception text stays on the server
+        assert isinstance(outcomes["next"], PoolResult)
+        assert [r.size for r in records] == [1, 2, 1]
+        assert [r.error is not None for r in records] == [False, True, False]
+        assert queue.stats.failed_batches == 1
+        # The queue goes on serving.
+        assert len((await engine.pool(embed("after the failure", "and another"))).outputs) == 2
+
+    run_engine([model], body, BatchConfig(max_batch_size=2))
+
+
+def test_out_of_memory_is_resource_exhausted(bert: LoadedModel) -> None:
+    def fail(batch: Sequence[Encoding]) -> Exception | None:
+        if len(batch[0]) > 20:
+            return RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return None
+
+    model, _ = with_runner(bert, fail=fail)
+
+    async def body(engine: Engine) -> None:
+        with pytest.raises(PoolingError) as caught:
+            await engine.pool(embed("word " * 30))
+        error = caught.value
+        assert (error.kind, error.reason) == (ErrorKind.RESOURCE_EXHAUSTED, "OUT_OF_MEMORY")
+        assert error.retry_after_s is not None
+        assert len((await engine.pool(embed("short"))).outputs) == 1
+
+    run_engine([model], body)
+
+
+# ---------------------------------------------------------------------------------------
+# Scheduling: starvation, padding, limits (on a bare BatchQueue, to control the order)
+# ---------------------------------------------------------------------------------------
+
+
+def test_long_text_is_not_starved_by_a_stream_of_short_ones(bert: LoadedModel) -> None:
+    config = BatchConfig(max_batch_size=4, min_padding_efficiency=0.8)
+    ahead = 6  # short texts queued before the long one
+    runner = ControlledRunner(bert.runner, stepping=True)
+    short, long = 6, 100  # a long text can never share a batch with short ones (density)
+
+    async def body(queue: BatchQueue) -> int:
+        futures = queue.submit([(of_length(bert, short), False)])  # batch 1, held
+        await runner.entered(1)
+        futures += queue.submit([(of_length(bert, short), False) for _ in range(ahead)])
+        long_encoding = of_length(bert, long)
+        [long_future] = queue.submit([(long_encoding, False)])
+        queued_at = len(runner.batches)
+        for batch_number in range(2, 30):
+            # Short texts keep arriving while each batch runs.
+            futures += queue.submit([(of_length(bert, short), False) for _ in range(3)])
+            runner.step()
+            await runner.entered(batch_number)
+            if any(e is long_encoding for e in runner.batches[-1]):
+                break
+        runner.open()
+        await asyncio.gather(long_future, *futures)
+        holding = [i for i, b in enumerate(runner.batches) if any(e is long_encoding for e in b)]
+        assert len(holding) == 1
+        return holding[0] + 1 - queued_at
+
+    batches_after = run_queue(runner, config, body)
+    # The oldest item anchors every batch: the long text waits only for those ahead of it.
+    assert 1 <= batches_after <= math.ceil(ahead / config.max_batch_size) + 2, batches_after
+
+
+def _burst_of_lengths(
+    bert: LoadedModel, config: BatchConfig, lengths: Sequence[int]
+) -> tuple[list[list[Encoding]], list[BatchRecord]]:
+    """Queue `lengths` behind a held batch, release, and return the batches the worker formed."""
+    runner = ControlledRunner(bert.runner, hold_first=True)
+    records: list[BatchRecord] = []
+
+    async def body(queue: BatchQueue) -> None:
+        queue.observers.append(lambda name, record: records.append(record))
+        first = queue.submit([(of_length(bert, 10), False)])
+        await runner.entered(1)
+        futures = queue.submit([(of_length(bert, n), False) for n in lengths])
+        runner.open()
+        outputs = await asyncio.gather(*first, *futures)
+        assert all(o.shape == (bert.info.hidden_size,) for o in outputs)
+
+    run_queue(runner, config, body)
+    batches = runner.batches[1:]  # without the held one
+    assert sum(len(b) for b in batches) == len(lengths)
+    return batches, records[1:]
+
+
+def test_mixed_lengths_are_batched_densely(bert: LoadedModel) -> None:
+    config = BatchConfig(min_padding_efficiency=0.8)
+    rng = random.Random(7)
+    lengths = [rng.randint(3, 128) for _ in range(300)]
+    batches, records = _burst_of_lengths(bert, config, lengths)
+
+    real = sum(len(e) for b in batches for e in b)
+    padded = sum(max(len(e) for e in b) * len(b) for b in batches)
+    assert real / padded >= config.min_padding_efficiency, real / padded
+    for batch in batches:
+        if len(batch) > 1:
+            ratio = sum(len(e) for e in batch) / (max(len(e) for e in batch) * len(batch))
+            assert ratio >= config.min_padding_efficiency, [len(e) for e in batch]
+    assert max(len(b) for b in batches) > 1
+    # Observers see the same numbers the batches had.
+    assert [(r.size, r.tokens, r.padded_tokens) for r in records] == [
+        (len(b), sum(len(e) for e in b), max(len(e) for e in b) * len(b)) for b in batches
+    ]
+
+
+def test_batches_respect_size_and_token_limits(bert: LoadedModel) -> None:
+    config = BatchConfig(max_batch_size=5, max_batch_tokens=200, min_padding_efficiency=0.5)
+    rng = random.Random(99)
+    lengths = [rng.randint(3, 128) for _ in range(150)]
+    batches, _ = _burst_of_lengths(bert, config, lengths)
+
+    for batch in batches:
+        padded = max(len(e) for e in batch) * len(batch)
+        assert len(batch) <= config.max_batch_size
+        assert len(batch) == 1 or padded <= config.max_batch_tokens, [len(e) for e in batch]
+    # Sequences over half the token budget can only run alone.
+    assert all(len(b) == 1 for b in batches if max(len(e) for e in b) > 100)
+    assert any(len(b) == config.max_batch_size for b in batches)
