@@ -58,3 +58,54 @@ def test_tokenize_matches_the_tokenizer(client: PoolingClient) -> None:
         ]
     without = client.tokenize(["Hello world"], add_special_tokens=False)[0]
     assert without.token_ids == reference("Hello world", add_special_tokens=False)["input_ids"]
+
+
+def test_reflection_describes_the_schema_well_enough_to_call_it(server: ServerProcess) -> None:
+    """What grpcurl does: fetch the descriptors by symbol, build a request, call Pool."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    with grpc.insecure_channel(server.address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="pooling.v1.PoolingService"
+        )
+        response = next(stub.ServerReflectionInfo(iter([request])))
+        pool = descriptor_pool.DescriptorPool()
+        files = [
+            descriptor_pb2.FileDescriptorProto.FromString(raw)
+            for raw in response.file_descriptor_response.file_descriptor_proto
+        ]
+        names = {f.name for f in files}
+        assert "pooling/v1/pooling.proto" in names
+        pending = list(files)
+        while pending:  # add each file once its dependencies are in the pool
+            ready = [p for p in pending if all(_has_file(pool, d) for d in p.dependency)]
+            assert ready, f"reflection left out a dependency of {[p.name for p in pending]}"
+            for proto in ready:
+                pool.Add(proto)
+                pending.remove(proto)
+        service = pool.FindServiceByName("pooling.v1.PoolingService")
+        assert [m.name for m in service.methods] == ["Pool", "PoolStream", "ListModels", "Tokenize"]
+        request_class = message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("pooling.v1.PoolRequest")
+        )
+        response_class = message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("pooling.v1.PoolResponse")
+        )
+        dynamic = request_class()
+        dynamic.embed.texts.append("reflection")
+        call = channel.unary_unary(
+            "/pooling.v1.PoolingService/Pool",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_class.FromString,
+        )
+        answer = call(dynamic, timeout=30)
+    assert len(answer.embed.embeddings[0].values) == 384
+
+
+def _has_file(pool: object, name: str) -> bool:
+    try:
+        pool.FindFileByName(name)  # type: ignore[attr-defined]
+    except KeyError:
+        return False
+    return True
