@@ -19,6 +19,7 @@ from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, 
 from engine.validation import Limits
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 from service.auth import BearerTokenInterceptor
+from service.health import HealthServicer
 from service.malformed import MalformedRequestInterceptor
 from service.metrics import Metrics
 from service.servicer import PoolingServicer
@@ -99,7 +100,7 @@ class PoolingServer:
             config.log_inputs,
         )
         self.servicer = PoolingServicer(telemetry, config.max_stream_inflight)
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if config.api_keys:
             interceptors.append(BearerTokenInterceptor(config.api_keys))
@@ -150,6 +151,7 @@ class PoolingServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.config.drain_delay_s:
             await asyncio.sleep(self.config.drain_delay_s)
+        self.health.close_watches()
         await self.server.stop(self.config.shutdown_grace_s)
         if self.servicer.engine is not None:
             await self.servicer.engine.stop()

@@ -17,11 +17,13 @@ import grpc
 MetadataPairs = Sequence[tuple[str, str]]
 MetadataArg = MetadataPairs | Callable[[], MetadataPairs] | None
 
-#: Spread calls over every address a target resolves to, and retry calls that found a
-#: replica going away (UNAVAILABLE) on another one.
+#: Spread calls over every address a target resolves to, skip replicas whose health service
+#: says NOT_SERVING (a draining server says so before it stops accepting calls), and retry
+#: calls that found a replica going away (UNAVAILABLE) on another one.
 SERVICE_CONFIG = json.dumps(
     {
         "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": "pooling.v1.PoolingService"},
         "methodConfig": [
             {
                 "name": [{"service": "pooling.v1.PoolingService"}],

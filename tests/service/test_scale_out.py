@@ -1,0 +1,167 @@
+"""Two replicas behind one client: round-robin spreading, and losing a replica mid-load.
+
+The client gets a static list of loopback replicas (an `ipv4:` target), balances calls
+round-robin and retries calls that hit a replica going away (UNAVAILABLE) on the other one.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pooling_client import PoolingClient
+from pooling_client.errors import PoolingError
+from tests.server_process import ServerProcess, free_port, start_server
+
+THREADS = 4
+CALLS_PER_THREAD = 50
+PACE_S = 0.03  # between a thread's calls, so the load spans the whole shutdown
+CALL_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Replica:
+    server: ServerProcess
+    metrics_port: int
+
+    def ok_requests(self) -> float:
+        """Sum of pooling_requests_total{code="OK"} over every rpc, task and model."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "pooling_requests_total" and sample.labels.get("code") == "OK"
+        )
+
+
+def start_replicas(tmp_path: Path, extra: list[str], count: int = 2) -> list[Replica]:
+    """Start `count` replicas at once (each waits for its own SERVING)."""
+
+    def start(index: int) -> Replica:
+        metrics_port = free_port()
+        args = ["--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1", *extra]
+        return Replica(start_server(args, tmp_path, f"replica{index}"), metrics_port)
+
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(start, i) for i in range(count)]
+    failures = [f.exception() for f in futures if f.exception() is not None]
+    if failures:
+        for f in futures:
+            if f.exception() is None:
+                f.result().server.stop(signal.SIGKILL)
+        raise failures[0]  # type: ignore[misc]
+    return [f.result() for f in futures]
+
+
+@pytest.fixture
+def replicas_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    started: list[Replica] = []
+
+    def make(extra: list[str]) -> list[Replica]:
+        replicas = start_replicas(tmp_path, extra)
+        started.extend(replicas)
+        return replicas
+
+    yield make
+    for replica in started:
+        replica.server.stop(signal.SIGKILL)
+
+
+@dataclass
+class Load:
+    """THREADS threads, each making CALLS_PER_THREAD paced embed calls through one client."""
+
+    client: PoolingClient
+    ok: int = 0
+    errors: list[str] = field(default_factory=list)
+    started_at: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def worker(self, index: int) -> None:
+        for i in range(CALLS_PER_THREAD):
+            with self.lock:
+                self.started_at.append(time.monotonic())
+            try:
+                [output] = self.client.embed([f"thread {index} call {i}"], timeout=CALL_TIMEOUT_S)
+                assert len(output.outputs.embedding) == 384
+                with self.lock:
+                    self.ok += 1
+            except PoolingError as error:
+                with self.lock:
+                    self.errors.append(f"thread {index} call {i}: {error}")
+            time.sleep(PACE_S)
+
+    def run_until(self, trigger_after: int, action) -> float:  # type: ignore[no-untyped-def]
+        """Run the load; once `trigger_after` calls succeeded, run `action`; return its time."""
+        threads = [
+            threading.Thread(target=self.worker, args=(i,), daemon=True) for i in range(THREADS)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while self.ok + len(self.errors) < trigger_after and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.ok >= trigger_after, (self.ok, self.errors[:5])
+        acted_at = time.monotonic()
+        action()
+        for thread in threads:
+            thread.join(CALLS_PER_THREAD * (CALL_TIMEOUT_S + 1))
+        assert not any(thread.is_alive() for thread in threads)
+        return acted_at
+
+    def started_after(self, moment: float) -> int:
+        return sum(started > moment for started in self.started_at)
+
+
+def test_round_robin_spreads_calls_over_both_replicas(replicas_factory) -> None:  # type: ignore[no-untyped-def]
+    replicas = replicas_factory([])
+    targets = [replica.server.address for replica in replicas]
+    with PoolingClient(targets, timeout=CALL_TIMEOUT_S) as client:
+        for i in range(60):
+            assert len(client.embed([f"spread {i}"])[0].outputs.embedding) == 384
+    counts = [replica.ok_requests() for replica in replicas]
+    assert sum(counts) == 60, counts
+    assert all(count > 0 for count in counts), counts
+
+
+def test_sigkill_of_a_replica_mid_load_loses_no_call(replicas_factory) -> None:  # type: ignore[no-untyped-def]
+    victim, survivor = replicas_factory([])
+    targets = [victim.server.address, survivor.server.address]
+    with PoolingClient(targets, timeout=CALL_TIMEOUT_S) as client:
+        load = Load(client)
+        killed_at = load.run_until(40, lambda: victim.server.process.send_signal(signal.SIGKILL))
+    assert victim.server.process.wait(10) == -signal.SIGKILL
+    assert load.errors == [], load.errors[:10]
+    assert load.ok == THREADS * CALLS_PER_THREAD
+    # The test's premise: plenty of calls were made after the kill, all on the survivor.
+    after = load.started_after(killed_at)
+    assert after >= 60, after
+    assert survivor.ok_requests() >= after
+
+
+# The client health-checks replicas (healthCheckConfig), so it stops sending to a draining
+# replica during its drain delay, before grpcio would cancel calls not yet handled.
+def test_sigterm_drain_of_a_replica_mid_load_loses_no_call(replicas_factory) -> None:  # type: ignore[no-untyped-def]
+    drain_delay_s = 1.0
+    drained, survivor = replicas_factory(["--drain-delay-s", str(drain_delay_s)])
+    targets = [drained.server.address, survivor.server.address]
+    with PoolingClient(targets, timeout=CALL_TIMEOUT_S) as client:
+        load = Load(client)
+        term_at = load.run_until(40, lambda: drained.server.process.send_signal(signal.SIGTERM))
+    assert drained.server.process.wait(30) == 0, drained.server.log()
+    assert load.errors == [], load.errors[:10]
+    assert load.ok == THREADS * CALLS_PER_THREAD
+    # The test's premise: the load went on past the drain delay, when the listener closed.
+    assert load.started_after(term_at + drain_delay_s + 0.3) >= 20
+    assert survivor.ok_requests() >= load.started_after(term_at + drain_delay_s + 0.3)
