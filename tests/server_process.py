@@ -26,6 +26,7 @@ class ServerProcess:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    credentials: grpc.ChannelCredentials | None = None  # for a TLS server's health checks
 
     @property
     def address(self) -> str:
@@ -35,7 +36,12 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def health(self, service: str = "", timeout: float = 5.0) -> int:
-        with grpc.insecure_channel(self.address) as channel:
+        channel = (
+            grpc.insecure_channel(self.address)
+            if self.credentials is None
+            else grpc.secure_channel(self.address, self.credentials)
+        )
+        with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             return stub.Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
@@ -65,8 +71,16 @@ class ServerProcess:
         return self.process.returncode
 
 
-def start_server(args: list[str], log_dir: Path, name: str = "server") -> ServerProcess:
-    """Start the server (the console script's module, with this interpreter) and wait for it."""
+def start_server(
+    args: list[str],
+    log_dir: Path,
+    name: str = "server",
+    credentials: grpc.ChannelCredentials | None = None,
+) -> ServerProcess:
+    """Start the server (the console script's module, with this interpreter) and wait for it.
+
+    `credentials` are for a server started with TLS flags: its health is checked over TLS.
+    """
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -77,7 +91,7 @@ def start_server(args: list[str], log_dir: Path, name: str = "server") -> Server
             stderr=subprocess.STDOUT,
             env=env,
         )
-    server = ServerProcess(process, port, log_path)
+    server = ServerProcess(process, port, log_path, credentials)
     try:
         server.wait_serving()
     except BaseException:

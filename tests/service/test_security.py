@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +15,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from pooling_client import PoolingClient, PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import ServerProcess, start_server
 
 UNAUTHENTICATED_MESSAGE = "missing or invalid credentials"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -151,43 +148,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 # --------------------------------------------------------------------------- servers
 
 
-@dataclass
-class TlsServerProcess(ServerProcess):
-    """A server process whose health is polled over TLS (with a client cert for mTLS)."""
-
-    credentials: grpc.ChannelCredentials | None = None
-
-    def health(self, service: str = "", timeout: float = 5.0) -> int:
-        assert self.credentials is not None
-        with grpc.secure_channel(self.address, self.credentials) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            return stub.Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=timeout
-            ).status
-
-
-def start_tls_server(
-    args: list[str], log_dir: Path, name: str, credentials: grpc.ChannelCredentials
-) -> TlsServerProcess:
-    port = free_port()
-    log_path = log_dir / f"{name}-{port}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "--port", str(port), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    server = TlsServerProcess(process, port, log_path, credentials)
-    try:
-        server.wait_serving()
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return server
-
-
 def model_args(model_folders: dict[str, Path]) -> list[str]:
     return ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
 
@@ -195,11 +155,11 @@ def model_args(model_folders: dict[str, Path]) -> list[str]:
 @pytest.fixture(scope="module")
 def tls_server(
     pki: Pki, model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TlsServerProcess]:
+) -> Iterator[ServerProcess]:
     args = [*model_args(model_folders)]
     args += ["--tls-cert", str(pki.server.cert_file), "--tls-key", str(pki.server.key_file)]
     credentials = grpc.ssl_channel_credentials(root_certificates=pki.ca.cert)
-    process = start_tls_server(args, tmp_path_factory.mktemp("tls-logs"), "tls", credentials)
+    process = start_server(args, tmp_path_factory.mktemp("tls-logs"), "tls", credentials)
     yield process
     process.stop(signal.SIGTERM)
 
@@ -207,7 +167,7 @@ def tls_server(
 @pytest.fixture(scope="module")
 def mtls_server(
     pki: Pki, model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TlsServerProcess]:
+) -> Iterator[ServerProcess]:
     args = [*model_args(model_folders)]
     args += ["--tls-cert", str(pki.server.cert_file), "--tls-key", str(pki.server.key_file)]
     args += ["--tls-client-ca", str(pki.ca.cert_file)]
@@ -216,7 +176,7 @@ def mtls_server(
         private_key=pki.client.key,
         certificate_chain=pki.client.cert,
     )
-    process = start_tls_server(args, tmp_path_factory.mktemp("mtls-logs"), "mtls", credentials)
+    process = start_server(args, tmp_path_factory.mktemp("mtls-logs"), "mtls", credentials)
     yield process
     process.stop(signal.SIGTERM)
 
@@ -249,18 +209,18 @@ def embed_error(client: PoolingClient) -> PoolingError:
 # --------------------------------------------------------------------------- TLS
 
 
-def test_tls_client_trusting_the_ca_can_embed(tls_server: TlsServerProcess, pki: Pki) -> None:
+def test_tls_client_trusting_the_ca_can_embed(tls_server: ServerProcess, pki: Pki) -> None:
     with PoolingClient(tls_server.address, root_certificates=pki.ca.cert, timeout=30) as client:
         embed_ok(client)
 
 
-def test_tls_certificate_name_localhost_verifies(tls_server: TlsServerProcess, pki: Pki) -> None:
+def test_tls_certificate_name_localhost_verifies(tls_server: ServerProcess, pki: Pki) -> None:
     target = f"localhost:{tls_server.port}"
     with PoolingClient(target, root_certificates=pki.ca.cert, timeout=30) as client:
         embed_ok(client)
 
 
-def test_insecure_channel_to_tls_server_fails(tls_server: TlsServerProcess) -> None:
+def test_insecure_channel_to_tls_server_fails(tls_server: ServerProcess) -> None:
     with grpc.insecure_channel(tls_server.address) as channel:
         stub = pooling_pb2_grpc.PoolingServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
@@ -268,7 +228,7 @@ def test_insecure_channel_to_tls_server_fails(tls_server: TlsServerProcess) -> N
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_tls_client_trusting_another_ca_fails(tls_server: TlsServerProcess, pki: Pki) -> None:
+def test_tls_client_trusting_another_ca_fails(tls_server: ServerProcess, pki: Pki) -> None:
     client = PoolingClient(tls_server.address, root_certificates=pki.other_ca.cert, timeout=10)
     assert embed_error(client).code == grpc.StatusCode.UNAVAILABLE
 
@@ -276,7 +236,7 @@ def test_tls_client_trusting_another_ca_fails(tls_server: TlsServerProcess, pki:
 # --------------------------------------------------------------------------- mutual TLS
 
 
-def test_mtls_client_with_certificate_can_embed(mtls_server: TlsServerProcess, pki: Pki) -> None:
+def test_mtls_client_with_certificate_can_embed(mtls_server: ServerProcess, pki: Pki) -> None:
     with PoolingClient(
         mtls_server.address,
         root_certificates=pki.ca.cert,
@@ -287,15 +247,13 @@ def test_mtls_client_with_certificate_can_embed(mtls_server: TlsServerProcess, p
         embed_ok(client)
 
 
-def test_mtls_client_without_certificate_is_refused(
-    mtls_server: TlsServerProcess, pki: Pki
-) -> None:
+def test_mtls_client_without_certificate_is_refused(mtls_server: ServerProcess, pki: Pki) -> None:
     client = PoolingClient(mtls_server.address, root_certificates=pki.ca.cert, timeout=10)
     assert embed_error(client).code == grpc.StatusCode.UNAVAILABLE
 
 
 def test_mtls_client_with_certificate_from_another_ca_is_refused(
-    mtls_server: TlsServerProcess, pki: Pki
+    mtls_server: ServerProcess, pki: Pki
 ) -> None:
     client = PoolingClient(
         mtls_server.address,
