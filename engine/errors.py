@@ -47,6 +47,20 @@ class PoolingError(Exception):
 
     @classmethod
     def invalid(cls, violations: list[FieldViolation]) -> PoolingError:
-        """INVALID_ARGUMENT for one or more bad fields; the first sets the reason."""
-        message = "; ".join(f"{v.field}: {v.description}" for v in violations)
+        """INVALID_ARGUMENT for one or more bad fields; the first sets the reason.
+
+        The message names the first few; gRPC carries it in a header, which has a size limit.
+        """
+        shown = violations[:MESSAGE_VIOLATIONS]
+        message = "; ".join(f"{v.field}: {v.description}" for v in shown)
+        if len(violations) > len(shown):
+            message += f" (and {len(violations) - len(shown)} more)"
         return cls(ErrorKind.INVALID_ARGUMENT, violations[0].reason, message, tuple(violations))
+
+
+MESSAGE_VIOLATIONS = 3
+
+
+def clip(text: str, limit: int = 128) -> str:
+    """Echo client input in errors only this long: error details travel in size-limited headers."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."

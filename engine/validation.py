@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.model_info import ModelInfo
 from engine.params import TASK_PARAMS, Task
 from engine.request import PoolRequest
@@ -184,9 +184,9 @@ def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
     return PoolingError(
         ErrorKind.NOT_FOUND,
         "MODEL_NOT_FOUND",
-        f'model "{name}" is not served; served models: {listed}',
+        f'model "{clip(name)}" is not served; served models: {listed}',
         (FieldViolation("model", f"unknown model; use one of {listed}", "MODEL_NOT_FOUND"),),
-        metadata={"model": name, "served_models": ",".join(served)},
+        metadata={"model": clip(name), "served_models": ",".join(served)},
     )
 
 

@@ -11,6 +11,9 @@ from grpc_status import rpc_status
 from engine.errors import ErrorKind, PoolingError
 
 DOMAIN = "pooling.v1"
+# A unary status travels in trailers, which clients cap (8 KiB by default): the details
+# carry this many field violations at most, and ErrorInfo says how many there were.
+MAX_FIELD_VIOLATIONS = 16
 
 GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -41,12 +44,11 @@ def _pack(message: Message) -> any_pb2.Any:
 
 def to_status_proto(error: PoolingError) -> status_pb2.Status:
     code = GRPC_CODES[error.kind]
+    metadata = dict(error.metadata)
+    if len(error.violations) > MAX_FIELD_VIOLATIONS:
+        metadata["field_violations"] = str(len(error.violations))
     details = [
-        _pack(
-            error_details_pb2.ErrorInfo(
-                reason=error.reason, domain=DOMAIN, metadata=dict(error.metadata)
-            )
-        )
+        _pack(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=metadata))
     ]
     if error.violations:
         bad_request = error_details_pb2.BadRequest(
@@ -54,7 +56,7 @@ def to_status_proto(error: PoolingError) -> status_pb2.Status:
                 error_details_pb2.BadRequest.FieldViolation(
                     field=v.field, description=v.description, reason=v.reason
                 )
-                for v in error.violations
+                for v in error.violations[:MAX_FIELD_VIOLATIONS]
             ]
         )
         details.append(_pack(bad_request))
