@@ -9,7 +9,6 @@ move on to other replicas and lets the server exit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 from grpc_health.v1 import health, health_pb2
@@ -25,11 +24,13 @@ class HealthServicer(health.aio.HealthServicer):
     ) -> None:
         watch = asyncio.ensure_future(super().Watch(request, context))
         closing = asyncio.ensure_future(self._closing.wait())
-        await asyncio.wait({watch, closing}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (watch, closing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        try:
+            await asyncio.wait({watch, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the client went away and this handler was cancelled
+            for task in (watch, closing):
+                task.cancel()
+            # A write to a call the client closed fails; the watch is over either way.
+            await asyncio.gather(watch, closing, return_exceptions=True)
 
     def close_watches(self) -> None:
         """End every open Watch stream (call after the drain delay)."""
