@@ -95,7 +95,7 @@ class BatchQueue:
         self.observers: list[Callable[[str, BatchRecord], None]] = []
         self._pending: list[QueuedItem] = []
         self._waiting = 0
-        self._lock = threading.Condition(threading.RLock())
+        self._lock = threading.Condition(threading.RLock())  # re-entered by _uncount
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker = threading.Thread(
@@ -212,10 +212,8 @@ class BatchQueue:
             longest, real = max(longest, n), real + n
         taken = set(chosen)
         batch = [window[i] for i in sorted(taken)]
-        for item in batch:  # called under the lock
-            if item.counted:
-                item.counted = False
-                self._waiting -= 1
+        for item in batch:
+            self._uncount(item)
         rest_of_window = [item for i, item in enumerate(window) if i not in taken]
         self._pending = rest_of_window + self._pending[len(window) :]
         return batch
