@@ -16,7 +16,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, _chunking
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+from tests.client.in_process import serve_in_process
 from tests.server_process import ServerProcess
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -301,14 +301,8 @@ class WindowServicer(pooling_pb2_grpc.PoolingServiceServicer):
 @pytest.fixture(scope="module")
 def window_server() -> Iterator[tuple[str, WindowServicer]]:
     servicer = WindowServicer()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    pooling_pb2_grpc.add_PoolingServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}", servicer
-    finally:
-        server.stop(None)
+    with serve_in_process(servicer, workers=8) as address:
+        yield address, servicer
 
 
 def _embed(target: str, use_async: bool, texts: list[str], **kwargs: Any) -> list[Any]:

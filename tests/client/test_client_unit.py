@@ -12,7 +12,6 @@ import pickle
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -37,6 +36,7 @@ from pooling_client import (
     outputs,
 )
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+from tests.client.in_process import serve_in_process
 
 # ---------------------------------------------------------------------------------------------
 # PoolingParams
@@ -469,14 +469,8 @@ class FakePoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[tuple[str, FakePoolingServicer]]:
     servicer = FakePoolingServicer()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pooling_pb2_grpc.add_PoolingServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}", servicer
-    finally:
-        server.stop(None)
+    with serve_in_process(servicer, workers=4) as address:
+        yield address, servicer
 
 
 def _assert_rich_error(error: PoolingError) -> None:
