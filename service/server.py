@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
@@ -41,8 +43,10 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     attn_implementation: str | None = None
+    torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
     limits: Limits = field(default_factory=Limits)
-    batch: BatchConfig = field(default_factory=BatchConfig)
+    # Zeros are filled in for the device by batch_config_for.
+    batch: BatchConfig = field(default_factory=lambda: BatchConfig(max_batch_size=0, workers=0))
     max_stream_inflight: int = 256
     drain_delay_s: float = 0.0
     shutdown_grace_s: float = 30.0
@@ -56,9 +60,26 @@ class ServerConfig:
     log_inputs: bool = False
 
 
+def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
+    """Fill in what depends on the device: batch size cap, workers, intra-op threads."""
+    batch = config.batch
+    cores = len(os.sched_getaffinity(0))
+    if not batch.max_batch_size:
+        batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
+    if not batch.workers:
+        batch = replace(batch, workers=2 if device.type == "cuda" else min(2, cores))
+    threads = config.torch_threads
+    if threads is None and device.type == "cpu":
+        threads = max(1, cores // batch.workers)
+    if threads:
+        torch.set_num_threads(threads)
+    return batch
+
+
 def load_engine(config: ServerConfig) -> Engine:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    batch = batch_config_for(config, device)
     models = []
     for index, spec in enumerate(config.models):
         model = load_model(
@@ -80,9 +101,12 @@ def load_engine(config: ServerConfig) -> Engine:
             info.pooling_type,
         )
         models.append(model)
-    batch = config.batch
-    if not batch.max_batch_size:
-        batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
+    log.info(
+        "%d forward worker(s) per model, %d intra-op thread(s) each, batches of at most %d",
+        batch.workers,
+        torch.get_num_threads(),
+        batch.max_batch_size,
+    )
     return Engine(models, config.limits, batch)
 
 

@@ -314,6 +314,31 @@ def test_concurrent_burst_equals_one_by_one(bert: LoadedModel, classifier: Loade
     assert all(record.error is None for _, record in records)
 
 
+def test_workers_run_batches_side_by_side(bert: LoadedModel, classifier: LoadedModel) -> None:
+    """Two workers hold two batches of one model at once; results still match one by one."""
+    requests = _mixed_requests(24)
+
+    async def one_by_one(engine: Engine) -> list[PoolResult]:
+        return [await engine.pool(request) for request in requests]
+
+    expected = run_engine([bert, classifier], one_by_one, BatchConfig(max_batch_size=1))
+    held_bert, bert_runner = with_runner(bert, hold_first=True)
+    held_classifier, classifier_runner = with_runner(classifier, hold_first=True)
+
+    async def burst(engine: Engine) -> list[PoolResult]:
+        tasks = [asyncio.ensure_future(engine.pool(request)) for request in requests]
+        # Nothing is let through yet: only a second worker can have entered a second batch.
+        await bert_runner.entered(2)
+        await classifier_runner.entered(2)
+        bert_runner.open()
+        classifier_runner.open()
+        return list(await asyncio.gather(*tasks))
+
+    got = run_engine([held_bert, held_classifier], burst, BatchConfig(max_batch_size=3, workers=2))
+    for request, g, w in zip(requests, got, expected, strict=True):
+        assert_same_result(g, w, f"{request.request_id} ({request.task} on {request.model})")
+
+
 # ---------------------------------------------------------------------------------------
 # Cancellation and deadlines
 # ---------------------------------------------------------------------------------------
