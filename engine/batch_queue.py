@@ -13,6 +13,7 @@ an anchor item from the items closest to it in length, within a budget of padded
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -106,6 +107,8 @@ class BatchQueue:
             threading.Thread(target=self._work, name=f"forward-{runner.info.name}-{k}", daemon=True)
             for k in range(max(1, config.workers))
         ]
+        self._warmed = [concurrent.futures.Future[None]() for _ in self._workers]
+        self._busy = [False] * len(self._workers)
 
     @property
     def depth(self) -> int:
@@ -128,10 +131,12 @@ class BatchQueue:
                 item.counted = False
                 self._waiting -= 1
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Start the workers; returns once each has warmed the model up on its own thread."""
         self._loop = asyncio.get_running_loop()
         for worker in self._workers:
             worker.start()
+        await asyncio.gather(*(asyncio.wrap_future(warmed) for warmed in self._warmed))
 
     async def stop(self) -> None:
         with self._lock:
@@ -169,7 +174,7 @@ class BatchQueue:
         with self._lock:
             self._pending.extend(items)
             self._waiting += len(items)
-            self._lock.notify()
+            self._lock.notify_all()  # only some workers may take work now
         for item in items:
             item.future.add_done_callback(lambda _, item=item: self._uncount(item))
         return [item.future for item in items]
@@ -226,10 +231,25 @@ class BatchQueue:
         return batch
 
     def _work(self) -> None:
-        """A worker thread: take a batch, run it, hand the results to the event loop."""
+        """A worker thread: warm up, then take a batch, run it, hand the results to the loop.
+
+        Worker k takes a batch only while workers 0..k-1 are all busy, so a lone request
+        always meets worker 0, whose forward pass may then use every core.
+        """
+        index = self._workers.index(threading.current_thread())
+        try:
+            if index:  # one at a time, in order, as each would run
+                self._warmed[index - 1].result()
+            self.runner.warm_up(alone=index == 0)
+        except BaseException as exc:  # the model cannot run: the server must not start
+            self._warmed[index].set_exception(exc)
+            return
+        self._warmed[index].set_result(None)
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: self._pending or self._stopping)
+                self._lock.wait_for(
+                    lambda: self._stopping or (self._pending and all(self._busy[:index]))
+                )
                 if self._stopping:
                     return
             if self.config.batch_wait_s and len(self._pending) < self.config.max_batch_size:
@@ -237,10 +257,18 @@ class BatchQueue:
             with self._lock:
                 expired = self._drop_dead()
                 batch = self._take_batch()
+                if batch:
+                    self._busy[index] = True
+                    alone = sum(self._busy) == 1
+                    self._lock.notify_all()  # the next worker may now take a batch
             if expired:
                 self._call_in_loop(self._expire, expired)
             if batch:
-                self._run(batch)
+                try:
+                    self._run(batch, alone)
+                finally:
+                    with self._lock:
+                        self._busy[index] = False
 
     def _call_in_loop(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None
@@ -259,13 +287,13 @@ class BatchQueue:
                     )
                 )
 
-    def _run(self, batch: list[QueuedItem]) -> None:
+    def _run(self, batch: list[QueuedItem], alone: bool) -> None:
         encodings = [item.encoding for item in batch]
         started = time.monotonic()
         outputs: list[np.ndarray] | None = None
         error: BaseException | None = None
         try:
-            outputs = self.runner.forward(encodings, [item.keep_tokens for item in batch])
+            outputs = self.runner.forward(encodings, [item.keep_tokens for item in batch], alone)
         except Exception as exc:  # one failed batch fails its items, not the server
             log.exception("forward pass failed for %d items", len(batch))
             error = exc

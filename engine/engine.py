@@ -71,8 +71,8 @@ class Engine:
     async def start(self) -> None:
         for name, model in self._models.items():
             queue = BatchQueue(model.runner, self.batch_config)
-            queue.start()
             self._queues[name] = queue
+            await queue.start()
 
     async def stop(self) -> None:
         await asyncio.gather(*(queue.stop() for queue in self._queues.values()))

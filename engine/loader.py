@@ -253,6 +253,7 @@ def load_model(
     )
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
         log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)
-    runner = ModelRunner(module, info, tokenizer.pad_token_id, device)
-    runner.warm_up(tokenizer.encode(["warm up"]))
+    runner = ModelRunner(
+        module, info, tokenizer.pad_token_id, device, tokenizer.encode(["warm up"])
+    )
     return LoadedModel(info, tokenizer, runner)

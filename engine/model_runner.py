@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -11,6 +12,20 @@ import torch
 from engine.model_info import HeadKind, ModelInfo
 from engine.pooling import pool
 from engine.tokenization import Encoding
+
+
+@dataclass(frozen=True)
+class ThreadShare:
+    """Intra-op threads for a forward pass: all the cores alone, a share beside another.
+
+    Torch keeps the thread count per calling thread, so each worker sets its own. Every
+    thread that runs a pass with more than one thread keeps an OpenMP pool, and once the
+    pools hold more threads than there are cores OpenMP stops spinning between parallel
+    regions, which slows every pass: with `shared` at 1 only one pool exists.
+    """
+
+    alone: int
+    shared: int
 
 
 class ModelRunner:
@@ -21,9 +36,15 @@ class ModelRunner:
     """
 
     def __init__(
-        self, module: torch.nn.Module, info: ModelInfo, pad_token_id: int, device: torch.device
+        self,
+        module: torch.nn.Module,
+        info: ModelInfo,
+        pad_token_id: int,
+        device: torch.device,
+        warm_up_batch: Sequence[Encoding] = (),
     ) -> None:
         self.module = module
+        self.warm_up_batch = list(warm_up_batch)
         self.info = info
         self.pad_token_id = pad_token_id
         self.device = device
@@ -31,6 +52,7 @@ class ModelRunner:
         self.accepts_token_type_ids = (
             "token_type_ids" in inspect.signature(module.forward).parameters
         )
+        self.threads: ThreadShare | None = None  # None: leave torch's setting alone
 
     def collate(self, batch: Sequence[Encoding]) -> dict[str, torch.Tensor]:
         """Right-pad to the longest sequence; pinned memory speeds the copy to a GPU."""
@@ -54,8 +76,16 @@ class ModelRunner:
             return {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in inputs.items()}
         return inputs
 
+    def forward(
+        self, batch: Sequence[Encoding], keep_tokens: Sequence[bool], alone: bool = True
+    ) -> list[np.ndarray]:
+        """`alone`: no other forward pass runs beside this one (see ThreadShare)."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads.alone if alone else self.threads.shared)
+        return self._forward(batch, keep_tokens)
+
     @torch.inference_mode()
-    def forward(self, batch: Sequence[Encoding], keep_tokens: Sequence[bool]) -> list[np.ndarray]:
+    def _forward(self, batch: Sequence[Encoding], keep_tokens: Sequence[bool]) -> list[np.ndarray]:
         inputs = self.collate(batch)
         output = self.module(**inputs)
         lengths = [len(e) for e in batch]
@@ -73,5 +103,8 @@ class ModelRunner:
             for i, (n, keep) in enumerate(zip(lengths, keep_tokens, strict=True))
         ]
 
-    def warm_up(self, batch: Sequence[Encoding]) -> None:
-        self.forward(batch, [False] * len(batch))
+    def warm_up(self, alone: bool = True) -> None:
+        """Run once on the thread that will serve: torch's thread pools, and CUDA's handles,
+        belong to the calling thread, so warming anywhere else leaves the first request slow."""
+        if self.warm_up_batch:
+            self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from engine.batch_queue import BatchConfig
 from engine.engine import Engine
 from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, resolve_dtype
+from engine.model_runner import ThreadShare
 from engine.validation import Limits
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 from service.auth import BearerTokenInterceptor
@@ -68,12 +69,17 @@ def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
         batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
     if not batch.workers:
         batch = replace(batch, workers=2 if device.type == "cuda" else min(2, cores))
-    threads = config.torch_threads
-    if threads is None and device.type == "cpu":
-        threads = max(1, cores // batch.workers)
-    if threads:
-        torch.set_num_threads(threads)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     return batch
+
+
+def thread_share(config: ServerConfig, device: torch.device, workers: int) -> ThreadShare | None:
+    """On CPU a lone forward pass takes every core, and concurrent ones split them."""
+    if device.type != "cpu" or config.torch_threads:
+        return None
+    cores = len(os.sched_getaffinity(0))
+    return ThreadShare(alone=cores, shared=max(1, cores // workers))
 
 
 def load_engine(config: ServerConfig) -> Engine:
@@ -100,11 +106,12 @@ def load_engine(config: ServerConfig) -> Engine:
             info.max_input_tokens,
             info.pooling_type,
         )
+        model.runner.threads = thread_share(config, device, batch.workers)
         models.append(model)
     log.info(
-        "%d forward worker(s) per model, %d intra-op thread(s) each, batches of at most %d",
+        "%d forward worker(s) per model, intra-op threads %s, batches of at most %d",
         batch.workers,
-        torch.get_num_threads(),
+        thread_share(config, device, batch.workers) or torch.get_num_threads(),
         batch.max_batch_size,
     )
     return Engine(models, config.limits, batch)

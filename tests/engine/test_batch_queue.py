@@ -70,12 +70,16 @@ class ControlledRunner:
         self.info = inner.info
         self.fail = fail
         self.batches: list[list[Encoding]] = []
+        self.calls: list[tuple[str, bool]] = []  # (worker thread, alone) per forward pass
         self.allowed: int | None = 0 if (hold_first or stepping) else None
         self._changed = threading.Condition()
 
-    def forward(self, batch: Sequence[Encoding], keep_tokens: Sequence[bool]) -> list[np.ndarray]:
+    def forward(
+        self, batch: Sequence[Encoding], keep_tokens: Sequence[bool], alone: bool = True
+    ) -> list[np.ndarray]:
         with self._changed:
             self.batches.append(list(batch))
+            self.calls.append((threading.current_thread().name, alone))
             number = len(self.batches)
             self._changed.notify_all()
             if not self._changed.wait_for(
@@ -85,7 +89,10 @@ class ControlledRunner:
         failure = self.fail(batch) if self.fail else None
         if failure is not None:
             raise failure
-        return self.inner.forward(batch, keep_tokens)
+        return self.inner.forward(batch, keep_tokens, alone)
+
+    def warm_up(self, alone: bool = True) -> None:
+        self.inner.warm_up(alone)
 
     def open(self) -> None:
         with self._changed:
@@ -153,7 +160,7 @@ def run_queue(
 ) -> T:
     async def main() -> T:
         queue = BatchQueue(runner, config)  # type: ignore[arg-type]
-        queue.start()
+        await queue.start()
         try:
             return await asyncio.wait_for(body(queue), WAIT_S * 2)
         finally:
@@ -337,6 +344,23 @@ def test_workers_run_batches_side_by_side(bert: LoadedModel, classifier: LoadedM
     got = run_engine([held_bert, held_classifier], burst, BatchConfig(max_batch_size=3, workers=2))
     for request, g, w in zip(requests, got, expected, strict=True):
         assert_same_result(g, w, f"{request.request_id} ({request.task} on {request.model})")
+    for runner in (bert_runner, classifier_runner):
+        (first_worker, first_alone), (second_worker, second_alone) = runner.calls[:2]
+        assert (first_worker[-2:], first_alone) == ("-0", True), "worker 0 goes first, alone"
+        assert (second_worker[-2:], second_alone) == ("-1", False), "worker 1 only beside it"
+
+
+def test_a_lone_request_always_meets_the_first_worker(bert: LoadedModel) -> None:
+    """So a lone forward pass may use every core (see ThreadShare)."""
+    model, runner = with_runner(bert)
+
+    async def one_by_one(engine: Engine) -> None:
+        for i in range(6):
+            await engine.pool(embed(f"text number {i}"))
+
+    run_engine([model], one_by_one, BatchConfig(workers=3))
+    assert len(runner.calls) == 6
+    assert all(worker.endswith("-0") and alone for worker, alone in runner.calls), runner.calls
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from engine.batch_queue import BatchConfig
-from service.server import ServerConfig, batch_config_for
+from engine.model_runner import ThreadShare
+from service.server import ServerConfig, batch_config_for, thread_share
+
+CPU, GPU = torch.device("cpu"), torch.device("cuda")
 
 
 @pytest.fixture
@@ -20,25 +23,32 @@ def eight_cores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def test_cpu_shares_the_cores_among_two_single_batch_workers(eight_cores: None) -> None:
-    batch = batch_config_for(ServerConfig(), torch.device("cpu"))
-    assert (batch.workers, batch.max_batch_size, torch.get_num_threads()) == (2, 32, 4)
+def test_cpu_gets_two_workers_that_share_the_cores(eight_cores: None) -> None:
+    config = ServerConfig()
+    batch = batch_config_for(config, CPU)
+    assert (batch.workers, batch.max_batch_size) == (2, 32)
+    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=8, shared=4)
 
 
 def test_flags_win_over_the_device_defaults(eight_cores: None) -> None:
     config = ServerConfig(torch_threads=3, batch=BatchConfig(max_batch_size=8, workers=1))
-    batch = batch_config_for(config, torch.device("cpu"))
+    batch = batch_config_for(config, CPU)
     assert (batch.workers, batch.max_batch_size, torch.get_num_threads()) == (1, 8, 3)
+    assert thread_share(config, CPU, batch.workers) is None, "--torch-threads is kept as given"
 
 
 def test_one_core_gets_one_worker(monkeypatch: pytest.MonkeyPatch, eight_cores: None) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    batch = batch_config_for(ServerConfig(), torch.device("cpu"))
-    assert (batch.workers, torch.get_num_threads()) == (1, 1)
+    config = ServerConfig()
+    batch = batch_config_for(config, CPU)
+    assert batch.workers == 1
+    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=1, shared=1)
 
 
 def test_gpu_prepares_one_batch_while_another_runs(eight_cores: None) -> None:
     torch.set_num_threads(5)
-    batch = batch_config_for(ServerConfig(), torch.device("cuda"))
+    config = ServerConfig()
+    batch = batch_config_for(config, GPU)
     assert (batch.workers, batch.max_batch_size) == (2, 256)
+    assert thread_share(config, GPU, batch.workers) is None
     assert torch.get_num_threads() == 5, "intra-op threads are left alone on a GPU"

@@ -327,10 +327,13 @@ class HeldRunner:
         self.info = inner.info
         self._released = threading.Event()
 
-    def forward(self, batch: Any, keep_tokens: Any) -> Any:
+    def forward(self, batch: Any, keep_tokens: Any, alone: bool = True) -> Any:
         if not self._released.wait(WAIT_S):
             raise RuntimeError("test runner: held too long")
-        return self.inner.forward(batch, keep_tokens)
+        return self.inner.forward(batch, keep_tokens, alone)
+
+    def warm_up(self, alone: bool = True) -> None:
+        self.inner.warm_up(alone)
 
     def release(self) -> None:
         self._released.set()
