@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from engine.model_info import LongInput, PoolingType
 from engine.validation import Limits
 from service import logs
 from service.auth import load_keys
+from service.processes import run_processes
 from service.server import ServerConfig, serve
 from service.transport import TlsConfig, TransportConfig
 
@@ -190,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     life = parser.add_argument_group("lifecycle")
     life.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="whole server processes sharing --port (SO_REUSEPORT; each loads the models and "
+        "child k serves metrics on --metrics-port + k). One event loop serves about a "
+        "thousand small requests a second: use several with a fast GPU",
+    )
+    life.add_argument("--process-index", type=int, default=None, help=argparse.SUPPRESS)
+    life.add_argument(
         "--drain-delay-s",
         type=float,
         default=0.0,
@@ -288,7 +299,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         shutdown_grace_s=args.shutdown_grace_s,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
+        metrics_port=(
+            args.metrics_port + (args.process_index or 0) if args.metrics_port is not None else None
+        ),
         transport=TransportConfig(
             keepalive_time_s=args.keepalive_time_s,
             keepalive_timeout_s=args.keepalive_timeout_s,
@@ -298,6 +311,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_connection_age_s=args.max_connection_age_s,
             max_connection_age_grace_s=args.max_connection_age_grace_s,
             gzip_responses=args.gzip_responses,
+            reuse_port=args.process_index is not None,
         ),
         tls=tls_config(args),
         api_keys=api_keys(args),
@@ -307,8 +321,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
+    if args.processes > 1:
+        if args.port == 0:
+            raise SystemExit("--processes needs a fixed --port: the processes share it")
+        return run_processes(argv, args.processes)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers.utils import logging as hf_logging
 

@@ -155,12 +155,15 @@ class PoolingServer:
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self.config.host}:{self.config.port}"
-        if self.config.tls is None:
-            self.port = self.server.add_insecure_port(address)
-        else:
-            self.port = self.server.add_secure_port(address, self.config.tls.credentials())
+        try:
+            if self.config.tls is None:
+                self.port = self.server.add_insecure_port(address)
+            else:
+                self.port = self.server.add_secure_port(address, self.config.tls.credentials())
+        except RuntimeError as exc:  # grpcio raises where older versions returned 0
+            raise RuntimeError(f"cannot listen on {address}: is the port taken?") from exc
         if not self.port:
-            raise RuntimeError(f"cannot listen on {address}")
+            raise RuntimeError(f"cannot listen on {address}: is the port taken?")
         await self.server.start()
         if self.config.metrics_port is not None:
             self.metrics.serve(self.config.metrics_host, self.config.metrics_port)

@@ -19,6 +19,8 @@ class TransportConfig:
     max_connection_age_s: float = 0.0  # 0: connections live forever
     max_connection_age_grace_s: float = 30.0
     gzip_responses: bool = False
+    # Several server processes share one port (--processes); otherwise a taken port is an error.
+    reuse_port: bool = False
 
     def options(self, max_message_bytes: int) -> list[tuple[str, int]]:
         options = [
@@ -34,6 +36,7 @@ class TransportConfig:
             ),
             ("grpc.http2.max_pings_without_data", 0),
         ]
+        options.append(("grpc.so_reuseport", int(self.reuse_port)))
         if self.max_concurrent_streams:
             options.append(("grpc.max_concurrent_streams", self.max_concurrent_streams))
         if self.max_connection_age_s:
