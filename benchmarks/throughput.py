@@ -98,10 +98,11 @@ def run_reference(model_path: str) -> dict[str, float]:
 # --- role: load (in its own process; imports grpc only) -------------------------------------
 
 
-async def _unary(stub, texts: list[str], concurrency: int, stop: float, lat: list[float]) -> None:
+async def _unary(stubs, texts: list[str], concurrency: int, stop: float, lat: list[float]) -> None:
     from pooling_client.v1 import pooling_pb2 as pb
 
     async def worker(i: int) -> None:
+        stub = stubs[i % len(stubs)]
         while time.perf_counter() < stop:
             request = pb.PoolRequest(embed=pb.TextInput(texts=[texts[i % len(texts)]]))
             started = time.perf_counter()
@@ -112,12 +113,12 @@ async def _unary(stub, texts: list[str], concurrency: int, stop: float, lat: lis
     await asyncio.gather(*(worker(c) for c in range(concurrency)))
 
 
-async def _stream(stub, texts: list[str], concurrency: int, stop: float, lat: list[float]) -> None:
+async def _stream(stubs, texts: list[str], concurrency: int, stop: float, lat: list[float]) -> None:
     """C streams, each a closed loop with one request in flight."""
     from pooling_client.v1 import pooling_pb2 as pb
 
     async def worker(i: int) -> None:
-        call = stub.PoolStream()
+        call = stubs[i % len(stubs)].PoolStream()
         while time.perf_counter() < stop:
             request = pb.PoolRequest(
                 request_id=str(i), embed=pb.TextInput(texts=[texts[i % len(texts)]])
@@ -133,7 +134,9 @@ async def _stream(stub, texts: list[str], concurrency: int, stop: float, lat: li
     await asyncio.gather(*(worker(c) for c in range(concurrency)))
 
 
-def run_load(address: str, mode: str, concurrency: int, duration: float, mixed: bool) -> dict:
+def run_load(
+    address: str, mode: str, concurrency: int, duration: float, mixed: bool, shared_channel: bool
+) -> dict:
     import grpc
 
     from pooling_client.v1 import pooling_pb2_grpc
@@ -142,12 +145,21 @@ def run_load(address: str, mode: str, concurrency: int, duration: float, mixed: 
     latencies: list[float] = []
 
     async def go() -> float:
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = pooling_pb2_grpc.PoolingServiceStub(channel)
-            load = _unary if mode == "unary" else _stream
+        # Each client its own connection, as separate callers would be (and as the kernel
+        # needs to spread them over --processes servers); --shared-channel: one for all.
+        channels = [
+            grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(1 if shared_channel else concurrency)
+        ]
+        stubs = [pooling_pb2_grpc.PoolingServiceStub(channel) for channel in channels]
+        load = _unary if mode == "unary" else _stream
+        try:
+            await asyncio.gather(*(channel.channel_ready() for channel in channels))
             started = time.perf_counter()
-            await load(stub, texts, concurrency, started + duration, latencies)
+            await load(stubs, texts, concurrency, started + duration, latencies)
             return time.perf_counter() - started
+        finally:
+            await asyncio.gather(*(channel.close() for channel in channels))
 
     elapsed = asyncio.run(go())
     return {"elapsed_s": elapsed, "latencies": latencies}
@@ -197,10 +209,18 @@ def _roles(calls: list[tuple[str, ...]]) -> list[dict]:
     return results
 
 
-def _scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+def _scrape(port: int, processes: int) -> dict[str, float]:
+    """Token totals summed over the server's processes (child k serves metrics on port + k)."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
+    lines = [
+        line
+        for k in range(processes)
+        for line in urllib.request.urlopen(f"http://127.0.0.1:{port + k}/metrics", timeout=10)
+        .read()
+        .decode()
+        .splitlines()
+    ]
+    for line in lines:
         if line.startswith(
             ("pooling_batch_real_tokens_total", "pooling_batch_padded_tokens_total")
         ):
@@ -222,20 +242,24 @@ def orchestrate(args: argparse.Namespace) -> None:
         ["--model", f"bench={model}", "--metrics-port", str(metrics_port), *args.server_arg],
         Path(tempfile.mkdtemp()),
     )
+    processes = next(
+        (int(a.split("=", 1)[1]) for a in args.server_arg if a.startswith("--processes=")), 1
+    )
     procs = args.load_procs or (1 if (os.cpu_count() or 1) <= 4 else 4)
     rows = []
     try:
         seconds = str(args.duration)
-        _load(server.address, "unary", 16, "1.0", procs)  # warm up
+        shared = ("--shared-channel",) if args.shared_channel else ()
+        _load(server.address, "unary", 16, "1.0", procs, *shared)  # warm up
         for mode in ("unary", "stream"):
             for c in levels:
-                row = _load(server.address, mode, c, seconds, min(procs, c))
+                row = _load(server.address, mode, c, seconds, min(procs, c), *shared)
                 rows.append(
                     {"mode": mode, "concurrency": c, **row, "ratio": row["sentences_per_s"] / best}
                 )
-        before = _scrape(metrics_port)
-        mixed = _load(server.address, "unary", 64, seconds, procs, "--mixed")
-        after = _scrape(metrics_port)
+        before = _scrape(metrics_port, processes)
+        mixed = _load(server.address, "unary", 64, seconds, procs, "--mixed", *shared)
+        after = _scrape(metrics_port, processes)
         rows.append(
             {
                 "mode": "mixed-unary",
@@ -299,12 +323,18 @@ def main() -> None:
     )
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--mixed", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--shared-channel", action="store_true", help="all clients of a load process share one"
+    )
     args = parser.parse_args()
     if args.role and args.role[0] == "reference":
         print(json.dumps(run_reference(args.role[1])))
     elif args.role and args.role[0] == "load":
         address, mode, concurrency, duration = args.role[1:5]
-        print(json.dumps(run_load(address, mode, int(concurrency), float(duration), args.mixed)))
+        load = run_load(
+            address, mode, int(concurrency), float(duration), args.mixed, args.shared_channel
+        )
+        print(json.dumps(load))
     else:
         orchestrate(args)
 

@@ -154,6 +154,18 @@ class PoolingServer:
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.config.transport.reuse_port:
+            # One of several processes on the port (--processes): join it only once able
+            # to serve, so the kernel never hands a connection to a process still loading.
+            await self._load()
+            await self._listen()
+        else:
+            await self._listen()
+            await self._load()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving on port %d", self.port)
+
+    async def _listen(self) -> None:
         address = f"{self.config.host}:{self.config.port}"
         try:
             if self.config.tls is None:
@@ -172,13 +184,14 @@ class PoolingServer:
                 self.config.metrics_host,
                 self.config.metrics_port,
             )
-        log.info("listening on %s:%d; loading models", self.config.host, self.port)
+        log.info("listening on %s:%d", self.config.host, self.port)
+
+    async def _load(self) -> None:
         engine = await asyncio.to_thread(load_engine, self.config)
         await engine.start()
         self.metrics.attach(engine)
         self.servicer.engine = engine
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %d model(s) on port %d", len(engine.model_infos), self.port)
+        log.info("loaded %d model(s)", len(engine.model_infos))
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING first, then stop accepting and finish what was accepted."""
