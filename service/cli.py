@@ -150,8 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--torch-threads",
         type=int,
         default=None,
-        help="intra-op threads per forward worker (default on CPU: the cores shared among "
-        "the workers)",
+        help="cores the forward passes may use (default: every CPU this process may run "
+        "on; in a container give its CPU limit). On CPU a lone pass takes them all and "
+        "concurrent passes share them",
     )
     models.add_argument(
         "--attn-implementation",

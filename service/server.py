@@ -61,14 +61,19 @@ class ServerConfig:
     log_inputs: bool = False
 
 
+def _cores(config: ServerConfig) -> int:
+    """The cores forward passes may use: --torch-threads, else every CPU this process may use
+    (in a container, pass --torch-threads: the CPU limit does not show in the affinity)."""
+    return config.torch_threads or len(os.sched_getaffinity(0))
+
+
 def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
     """Fill in what depends on the device: batch size cap, workers, intra-op threads."""
     batch = config.batch
-    cores = len(os.sched_getaffinity(0))
     if not batch.max_batch_size:
         batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
     if not batch.workers:
-        batch = replace(batch, workers=2 if device.type == "cuda" else min(2, cores))
+        batch = replace(batch, workers=2 if device.type == "cuda" else min(2, _cores(config)))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     return batch
@@ -76,9 +81,9 @@ def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
 
 def thread_share(config: ServerConfig, device: torch.device, workers: int) -> ThreadShare | None:
     """On CPU a lone forward pass takes every core, and concurrent ones split them."""
-    if device.type != "cpu" or config.torch_threads:
+    if device.type != "cpu":
         return None
-    cores = len(os.sched_getaffinity(0))
+    cores = _cores(config)
     return ThreadShare(alone=cores, shared=max(1, cores // workers))
 
 

@@ -34,7 +34,15 @@ def test_flags_win_over_the_device_defaults(eight_cores: None) -> None:
     config = ServerConfig(torch_threads=3, batch=BatchConfig(max_batch_size=8, workers=1))
     batch = batch_config_for(config, CPU)
     assert (batch.workers, batch.max_batch_size, torch.get_num_threads()) == (1, 8, 3)
-    assert thread_share(config, CPU, batch.workers) is None, "--torch-threads is kept as given"
+    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=3, shared=3)
+
+
+def test_torch_threads_stand_for_the_cores_of_a_container(eight_cores: None) -> None:
+    """A pod limited to 2 CPUs on an 8-core node must not run 8 threads per pass."""
+    config = ServerConfig(torch_threads=2)
+    batch = batch_config_for(config, CPU)
+    assert batch.workers == 2
+    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=2, shared=1)
 
 
 def test_one_core_gets_one_worker(monkeypatch: pytest.MonkeyPatch, eight_cores: None) -> None:
