@@ -178,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--forward-workers",
         type=int,
         default=None,
-        help="threads running forward passes per model (default 2: on CPU each gets half "
-        "the cores; on a GPU one batch is prepared while the other runs)",
+        help="threads running forward passes per model (default 2). Worker k runs only while "
+        "workers 0..k-1 are busy: on CPU a lone pass takes every core and passes side by "
+        "side share them; on a GPU one batch is prepared while the other runs",
     )
     batching.add_argument(
         "--batch-wait-ms", type=float, default=0.0, help="wait this long for a batch to fill"
