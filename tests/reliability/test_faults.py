@@ -405,11 +405,11 @@ def test_forward_failure_fails_only_its_requests(
         reference = vector(await stub.Pool(embed_request(["healthy text"]), timeout=30))
         message = {"text": "boom: injected kernel failure"}
 
-        def failing_forward(batch, keep_tokens):  # type: ignore[no-untyped-def]
+        def failing_forward(batch, keep_tokens, alone=True):  # type: ignore[no-untyped-def]
             if any(tuple(e.input_ids) == poison_ids for e in batch):
                 failures["count"] += 1
                 raise RuntimeError(message["text"])
-            return forward(batch, keep_tokens)
+            return forward(batch, keep_tokens, alone)
 
         runner.forward = failing_forward  # type: ignore[method-assign]
 
