@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import logging.handlers
+import queue
 from typing import Any
 
 FIELDS_ATTR = "fields"
@@ -37,9 +40,36 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+class _Enqueue(logging.handlers.QueueHandler):
+    """Hands records over as they are: formatting and writing happen on the listener."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
+
+
+_listener: logging.handlers.QueueListener | None = None
+
+
+def _stop_listener() -> None:
+    """Write what is still queued, then stop (at exit, or before configuring anew)."""
+    global _listener
+    if _listener is not None:
+        _listener.stop()
+        _listener = None
+
+
+atexit.register(_stop_listener)
+
+
 def configure(level: str, fmt: str) -> None:
+    """Log through a queue: a request's log line must not cost its event loop a write."""
+    global _listener
+    _stop_listener()
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _listener = logging.handlers.QueueListener(records, handler)
+    _listener.start()
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_Enqueue(records)]
     root.setLevel(level.upper())

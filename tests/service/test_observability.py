@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import threading
+import time
 import urllib.request
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
@@ -236,12 +237,18 @@ def json_inputs_server(
 
 
 def request_lines(server: ServerProcess, request_id: str) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
-    return [
-        line
-        for line in lines
-        if line.get("logger") == "pooling.requests" and line.get("request_id") == request_id
-    ]
+    """The request's log lines, once written: the server logs through a queue, off the loop."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
+        found = [
+            line
+            for line in lines
+            if line.get("logger") == "pooling.requests" and line.get("request_id") == request_id
+        ]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def pool(
