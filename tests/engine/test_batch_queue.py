@@ -275,14 +275,18 @@ def _mixed_requests(count: int) -> list[PoolRequest]:
     return requests
 
 
-def test_concurrent_burst_equals_one_by_one(bert: LoadedModel, classifier: LoadedModel) -> None:
-    requests = _mixed_requests(40)
+def _one_by_one(models: Sequence[LoadedModel], requests: list[PoolRequest]) -> list[PoolResult]:
+    """The reference: every sequence alone in its batch (no padding), one request at a time."""
 
-    async def one_by_one(engine: Engine) -> list[PoolResult]:
+    async def body(engine: Engine) -> list[PoolResult]:
         return [await engine.pool(request) for request in requests]
 
-    # Reference: every sequence alone in its batch (no padding at all), one request at a time.
-    expected = run_engine([bert, classifier], one_by_one, BatchConfig(max_batch_size=1))
+    return run_engine(models, body, BatchConfig(max_batch_size=1))
+
+
+def test_concurrent_burst_equals_one_by_one(bert: LoadedModel, classifier: LoadedModel) -> None:
+    requests = _mixed_requests(40)
+    expected = _one_by_one([bert, classifier], requests)
 
     held_bert, bert_runner = with_runner(bert, hold_first=True)
     held_classifier, classifier_runner = with_runner(classifier, hold_first=True)
@@ -324,11 +328,7 @@ def test_concurrent_burst_equals_one_by_one(bert: LoadedModel, classifier: Loade
 def test_workers_run_batches_side_by_side(bert: LoadedModel, classifier: LoadedModel) -> None:
     """Two workers hold two batches of one model at once; results still match one by one."""
     requests = _mixed_requests(24)
-
-    async def one_by_one(engine: Engine) -> list[PoolResult]:
-        return [await engine.pool(request) for request in requests]
-
-    expected = run_engine([bert, classifier], one_by_one, BatchConfig(max_batch_size=1))
+    expected = _one_by_one([bert, classifier], requests)
     held_bert, bert_runner = with_runner(bert, hold_first=True)
     held_classifier, classifier_runner = with_runner(classifier, hold_first=True)
 
