@@ -23,6 +23,13 @@ from service.transport import TlsConfig, TransportConfig
 PER_MODEL = "Give it once for every model, or once per --model in the same order."
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pooling-server",
@@ -34,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
     net.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     net.add_argument(
-        "--max-message-mb", type=int, default=64, help="largest request or response message"
+        "--max-message-mb",
+        type=positive_int,
+        default=64,
+        help="largest request or response message",
     )
 
     net.add_argument(
@@ -148,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     models.add_argument(
         "--torch-threads",
-        type=int,
+        type=positive_int,
         default=None,
         help="cores the forward passes may use (default: every CPU this process may run "
         "on; in a container give its CPU limit). On CPU a lone pass takes them all and "
@@ -162,21 +172,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     batching = parser.add_argument_group("limits and batching")
     batching.add_argument(
-        "--max-client-batch-size", type=int, default=1024, help="most inputs in one request"
+        "--max-client-batch-size",
+        type=positive_int,
+        default=1024,
+        help="most inputs in one request",
     )
     batching.add_argument(
-        "--max-batch-tokens", type=int, default=16384, help="padded tokens per forward batch"
+        "--max-batch-tokens",
+        type=positive_int,
+        default=16384,
+        help="padded tokens per forward batch",
     )
     batching.add_argument(
         "--max-batch-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="sequences per batch (default: 32 on CPU, where bigger batches gain nothing and "
         "keep clients in lockstep; 256 on a GPU)",
     )
     batching.add_argument(
         "--forward-workers",
-        type=int,
+        type=positive_int,
         default=None,
         help="threads running forward passes per model (default 2). Worker k runs only while "
         "workers 0..k-1 are busy: on CPU a lone pass takes every core and passes side by "
@@ -186,16 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-wait-ms", type=float, default=0.0, help="wait this long for a batch to fill"
     )
     batching.add_argument(
-        "--max-queued-items", type=int, default=100_000, help="queue bound per model"
+        "--max-queued-items", type=positive_int, default=100_000, help="queue bound per model"
     )
     batching.add_argument(
-        "--max-stream-inflight", type=int, default=256, help="unanswered inputs per stream"
+        "--max-stream-inflight", type=positive_int, default=256, help="unanswered inputs per stream"
     )
 
     life = parser.add_argument_group("lifecycle")
     life.add_argument(
         "--processes",
-        type=int,
+        type=positive_int,
         default=1,
         help="whole server processes sharing --port (SO_REUSEPORT; each loads the models and "
         "child k serves metrics on --metrics-port + k). One event loop serves about a "
