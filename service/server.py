@@ -68,7 +68,7 @@ def _cores(config: ServerConfig) -> int:
 
 
 def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
-    """Fill in what depends on the device: batch size cap, workers, intra-op threads."""
+    """Fill in what depends on the device: batch size cap and forward workers."""
     batch = config.batch
     if not batch.max_batch_size:
         batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
@@ -91,6 +91,7 @@ def load_engine(config: ServerConfig) -> Engine:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     batch = batch_config_for(config, device)
+    threads = thread_share(config, device, batch.workers)
     models = []
     for index, spec in enumerate(config.models):
         model = load_model(
@@ -111,12 +112,12 @@ def load_engine(config: ServerConfig) -> Engine:
             info.max_input_tokens,
             info.pooling_type,
         )
-        model.runner.threads = thread_share(config, device, batch.workers)
+        model.runner.threads = threads
         models.append(model)
     log.info(
         "%d forward worker(s) per model, intra-op threads %s, batches of at most %d",
         batch.workers,
-        thread_share(config, device, batch.workers) or torch.get_num_threads(),
+        threads or torch.get_num_threads(),
         batch.max_batch_size,
     )
     return Engine(models, config.limits, batch)
