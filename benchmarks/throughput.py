@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 WORDS = tuple(
@@ -209,25 +208,15 @@ def _roles(calls: list[tuple[str, ...]]) -> list[dict]:
     return results
 
 
-def _scrape(port: int, processes: int) -> dict[str, float]:
-    """Token totals summed over the server's processes (child k serves metrics on port + k)."""
-    totals: dict[str, float] = {}
-    lines = [
-        line
-        for k in range(processes)
-        for line in urllib.request.urlopen(f"http://127.0.0.1:{port + k}/metrics", timeout=10)
-        .read()
-        .decode()
-        .splitlines()
-    ]
-    for line in lines:
-        if line.startswith(
-            ("pooling_batch_real_tokens_total", "pooling_batch_padded_tokens_total")
-        ):
-            name, value = line.rsplit(" ", 1)
-            key = name.split("{")[0]
-            totals[key] = totals.get(key, 0.0) + float(value)
-    return totals
+def _tokens(port: int, processes: int) -> tuple[float, float]:
+    """Real and padded tokens computed, over the server's processes (child k: port + k)."""
+    from tests.metrics_endpoint import metric_sum, scrape
+
+    scraped = [scrape(port + k) for k in range(processes)]
+    return (
+        sum(metric_sum(s, "pooling_batch_real_tokens_total") for s in scraped),
+        sum(metric_sum(s, "pooling_batch_padded_tokens_total") for s in scraped),
+    )
 
 
 def orchestrate(args: argparse.Namespace) -> None:
@@ -257,9 +246,9 @@ def orchestrate(args: argparse.Namespace) -> None:
                 rows.append(
                     {"mode": mode, "concurrency": c, **row, "ratio": row["sentences_per_s"] / best}
                 )
-        before = _scrape(metrics_port, processes)
+        real_before, padded_before = _tokens(metrics_port, processes)
         mixed = _load(server.address, "unary", 64, seconds, procs, "--mixed", *shared)
-        after = _scrape(metrics_port, processes)
+        real_after, padded_after = _tokens(metrics_port, processes)
         rows.append(
             {
                 "mode": "mixed-unary",
@@ -270,12 +259,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         )
     finally:
         server.stop()
-    real = after["pooling_batch_real_tokens_total"] - before.get(
-        "pooling_batch_real_tokens_total", 0
-    )
-    padded = after["pooling_batch_padded_tokens_total"] - before.get(
-        "pooling_batch_padded_tokens_total", 0
-    )
+    real, padded = real_after - real_before, padded_after - padded_before
     by_key = {(r["mode"], r["concurrency"]): r for r in rows}
     summary = {
         "cpus": os.cpu_count(),

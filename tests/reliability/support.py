@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,9 +10,9 @@ import grpc
 import numpy as np
 from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
 from pooling_client.v1 import pooling_pb2 as pb
+from tests.metrics_endpoint import metric_sum, scrape
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
 from tests.server_process import ServerProcess
 
@@ -146,25 +145,6 @@ def vector(response: pb.PoolResponse, index: int = 0) -> np.ndarray:
 def same_vector(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal up to the float noise batching with padding may add."""
     return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-3, atol=1e-4))
-
-
-def scrape(port: int) -> dict[str, list[Any]]:
-    """Sample name -> samples from the server's Prometheus endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples: dict[str, list[Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append(sample)
-    return samples
-
-
-def metric_sum(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
-    return sum(
-        s.value
-        for s in samples.get(name, [])
-        if all(s.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def wait_queue_empty(metrics_port: int, timeout: float = 30.0) -> float:

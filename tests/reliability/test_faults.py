@@ -27,15 +27,14 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service.server import PoolingServer, ServerConfig
 from tests.conftest import DEFAULT_MODEL
+from tests.metrics_endpoint import metric_sum, scrape
 from tests.reliability.support import (
     assert_alive,
     check_rpc_error,
     check_status,
     embed_request,
-    metric_sum,
     report,
     same_vector,
-    scrape,
     vector,
     wait_queue_empty,
 )

@@ -7,7 +7,6 @@ import json
 import signal
 import threading
 import time
-import urllib.request
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +18,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service.server import PoolingServer, ServerConfig
 from tests.conftest import DEFAULT_MODEL
+from tests.metrics_endpoint import scrape
 from tests.server_process import ServerProcess, free_port, start_server
 
 T = TypeVar("T")
@@ -77,17 +76,6 @@ class Workload:
 
     def series(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
         return {tuple(sorted(s.labels.items())): s.value for s in self.scraped.get(name, [])}
-
-
-def scrape(port: int) -> dict[str, list[Any]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        assert response.status == 200
-        text = response.read().decode()
-    samples: dict[str, list[Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append(sample)
-    return samples
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,14 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pooling_client import PoolingClient
+from tests.metrics_endpoint import metric_sum, scrape
 from tests.server_process import ServerProcess, free_port, start_server
 
 WAIT_S = 120.0
@@ -34,22 +33,11 @@ def _free_port_pair() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and sample.labels.get("code", "OK") == "OK"
-    )
-
-
 def _wait_all_loaded(ports: list[int]) -> None:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         try:
-            if all(_metric(port, "pooling_models_loaded") == 1 for port in ports):
+            if all(metric_sum(scrape(port), "pooling_models_loaded") == 1 for port in ports):
                 return
         except OSError:
             pass
@@ -86,7 +74,9 @@ def test_connections_spread_over_the_processes_and_sigterm_stops_all(
         options = [("grpc.use_local_subchannel_pool", 1)]
         with PoolingClient(server.address, options=options) as client:
             assert len(client.embed([f"text {i}"])[0].outputs.embedding) > 0
-    served = [_metric(port, "pooling_requests_total") for port in metrics_ports]
+    served = [
+        metric_sum(scrape(port), "pooling_requests_total", code="OK") for port in metrics_ports
+    ]
     assert sum(served) == calls
     assert all(count > 0 for count in served), f"the kernel sent every connection to one: {served}"
 

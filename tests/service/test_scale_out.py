@@ -9,16 +9,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pooling_client import PoolingClient
 from pooling_client.errors import PoolingError
+from tests.metrics_endpoint import metric_sum, scrape
 from tests.server_process import ServerProcess, free_port, start_server
 
 THREADS = 4
@@ -34,15 +33,7 @@ class Replica:
 
     def ok_requests(self) -> float:
         """Sum of pooling_requests_total{code="OK"} over every rpc, task and model."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "pooling_requests_total" and sample.labels.get("code") == "OK"
-        )
+        return metric_sum(scrape(self.metrics_port), "pooling_requests_total", code="OK")
 
 
 def start_replicas(tmp_path: Path, extra: list[str], count: int = 2) -> list[Replica]:
