@@ -104,7 +104,9 @@ class BatchQueue:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers = [
-            threading.Thread(target=self._work, name=f"forward-{runner.info.name}-{k}", daemon=True)
+            threading.Thread(
+                target=self._work, args=(k,), name=f"forward-{runner.info.name}-{k}", daemon=True
+            )
             for k in range(max(1, config.workers))
         ]
         self._warmed = [concurrent.futures.Future[None]() for _ in self._workers]
@@ -230,13 +232,12 @@ class BatchQueue:
         self._pending = rest_of_window + self._pending[len(window) :]
         return batch
 
-    def _work(self) -> None:
+    def _work(self, index: int) -> None:
         """A worker thread: warm up, then take a batch, run it, hand the results to the loop.
 
         Worker k takes a batch only while workers 0..k-1 are all busy, so a lone request
         always meets worker 0, whose forward pass may then use every core.
         """
-        index = self._workers.index(threading.current_thread())
         try:
             if index:  # one at a time, in order, as each would run
                 self._warmed[index - 1].result()
