@@ -1,13 +1,16 @@
-"""Per-model batching queue: items wait with an asyncio future each; a worker forms batches.
+"""Per-model batching queue: requests' sequences wait as items; worker threads form batches.
 
-The model's worker threads each take the next batch the moment their previous forward pass
-ends, without a round trip through the event loop, so the model never idles while the
-loop is busy answering; the loop meanwhile keeps accepting work. With two workers one
-batch is collated (and copied to the GPU) while the other computes; on a CPU, two workers
-of one intra-op thread each get more from the cores than one worker of two threads, whose
-parallel regions stall whenever the event loop takes a core. A batch is built around
-an anchor item from the items closest to it in length, within a budget of padded tokens
-(longest x count), a cap on items and a minimum share of real (non-padding) tokens.
+A request enters as a `Job`: its sequences, the function that turns their raw outputs into
+its result, and one asyncio future. Jobs are enqueued from any thread (the engine's
+tokenizer threads). The model's worker threads take the next batch the moment their
+previous forward pass ends, finish every job the batch completes (heads included), and
+hand the results to the event loop in one call per batch, so the loop only resolves
+futures. With two workers one batch is collated (and copied to the GPU) while the other
+computes; on a CPU, two workers of one intra-op thread each get more from the cores than
+one worker of two threads, whose parallel regions stall whenever the event loop takes a
+core. A batch is built around an anchor item from the items closest to it in length,
+within a budget of padded tokens (longest x count), a cap on items and a minimum share of
+real (non-padding) tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -56,15 +60,41 @@ class RequestTiming:
         self.finished = finished if self.finished is None else max(self.finished, finished)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
+class Job:
+    """One request's sequences (with whether every token's state is wanted) and its future.
+
+    `finish` runs on the worker thread that computes the last sequence; its return value
+    (or exception) resolves `future`. `raws`, `remaining` and `failed` change under the
+    queue's lock only.
+    """
+
+    work: Sequence[tuple[Encoding, bool]]
+    finish: Callable[[list[np.ndarray]], object]
+    future: asyncio.Future[Any]
+    deadline: float | None = None
+    timing: RequestTiming = field(default_factory=RequestTiming)
+    raws: list[np.ndarray] = field(init=False)
+    remaining: int = field(init=False)
+    failed: bool = False
+
+    def __post_init__(self) -> None:
+        self.raws = [None] * len(self.work)  # type: ignore[list-item]
+        self.remaining = len(self.work)
+
+    @property
+    def dead(self) -> bool:
+        """Nobody waits for its items any more: the caller went away, or one item failed."""
+        return self.failed or self.future.done()
+
+
+@dataclass(eq=False, slots=True)
 class QueuedItem:
     encoding: Encoding
     keep_tokens: bool
-    future: asyncio.Future[np.ndarray]
-    deadline: float | None
-    enqueued: float = field(default_factory=time.monotonic)
-    timing: RequestTiming | None = None
-    counted: bool = True  # still part of the queue depth
+    job: Job
+    index: int  # in job.work
+    enqueued: float
 
 
 @dataclass
@@ -99,8 +129,7 @@ class BatchQueue:
         self.stats = QueueStats()
         self.observers: list[Callable[[str, BatchRecord], None]] = []
         self._pending: list[QueuedItem] = []
-        self._waiting = 0
-        self._lock = threading.Condition(threading.RLock())  # re-entered by _uncount
+        self._lock = threading.Condition()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers = [
@@ -114,24 +143,17 @@ class BatchQueue:
 
     @property
     def depth(self) -> int:
-        """Items waiting for a batch whose caller still waits (cancelled ones do not count)."""
-        return self._waiting
+        """Items waiting for a batch whose caller still waits (cancelled ones do not count).
+
+        Counted when read (a scrape, a full queue) rather than kept up to date per item.
+        """
+        with self._lock:
+            return sum(not item.job.dead for item in self._pending)
 
     def _has_room(self, count: int) -> bool:
-        """Recount only when near the bound: cancellations reach `depth` a loop turn late."""
+        """Recount only near the bound: cancelled items stay queued until a batch drops them."""
         bound = self.config.max_queued_items
-        if self._waiting + count <= bound:
-            return True
-        with self._lock:
-            live = sum(item.counted and not item.future.done() for item in self._pending)
-        return live + count <= bound
-
-    def _uncount(self, item: QueuedItem) -> None:
-        """An item leaves the depth once: when a batch takes it or its future is done."""
-        with self._lock:
-            if item.counted:
-                item.counted = False
-                self._waiting -= 1
+        return len(self._pending) + count <= bound or self.depth + count <= bound
 
     async def start(self) -> None:
         """Start the workers; returns once each has warmed the model up on its own thread."""
@@ -147,50 +169,41 @@ class BatchQueue:
         for worker in self._workers:
             await asyncio.to_thread(worker.join)
 
-    def submit(
-        self,
-        work: Sequence[tuple[Encoding, bool]],
-        deadline: float | None = None,
-        timing: RequestTiming | None = None,
-    ) -> list[asyncio.Future[np.ndarray]]:
-        """Queue sequences (with whether every token's state is wanted); all or none.
-
-        `timing`, when given, is filled in as the items' batches run.
-        """
-        if not self._has_room(len(work)):
-            raise PoolingError(
-                ErrorKind.RESOURCE_EXHAUSTED,
-                "QUEUE_FULL",
-                f"the queue of model {self.runner.info.name} is full "
-                f"({self.config.max_queued_items} items); retry later",
-                retry_after_s=1.0,
-            )
-        loop = asyncio.get_running_loop()
+    def enqueue(self, job: Job) -> None:
+        """Queue all of a job's sequences, or none (QUEUE_FULL). Safe from any thread."""
         now = time.monotonic()
-        if timing is not None:
-            timing.enqueued = now
+        job.timing.enqueued = now
         items = [
-            QueuedItem(enc, keep, loop.create_future(), deadline, now, timing=timing)
-            for enc, keep in work
+            QueuedItem(encoding, keep, job, index, now)
+            for index, (encoding, keep) in enumerate(job.work)
         ]
         with self._lock:
+            if not self._has_room(len(items)):
+                raise PoolingError(
+                    ErrorKind.RESOURCE_EXHAUSTED,
+                    "QUEUE_FULL",
+                    f"the queue of model {self.runner.info.name} is full "
+                    f"({self.config.max_queued_items} items); retry later",
+                    retry_after_s=1.0,
+                )
             self._pending.extend(items)
-            self._waiting += len(items)
             self._lock.notify_all()  # only some workers may take work now
-        for item in items:
-            item.future.add_done_callback(lambda _, item=item: self._uncount(item))
-        return [item.future for item in items]
 
-    def _drop_dead(self) -> list[QueuedItem]:
-        """Remove cancelled items and return those whose deadline has passed."""
+    def _drop_dead(self) -> list[Job]:
+        """Remove the items nobody waits for; fail and return the jobs past their deadline."""
         now = time.monotonic()
         alive, expired = [], []
         for item in self._pending:
-            if item.future.done():
+            job = item.job
+            if job.future.done():
                 self.stats.dropped_cancelled += 1
-            elif item.deadline is not None and now >= item.deadline:
+            elif job.deadline is not None and now >= job.deadline:
                 self.stats.dropped_expired += 1
-                expired.append(item)
+                if not job.failed:
+                    job.failed = True
+                    expired.append(job)
+            elif job.failed:  # another of its items failed
+                self.stats.dropped_cancelled += 1
             else:
                 alive.append(item)
         self._pending = alive
@@ -226,8 +239,6 @@ class BatchQueue:
             longest, real = max(longest, n), real + n
         taken = set(chosen)
         batch = [window[i] for i in sorted(taken)]
-        for item in batch:
-            self._uncount(item)
         rest_of_window = [item for i, item in enumerate(window) if i not in taken]
         self._pending = rest_of_window + self._pending[len(window) :]
         return batch
@@ -263,7 +274,7 @@ class BatchQueue:
                     alone = sum(self._busy) == 1
                     self._lock.notify_all()  # the next worker may now take a batch
             if expired:
-                self._call_in_loop(self._expire, expired)
+                self._call_in_loop(self._resolve, [(job, _expired()) for job in expired], None)
             if batch:
                 try:
                     self._run(batch, alone)
@@ -276,18 +287,6 @@ class BatchQueue:
         with contextlib.suppress(RuntimeError):  # the loop closed at shutdown: nobody waits
             self._loop.call_soon_threadsafe(callback, *args)
 
-    @staticmethod
-    def _expire(items: list[QueuedItem]) -> None:
-        for item in items:
-            if not item.future.done():
-                item.future.set_exception(
-                    PoolingError(
-                        ErrorKind.DEADLINE_EXCEEDED,
-                        "DEADLINE_EXCEEDED",
-                        "the deadline passed while the request was queued",
-                    )
-                )
-
     def _run(self, batch: list[QueuedItem], alone: bool) -> None:
         encodings = [item.encoding for item in batch]
         started = time.monotonic()
@@ -299,9 +298,6 @@ class BatchQueue:
             log.exception("forward pass failed for %d items", len(batch))
             error = exc
         finished = time.monotonic()
-        for item in batch:
-            if item.timing is not None:
-                item.timing.add_batch(started, finished)
         record = BatchRecord(
             len(batch),
             sum(len(e) for e in encodings),
@@ -310,21 +306,43 @@ class BatchQueue:
             finished - started,
             error,
         )
-        self._call_in_loop(self._deliver, batch, outputs, record)
+        completed: list[Job] = []
+        outcomes: list[tuple[Job, object]] = []
+        with self._lock:
+            for position, item in enumerate(batch):
+                job = item.job
+                job.timing.add_batch(started, finished)
+                if job.failed:
+                    continue
+                if outputs is None:
+                    job.failed = True
+                    outcomes.append((job, _forward_error(error)))
+                    continue
+                job.raws[item.index] = outputs[position]
+                job.remaining -= 1
+                if job.remaining == 0:
+                    completed.append(job)
+        for job in completed:  # heads and results, off the event loop
+            if job.future.done():
+                continue
+            try:
+                outcomes.append((job, job.finish(job.raws)))
+            except Exception as exc:
+                log.exception("finishing a request failed")
+                outcomes.append((job, exc))
+        self._call_in_loop(self._resolve, outcomes, record)
 
-    def _deliver(
-        self, batch: list[QueuedItem], outputs: list[np.ndarray] | None, record: BatchRecord
-    ) -> None:
-        """On the event loop: resolve the futures still waited for, update stats."""
-        if outputs is None:
-            failure = _forward_error(record.error)
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(failure)
-        else:
-            for item, output in zip(batch, outputs, strict=True):
-                if not item.future.done():
-                    item.future.set_result(output)
+    def _resolve(self, outcomes: list[tuple[Job, object]], record: BatchRecord | None) -> None:
+        """On the event loop: resolve the futures still waited for, then count the batch."""
+        for job, outcome in outcomes:
+            if job.future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                job.future.set_exception(outcome)
+            else:
+                job.future.set_result(outcome)
+        if record is None:
+            return
         self.stats.batches += 1
         self.stats.items_computed += record.size
         self.stats.tokens_computed += record.tokens
@@ -332,6 +350,14 @@ class BatchQueue:
         self.stats.failed_batches += record.error is not None
         for observe in self.observers:
             observe(self.runner.info.name, record)
+
+
+def _expired() -> PoolingError:
+    return PoolingError(
+        ErrorKind.DEADLINE_EXCEEDED,
+        "DEADLINE_EXCEEDED",
+        "the deadline passed while the request was queued",
+    )
 
 
 def _forward_error(exc: BaseException | None) -> PoolingError:

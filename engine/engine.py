@@ -1,22 +1,28 @@
 """The engine: served models, each with its tokenizer and batching queue.
 
-A request flows one way: resolve the model, validate, tokenize (off the event loop),
-queue the sequences, await their raw outputs, apply the heads.
+A request flows one way. On the event loop: resolve the model and validate. On a
+tokenizer thread: tokenize and queue the sequences. On a forward worker: run the batch and
+apply the heads of every request it completes. Back on the loop: one call per batch
+resolves the waiting futures. The loop never tokenizes and never touches an item.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 
-from engine.batch_queue import BatchConfig, BatchQueue, RequestTiming
+import numpy as np
+
+from engine.batch_queue import BatchConfig, BatchQueue, Job, RequestTiming
 from engine.loader import LoadedModel
 from engine.model_info import ModelInfo
 from engine.outputs import PoolResult
-from engine.plans import plan_request
+from engine.plans import Plan, plan_request
 from engine.request import PoolRequest
 from engine.validation import Limits, unknown_model, validate_request
 
@@ -58,7 +64,12 @@ class Engine:
         self._models = {model.info.name: model for model in models}
         self._default = models[0].info.name
         self._queues: dict[str, BatchQueue] = {}
-        self._tokenizer_pool = ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="tokenize")
+        # Requests to tokenize and queue; each thread has its own tokenizer (ModelTokenizer).
+        self._intake: SimpleQueue[_Intake | None] = SimpleQueue()
+        self._tokenizers = [
+            threading.Thread(target=self._tokenize_and_queue, name=f"tokenize-{k}", daemon=True)
+            for k in range(max(1, tokenizer_threads))
+        ]
 
     @property
     def model_infos(self) -> list[ModelInfo]:
@@ -73,10 +84,16 @@ class Engine:
             queue = BatchQueue(model.runner, self.batch_config)
             self._queues[name] = queue
             await queue.start()
+        for thread in self._tokenizers:
+            thread.start()
 
     async def stop(self) -> None:
+        for _ in self._tokenizers:
+            self._intake.put(None)
+        for thread in self._tokenizers:
+            if thread.is_alive():
+                await asyncio.to_thread(thread.join)
         await asyncio.gather(*(queue.stop() for queue in self._queues.values()))
-        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     def resolve(self, name: str) -> LoadedModel:
         model = self._models.get(name or self._default)
@@ -92,31 +109,37 @@ class Engine:
         timings = timings if timings is not None else Timings()
         model = self.resolve(request.model)
         validate_request(request, model.info, self.limits)
-        loop = asyncio.get_running_loop()
-        plan = await loop.run_in_executor(self._tokenizer_pool, plan_request, request, model)
-        tokenized = time.monotonic()
-        timings.tokenize_s = tokenized - started
-        futures = self._queues[model.info.name].submit(plan.work, deadline, timings.batches)
-        try:
-            raws = await asyncio.gather(*futures)
-        finally:
-            for future in futures:  # a caller that went away: drop what is still queued
-                future.cancel()
-        outputs = plan.finish(list(raws))
+        future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
+        self._intake.put(_Intake(request, model, deadline, timings, future, started))
+        result = await future  # a cancelled caller cancels the future: its items are dropped
         batches = timings.batches
         if batches.started is not None and batches.finished is not None:
             timings.queue_s = batches.started - batches.enqueued
             timings.inference_s = batches.finished - batches.started
         timings.total_s = time.monotonic() - started
-        return PoolResult(
-            request.request_id, model.info.name, request.task, plan.prompt_tokens, outputs
-        )
+        return result
+
+    def _tokenize_and_queue(self) -> None:
+        """A tokenizer thread: plan each request (tokenize, check lengths), queue its job."""
+        while (entry := self._intake.get()) is not None:
+            future = entry.future
+            if future.done():  # the caller went away while it waited here
+                continue
+            try:
+                request, model = entry.request, entry.model
+                plan = plan_request(request, model)
+                entry.timings.tokenize_s = time.monotonic() - entry.started
+                job = Job(plan.work, _finisher(request, model, plan), future, entry.deadline)
+                job.timing = entry.timings.batches
+                self._queues[model.info.name].enqueue(job)
+            except Exception as exc:  # the request's own error, or a bug: the caller hears it
+                with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                    future.get_loop().call_soon_threadsafe(_fail, future, exc)
 
     async def tokenize(
         self, model_name: str, texts: Sequence[str], add_special_tokens: bool = True
     ) -> tuple[ModelInfo, list[TokenizedText]]:
         model = self.resolve(model_name)
-        loop = asyncio.get_running_loop()
 
         def run() -> list[TokenizedText]:
             encodings = model.tokenizer.encode(texts, add_special_tokens=add_special_tokens)
@@ -125,4 +148,31 @@ class Engine:
                 for e in encodings
             ]
 
-        return model.info, await loop.run_in_executor(self._tokenizer_pool, run)
+        return model.info, await asyncio.to_thread(run)
+
+
+@dataclass(frozen=True, slots=True)
+class _Intake:
+    """A validated request on its way to a tokenizer thread."""
+
+    request: PoolRequest
+    model: LoadedModel
+    deadline: float | None
+    timings: Timings
+    future: asyncio.Future[PoolResult]
+    started: float
+
+
+def _finisher(request: PoolRequest, model: LoadedModel, plan: Plan) -> Callable[..., PoolResult]:
+    """Raw outputs to the request's result (heads included), run where the last batch ran."""
+    name, tokens = model.info.name, plan.prompt_tokens
+
+    def finish(raws: list[np.ndarray]) -> PoolResult:
+        return PoolResult(request.request_id, name, request.task, tokens, plan.finish(raws))
+
+    return finish
+
+
+def _fail(future: asyncio.Future[PoolResult], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -55,23 +55,27 @@ class ModelRunner:
         self.threads: ThreadShare | None = None  # None: leave torch's setting alone
 
     def collate(self, batch: Sequence[Encoding]) -> dict[str, torch.Tensor]:
-        """Right-pad to the longest sequence; pinned memory speeds the copy to a GPU."""
+        """Right-pad to the longest sequence; pinned memory speeds the copy to a GPU.
+
+        Rows are filled in numpy and wrapped without a copy: a tensor per row costs more
+        than the forward pass of a small model.
+        """
         longest = max(len(e) for e in batch)
-        ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        ids = np.full((len(batch), longest), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(batch), longest), dtype=np.int64)
         with_types = self.accepts_token_type_ids and all(
             e.token_type_ids is not None for e in batch
         )
-        types = torch.zeros((len(batch), longest), dtype=torch.long) if with_types else None
+        types = np.zeros((len(batch), longest), dtype=np.int64) if with_types else None
         for row, encoding in enumerate(batch):
             n = len(encoding)
-            ids[row, :n] = torch.tensor(encoding.input_ids, dtype=torch.long)
+            ids[row, :n] = encoding.input_ids
             mask[row, :n] = 1
             if types is not None:
-                types[row, :n] = torch.tensor(encoding.token_type_ids, dtype=torch.long)
-        inputs = {"input_ids": ids, "attention_mask": mask}
+                types[row, :n] = encoding.token_type_ids
+        inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
         if types is not None:
-            inputs["token_type_ids"] = types
+            inputs["token_type_ids"] = torch.from_numpy(types)
         if self.device.type == "cuda":
             return {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in inputs.items()}
         return inputs

@@ -86,7 +86,7 @@ def _encode(
         truncate=request.params.truncate_prompt_tokens,
         side=info.truncation_side,
     )
-    check_lengths(request, info, [(f"{path}[{i}]", len(e)) for i, e in enumerate(encodings)])
+    check_lengths(request, info, path, [len(e) for e in encodings])
     return [
         _Text(e, model.tokenizer.chunk(e) if len(e) > info.max_input_tokens else [e])
         for e in encodings

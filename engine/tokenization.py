@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerBase
 
 
@@ -16,7 +17,7 @@ class Encoding:
     input_ids: list[int]
     token_type_ids: list[int] | None
     offsets: list[tuple[int, int]]
-    special_mask: list[bool]
+    special_mask: list[int]  # 1 for special tokens, as the tokenizers library gives it
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -31,18 +32,40 @@ class Encoding:
 
 
 class ModelTokenizer:
-    """A model's tokenizer, safe to call from several threads.
+    """A model's tokenizer; each calling thread gets its own copy of the Rust tokenizer.
 
-    Hugging Face fast tokenizers keep truncation settings on the shared Rust object,
-    so each call sets them under a lock.
+    Truncation settings live on the Rust object, so a shared one would need a lock across
+    callers; per-thread copies need none, and each keeps the settings it last used.
+    Encodings come straight from the `tokenizers` library: transformers' batch wrapper
+    costs more Python per call than the tokenization of a short text itself.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, max_input_tokens: int) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError("the model needs a fast (Rust `tokenizers`) tokenizer")
         self._tokenizer = tokenizer
-        self._lock = threading.Lock()
+        self._source = backend.to_str()
+        self._local = threading.local()
         self.max_input_tokens = max_input_tokens
         self.uses_token_type_ids = "token_type_ids" in tokenizer.model_input_names
         self.pad_token_id = _pad_token_id(tokenizer)
+
+    def _backend(self, max_length: int | None, side: str) -> Tokenizer:
+        """This thread's tokenizer, set to truncate at `max_length` (None: never)."""
+        local = self._local
+        backend: Tokenizer | None = getattr(local, "backend", None)
+        if backend is None:
+            backend = Tokenizer.from_str(self._source)
+            backend.no_padding()
+            local.backend, local.truncation = backend, ()
+        if local.truncation != (max_length, side):
+            if max_length is None:
+                backend.no_truncation()
+            else:
+                backend.enable_truncation(max_length, strategy="longest_first", direction=side)
+            local.truncation = (max_length, side)
+        return backend
 
     def num_special_tokens(self, pair: bool = False) -> int:
         return self._tokenizer.num_special_tokens_to_add(pair=pair)
@@ -60,28 +83,13 @@ class ModelTokenizer:
         if not texts:
             return []
         max_length = self.max_input_tokens if truncate == -1 else truncate
-        with self._lock:
-            self._tokenizer.truncation_side = side
-            batch = self._tokenizer(
-                list(texts),
-                None if pairs is None else list(pairs),
-                add_special_tokens=add_special_tokens,
-                truncation="longest_first" if max_length is not None else False,
-                max_length=max_length,
-                return_offsets_mapping=True,
-                return_special_tokens_mask=True,
-                return_token_type_ids=self.uses_token_type_ids,
-                return_attention_mask=False,
-            )
-        type_ids = batch.get("token_type_ids") if self.uses_token_type_ids else None
+        backend = self._backend(max_length, side)
+        inputs = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
+        encoded = backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        types = self.uses_token_type_ids
         return [
-            Encoding(
-                list(batch["input_ids"][i]),
-                None if type_ids is None else list(type_ids[i]),
-                [tuple(span) for span in batch["offset_mapping"][i]],
-                [bool(flag) for flag in batch["special_tokens_mask"][i]],
-            )
-            for i in range(len(texts))
+            Encoding(e.ids, e.type_ids if types else None, e.offsets, e.special_tokens_mask)
+            for e in encoded
         ]
 
     def tokens(self, ids: Sequence[int]) -> list[str]:

@@ -190,27 +190,30 @@ def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
     )
 
 
-def check_lengths(request: PoolRequest, info: ModelInfo, inputs: Sequence[tuple[str, int]]) -> None:
+def check_lengths(request: PoolRequest, info: ModelInfo, path: str, counts: Sequence[int]) -> None:
     """Reject inputs over the model's maximum length, unless truncation or chunking applies.
 
-    `inputs` pairs each input's field path with its token count before truncation.
+    `counts` holds each input's token count before truncation; input i is `path[i]`.
     """
     if request.params.truncate_prompt_tokens is not None:
         return
     if info.chunks_long_input:
         return
-    violations = [
-        FieldViolation(
-            path,
-            f"has {count} tokens, more than the model's maximum of {info.max_input_tokens}; "
-            "shorten it or set params.truncate_prompt_tokens (-1 truncates to the maximum)",
-            "INPUT_TOO_LONG",
-        )
-        for path, count in inputs
-        if count > info.max_input_tokens
-    ]
-    if violations:
-        raise PoolingError.invalid(violations)
+    limit = info.max_input_tokens
+    if max(counts, default=0) <= limit:
+        return
+    raise PoolingError.invalid(
+        [
+            FieldViolation(
+                f"{path}[{i}]",
+                f"has {count} tokens, more than the model's maximum of {limit}; "
+                "shorten it or set params.truncate_prompt_tokens (-1 truncates to the maximum)",
+                "INPUT_TOO_LONG",
+            )
+            for i, count in enumerate(counts)
+            if count > limit
+        ]
+    )
 
 
 def validate_tokenize(texts: Sequence[str], limits: Limits) -> None:

@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     observe.add_argument(
         "--log-inputs", action="store_true", help="include input texts in request log lines"
     )
+    observe.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="log one line per request at INFO (default: only failed requests, and every "
+        "request at --log-level debug)",
+    )
 
     models = parser.add_argument_group("models")
     models.add_argument(
@@ -335,6 +341,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_keys=api_keys(args),
         otlp_endpoint=args.otlp_endpoint,
         log_inputs=args.log_inputs,
+        log_requests=args.log_requests,
     )
 
 

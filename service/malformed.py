@@ -1,87 +1,73 @@
-"""Requests whose bytes do not parse get INVALID_ARGUMENT, not grpcio's default INTERNAL.
+"""PoolingService registered with deserializers that never raise.
 
-grpcio answers a failed deserialization with INTERNAL ("Exception deserializing
-request"), which tells a client nothing and looks like a server bug. This interceptor
-makes deserialization total: a bad message becomes a marker that the handler rejects
-with INVALID_ARGUMENT and reason MALFORMED_REQUEST.
+grpcio answers a message that fails to deserialize with INTERNAL ("Exception
+deserializing request"), which tells a client nothing and looks like a server bug.
+Here each method's deserializer turns bad bytes into a `Malformed` marker instead, and
+the servicer answers it with INVALID_ARGUMENT and reason MALFORMED_REQUEST. The handlers
+are built once at startup, so a call pays nothing beyond its own parse (an interceptor
+would rebuild each call's handler).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from engine.errors import ErrorKind, PoolingError
-from service.errors import to_grpc_status
+from pooling_client.v1 import pooling_pb2 as pb
 
-SERVICE_PREFIX = "/pooling.v1.PoolingService/"
+SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Malformed:
     problem: str
 
+    def error(self) -> PoolingError:
+        return PoolingError(
+            ErrorKind.INVALID_ARGUMENT,
+            "MALFORMED_REQUEST",
+            f"the request message could not be parsed as protobuf: {self.problem}",
+        )
 
-def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
+
+def tolerant(message_class: type[Message]) -> Callable[[bytes], Message | Malformed]:
+    parse = message_class.FromString
+
+    def deserialize(data: bytes) -> Message | Malformed:
         try:
-            return deserialize(data) if deserialize else data
+            return parse(data)
         except Exception as exc:  # any parse failure is the client's
             return Malformed(str(exc) or type(exc).__name__)
 
-    return parse
+    return deserialize
 
 
-async def _reject(context: grpc.aio.ServicerContext, bad: Malformed) -> None:
-    error = PoolingError(
-        ErrorKind.INVALID_ARGUMENT,
-        "MALFORMED_REQUEST",
-        f"the request message could not be parsed as protobuf: {bad.problem}",
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
+    """Register every method of the service's descriptor on `servicer`'s same-named method."""
+    handlers = {}
+    for method in SERVICE.methods:
+        request_class = getattr(pb, method.input_type.name)
+        response_class = getattr(pb, method.output_type.name)
+        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=tolerant(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
     )
-    await context.abort_with_status(to_grpc_status(error))
-
-
-def _checked_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    parse = _tolerant(handler.request_deserializer)
-    serialize = handler.response_serializer
-    if handler.unary_unary:
-        inner = handler.unary_unary
-
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, Malformed):
-                await _reject(context, request)
-            return await inner(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, parse, serialize)
-    if handler.stream_stream:
-        inner_stream = handler.stream_stream
-
-        async def stream_stream(
-            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
-        ) -> AsyncIterator[Any]:
-            async def checked() -> AsyncIterator[Any]:
-                async for request in requests:
-                    if isinstance(request, Malformed):
-                        await _reject(context, request)
-                    yield request
-
-            async for response in inner_stream(checked(), context):
-                yield response
-
-        return grpc.stream_stream_rpc_method_handler(stream_stream, parse, serialize)
-    return handler  # PoolingService has no other shapes
-
-
-class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or not (handler_call_details.method or "").startswith(SERVICE_PREFIX):
-            return handler
-        return _checked_handler(handler)
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -39,6 +40,34 @@ class _EngineCollector(Collector):
             dropped.add_metric([name, "expired"], queue.stats.dropped_expired)
         loaded.add_metric([], len(queues))
         yield from (depth, dropped, loaded)
+
+
+class _ByLabel(dict[str, Any]):
+    """A metric's children for one model, by their other label, made on first use."""
+
+    def __init__(self, make: Callable[[str], Any]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, label: str) -> Any:
+        child = self[label] = self._make(label)
+        return child
+
+
+class _ModelChildren:
+    """Every labelled series of one model."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.request_seconds = _ByLabel(lambda rpc: metrics.request_seconds.labels(rpc, model))
+        self.items = _ByLabel(lambda task: metrics.items.labels(model, task))
+        self.tokens = _ByLabel(lambda task: metrics.tokens.labels(model, task))
+        self.tokenize_seconds = metrics.tokenize_seconds.labels(model)
+        self.queue_seconds = metrics.queue_seconds.labels(model)
+        self.inference_seconds = metrics.inference_seconds.labels(model)
+        self.batch_size = metrics.batch_size.labels(model)
+        self.batch_tokens = metrics.batch_tokens.labels(model)
+        self.real_tokens = metrics.real_tokens.labels(model)
+        self.padded_tokens = metrics.padded_tokens.labels(model)
 
 
 class Metrics:
@@ -107,6 +136,8 @@ class Metrics:
         self.failed_batches = Counter(
             "pooling_failed_batches", "Batches whose forward pass failed", ["model"], registry=r
         )
+        self._requests: dict[tuple[str, str, str, str], Any] = {}
+        self._by_model: dict[str, _ModelChildren] = {}
         self._engine_collector = _EngineCollector()
         r.register(self._engine_collector)
 
@@ -116,13 +147,16 @@ class Metrics:
             queue.observers.append(self.observe_batch)
 
     def observe_batch(self, model: str, record: BatchRecord) -> None:
-        self.batch_size.labels(model).observe(record.size)
-        self.batch_tokens.labels(model).observe(record.padded_tokens)
-        self.real_tokens.labels(model).inc(record.tokens)
-        self.padded_tokens.labels(model).inc(record.padded_tokens)
-        self.inference_seconds.labels(model).observe(record.forward_s)
+        """Once per batch, on the event loop: the batch's figures and each item's wait."""
+        c = self._children(model)
+        c.batch_size.observe(record.size)
+        c.batch_tokens.observe(record.padded_tokens)
+        c.real_tokens.inc(record.tokens)
+        c.padded_tokens.inc(record.padded_tokens)
+        c.inference_seconds.observe(record.forward_s)
+        observe_wait = c.queue_seconds.observe
         for wait in record.queue_wait_s:
-            self.queue_seconds.labels(model).observe(wait)
+            observe_wait(wait)
         if record.error is not None:
             self.failed_batches.labels(model).inc()
 
@@ -136,12 +170,24 @@ class Metrics:
         items: int = 0,
         tokens: int = 0,
     ) -> None:
-        self.requests.labels(rpc, task, model, code).inc()
-        self.request_seconds.labels(rpc, model).observe(timings.total_s)
+        key = (rpc, task, model, code)
+        count = self._requests.get(key)
+        if count is None:  # label sets are few (RPCs x tasks x served models x codes)
+            count = self._requests[key] = self.requests.labels(*key)
+        count.inc()
+        c = self._children(model)
+        c.request_seconds[rpc].observe(timings.total_s)
         if code == "OK":
-            self.items.labels(model, task).inc(items)
-            self.tokens.labels(model, task).inc(tokens)
-            self.tokenize_seconds.labels(model).observe(timings.tokenize_s)
+            c.items[task].inc(items)
+            c.tokens[task].inc(tokens)
+            c.tokenize_seconds.observe(timings.tokenize_s)
+
+    def _children(self, model: str) -> _ModelChildren:
+        """A model's labelled series, looked up once: `labels()` costs a lock and a hash."""
+        children = self._by_model.get(model)
+        if children is None:
+            children = self._by_model[model] = _ModelChildren(self, model)
+        return children
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

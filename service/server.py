@@ -20,10 +20,10 @@ from engine.engine import Engine
 from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, resolve_dtype
 from engine.model_runner import ThreadShare
 from engine.validation import Limits
-from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+from pooling_client.v1 import pooling_pb2
 from service.auth import BearerTokenInterceptor
 from service.health import HealthServicer
-from service.malformed import MalformedRequestInterceptor
+from service.malformed import add_pooling_service
 from service.metrics import Metrics
 from service.servicer import PoolingServicer
 from service.telemetry import Telemetry
@@ -59,6 +59,7 @@ class ServerConfig:
     api_keys: Sequence[str] = ()
     otlp_endpoint: str | None = None
     log_inputs: bool = False
+    log_requests: bool = False
 
 
 def _cores(config: ServerConfig) -> int:
@@ -135,19 +136,19 @@ class PoolingServer:
             self.metrics,
             tracer_provider or make_tracer_provider(config.otlp_endpoint),
             config.log_inputs,
+            config.log_requests,
         )
         self.servicer = PoolingServicer(telemetry, config.max_stream_inflight)
         self.health = HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if config.api_keys:
             interceptors.append(BearerTokenInterceptor(config.api_keys))
-        interceptors.append(MalformedRequestInterceptor())
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=config.transport.options(config.max_message_bytes),
             compression=grpc.Compression.Gzip if config.transport.gzip_responses else None,
         )
-        pooling_pb2_grpc.add_PoolingServiceServicer_to_server(self.servicer, self.server)
+        add_pooling_service(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server

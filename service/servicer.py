@@ -17,6 +17,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service import convert
 from service.errors import GRPC_CODES, internal_error, to_grpc_status, to_status_proto, unavailable
+from service.malformed import Malformed
 from service.stream_limit import InflightLimit
 from service.telemetry import RequestRecord, Telemetry
 
@@ -43,13 +44,13 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         self, request: pb.PoolRequest, record: RequestRecord, deadline: float | None
     ) -> pb.PoolResponse:
         """Run one request; every failure comes out as a PoolingError."""
-        code, reason, items, tokens = "OK", "", 0, 0
+        code, reason, items, tokens, model = "OK", "", 0, 0, ""
         try:
             engine = self._ready_engine()
             result = await engine.pool(
                 convert.request_from_proto(request), deadline=deadline, timings=record.timings
             )
-            items, tokens = len(result.outputs), result.prompt_tokens
+            items, tokens, model = len(result.outputs), result.prompt_tokens, result.model
             return convert.response_to_proto(result)
         except PoolingError as error:
             code, reason = GRPC_CODES[error.kind].name, error.reason
@@ -62,7 +63,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             log.exception("request %r failed", request.request_id)
             raise internal_error() from exc
         finally:
-            record.finish(code, self._model_label(request.model), items, tokens, reason)
+            record.finish(code, model or self._model_label(request.model), items, tokens, reason)
 
     def _model_label(self, name: str) -> str:
         """The served name; unknown names share one label so clients cannot grow the series."""
@@ -74,20 +75,22 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             return "unknown"
 
     async def Pool(
-        self, request: pb.PoolRequest, context: grpc.aio.ServicerContext
+        self, request: pb.PoolRequest | Malformed, context: grpc.aio.ServicerContext
     ) -> pb.PoolResponse:
-        record = self.telemetry.begin("Pool", request, context.invocation_metadata() or ())
         try:
+            if type(request) is Malformed:
+                raise request.error()
+            record = self.telemetry.begin("Pool", request, context)
             response = await self._pool(request, record, _deadline(context))
-            context.set_trailing_metadata(record.trailing_metadata(response.usage.prompt_tokens))
-            return response
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise  # unreachable: abort raises
+        context.set_trailing_metadata(record.trailing_metadata(response.usage.prompt_tokens))
+        return response
 
     async def PoolStream(
         self,
-        request_iterator: AsyncIterator[pb.PoolStreamRequest],
+        request_iterator: AsyncIterator[pb.PoolStreamRequest | Malformed],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.PoolStreamResponse]:
         """Requests run concurrently; each response is sent as soon as it is ready.
@@ -101,10 +104,8 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         seen: set[str] = set()
         running: set[asyncio.Task[None]] = set()
 
-        metadata = context.invocation_metadata() or ()
-
         async def run(request: pb.PoolRequest, weight: int) -> None:
-            record = self.telemetry.begin("PoolStream", request, metadata)
+            record = self.telemetry.begin("PoolStream", request, context)
             try:
                 response = pb.PoolStreamResponse(
                     request_id=request.request_id,
@@ -118,6 +119,8 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
 
         async def read() -> None:
             async for message in request_iterator:
+                if type(message) is Malformed:
+                    raise message.error()
                 request = message.request
                 weight = _weight(request)
                 await limit.acquire(weight)
@@ -138,6 +141,9 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         try:
             while True:
                 if reader.done():
+                    failed = reader.exception()  # a bad message ends the stream
+                    if isinstance(failed, PoolingError):
+                        await context.abort_with_status(to_grpc_status(failed))
                     reader.result()  # re-raise a failed read; otherwise drain what is left
                     item = await done.get()
                 else:
@@ -158,9 +164,11 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
                 task.cancel()
 
     async def ListModels(
-        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListModelsRequest | Malformed, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsResponse:
         try:
+            if type(request) is Malformed:
+                raise request.error()
             engine = self._ready_engine()
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
@@ -172,9 +180,11 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         )
 
     async def Tokenize(
-        self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext
+        self, request: pb.TokenizeRequest | Malformed, context: grpc.aio.ServicerContext
     ) -> pb.TokenizeResponse:
         try:
+            if type(request) is Malformed:
+                raise request.error()
             engine = self._ready_engine()
             validate_tokenize(list(request.texts), engine.limits)
             add_special = (

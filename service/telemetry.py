@@ -1,12 +1,13 @@
-"""Per-request observation: one span, one log line, the metrics, and the timing trailers."""
+"""Per-request observation: metrics and timing trailers always; a span and a log line when asked."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
+import grpc
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from engine.engine import Timings
@@ -22,32 +23,48 @@ def _epoch_ns(monotonic: float) -> int:
 
 
 class RequestRecord:
-    """Opened when a request arrives, closed once with its outcome."""
+    """Opened when a request arrives, closed once with its outcome.
+
+    Metrics and trailers are paid by every request; a span only when tracing is
+    configured, and a log line only for failures or when request logging is on.
+    """
+
+    __slots__ = ("context", "request", "rpc", "span", "started", "task", "telemetry", "timings")
 
     def __init__(
         self,
         telemetry: Telemetry,
         rpc: str,
         request: pb.PoolRequest,
-        metadata: Sequence[tuple[str, str | bytes]],
+        context: grpc.aio.ServicerContext,
     ) -> None:
         self.telemetry = telemetry
+        self.context = context
         self.rpc = rpc
         self.request = request
         self.task = request.WhichOneof("input") or "none"
         self.timings = Timings()
         self.started = time.monotonic()
-        carrier = {key: value for key, value in metadata if isinstance(value, str)}
-        self.span = telemetry.tracer.start_span(
-            f"pooling.v1.PoolingService/{rpc}",
-            context=propagate.extract(carrier),
+        self.span: trace.Span | None = None
+        if telemetry.tracer is not None:
+            self.span = self._start_span(telemetry.tracer)
+
+    def _caller_trace(self) -> Context:
+        """The caller's trace context, from W3C `traceparent` metadata."""
+        metadata = self.context.invocation_metadata() or ()
+        return propagate.extract({k: v for k, v in metadata if isinstance(v, str)})
+
+    def _start_span(self, tracer: trace.Tracer) -> trace.Span:
+        return tracer.start_span(
+            f"pooling.v1.PoolingService/{self.rpc}",
+            context=self._caller_trace(),
             kind=SpanKind.SERVER,
             attributes={
                 "rpc.system": "grpc",
                 "rpc.service": "pooling.v1.PoolingService",
-                "rpc.method": rpc,
+                "rpc.method": self.rpc,
                 "pooling.task": self.task,
-                "pooling.request_id": request.request_id,
+                "pooling.request_id": self.request.request_id,
             },
         )
 
@@ -67,15 +84,27 @@ class RequestRecord:
     ) -> None:
         t = self.timings
         t.total_s = time.monotonic() - self.started
-        self.telemetry.metrics.observe_request(self.rpc, self.task, model, code, t, items, tokens)
-        self._child_spans()
-        self.span.set_attributes(
+        telemetry = self.telemetry
+        telemetry.metrics.observe_request(self.rpc, self.task, model, code, t, items, tokens)
+        if self.span is not None:
+            self._end_span(self.span, code, model, items, tokens, reason)
+        if code != "OK" or request_log.isEnabledFor(telemetry.request_log_level):
+            self._log(code, model, items, tokens, reason)
+
+    def _end_span(
+        self, span: trace.Span, code: str, model: str, items: int, tokens: int, reason: str
+    ) -> None:
+        self._child_spans(span)
+        span.set_attributes(
             {"pooling.model": model, "pooling.items": items, "pooling.prompt_tokens": tokens}
         )
-        self.span.set_attribute("rpc.grpc.status_code", code)
+        span.set_attribute("rpc.grpc.status_code", code)
         if code != "OK":
-            self.span.set_status(Status(StatusCode.ERROR, reason or code))
-        self.span.end()
+            span.set_status(Status(StatusCode.ERROR, reason or code))
+        span.end()
+
+    def _log(self, code: str, model: str, items: int, tokens: int, reason: str) -> None:
+        t = self.timings
         fields = {
             "request_id": self.request.request_id,
             "rpc": self.rpc,
@@ -89,8 +118,10 @@ class RequestRecord:
             "tokenize_ms": round(1000 * t.tokenize_s, 3),
             "queue_ms": round(1000 * t.queue_s, 3),
             "inference_ms": round(1000 * t.inference_s, 3),
-            "trace_id": format(self.span.get_span_context().trace_id, "032x"),
         }
+        # Without tracing, the caller's trace id still ties the line to its trace.
+        span = self.span or trace.get_current_span(self._caller_trace())
+        fields["trace_id"] = format(span.get_span_context().trace_id, "032x")
         if self.telemetry.log_inputs:
             case = self.request.WhichOneof("input")
             if case == "score":
@@ -98,39 +129,52 @@ class RequestRecord:
                 fields["text_2"] = list(self.request.score.text_2)
             elif case:
                 fields["texts"] = list(getattr(self.request, case).texts)
-        request_log.info("request", extra={FIELDS_ATTR: fields})
+        level = logging.INFO if code != "OK" else self.telemetry.request_log_level
+        request_log.log(level, "request", extra={FIELDS_ATTR: fields})
 
-    def _child_spans(self) -> None:
+    def _child_spans(self, span: trace.Span) -> None:
         batches = self.timings.batches
-        if batches.started is None or batches.finished is None:
+        tracer = self.telemetry.tracer
+        if batches.started is None or batches.finished is None or tracer is None:
             return
-        parent = trace.set_span_in_context(self.span)
+        parent = trace.set_span_in_context(span)
         for name, start, end in (
             ("tokenize", self.started, self.started + self.timings.tokenize_s),
             ("queue", batches.enqueued, batches.started),
             ("forward", batches.started, batches.finished),
         ):
-            span = self.telemetry.tracer.start_span(
-                name, context=parent, start_time=_epoch_ns(start)
-            )
-            span.end(end_time=_epoch_ns(end))
+            child = tracer.start_span(name, context=parent, start_time=_epoch_ns(start))
+            child.end(end_time=_epoch_ns(end))
 
 
 class Telemetry:
+    """What every request records, and what only some do.
+
+    `tracer` is None unless a real tracer provider is configured, so no span object is
+    built per request by default. Successful requests are logged at INFO with
+    `log_requests`, else at DEBUG (written only with --log-level debug); failures always.
+    """
+
     def __init__(
         self,
         metrics: Metrics,
         tracer_provider: trace.TracerProvider | None = None,
         log_inputs: bool = False,
+        log_requests: bool = False,
     ) -> None:
         self.metrics = metrics
-        self.tracer = trace.get_tracer("pooling.service", tracer_provider=tracer_provider)
+        self.tracer: trace.Tracer | None = None
+        if tracer_provider is not None and not isinstance(
+            tracer_provider, trace.NoOpTracerProvider
+        ):
+            self.tracer = tracer_provider.get_tracer("pooling.service")
         self.log_inputs = log_inputs
+        self.request_log_level = logging.INFO if log_requests else logging.DEBUG
 
     def begin(
-        self, rpc: str, request: pb.PoolRequest, metadata: Sequence[tuple[str, str | bytes]]
+        self, rpc: str, request: pb.PoolRequest, context: grpc.aio.ServicerContext
     ) -> RequestRecord:
-        return RequestRecord(self, rpc, request, metadata)
+        return RequestRecord(self, rpc, request, context)
 
 
 def tracer_provider(otlp_endpoint: str | None) -> trace.TracerProvider:

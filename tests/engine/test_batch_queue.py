@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch_queue import BatchConfig, BatchQueue, BatchRecord
+from engine.batch_queue import BatchConfig, BatchQueue, BatchRecord, Job
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
 from engine.loader import LoadedModel, ModelSpec, load_model
@@ -168,6 +168,15 @@ def run_queue(
             await queue.stop()
 
     return asyncio.run(main())
+
+
+def submit(queue: BatchQueue, encodings: Sequence[Encoding]) -> list[asyncio.Future[Any]]:
+    """Queue each encoding as its own job; each future resolves to that sequence's raw output."""
+    loop = asyncio.get_running_loop()
+    jobs = [Job([(e, False)], lambda raws: raws[0], loop.create_future()) for e in encodings]
+    for job in jobs:
+        queue.enqueue(job)
+    return [job.future for job in jobs]
 
 
 def embed(*texts: str, model: str = "tiny-bert", **params: Any) -> PoolRequest:
@@ -467,11 +476,11 @@ def test_cancelled_items_do_not_take_up_the_queue_bound(bert: LoadedModel) -> No
     runner = ControlledRunner(bert.runner, hold_first=True)
 
     async def body(queue: BatchQueue) -> None:
-        first = queue.submit([(of_length(bert, 5), False)])
+        first = submit(queue, [of_length(bert, 5)])
         await runner.entered(1)
-        for future in queue.submit([(of_length(bert, 5), False) for _ in range(4)]):
+        for future in submit(queue, [of_length(bert, 5) for _ in range(4)]):
             future.cancel()  # e.g. their clients timed out
-        live = queue.submit([(of_length(bert, 5), False)])  # abandoned work is not counted
+        live = submit(queue, [of_length(bert, 5)])  # abandoned work is not counted
         await asyncio.sleep(0)  # done-callbacks run on the next loop iteration
         assert queue.depth == 1
         runner.open()
@@ -561,15 +570,15 @@ def test_long_text_is_not_starved_by_a_stream_of_short_ones(bert: LoadedModel) -
     short, long = 6, 100  # a long text can never share a batch with short ones (density)
 
     async def body(queue: BatchQueue) -> int:
-        futures = queue.submit([(of_length(bert, short), False)])  # batch 1, held
+        futures = submit(queue, [of_length(bert, short)])  # batch 1, held
         await runner.entered(1)
-        futures += queue.submit([(of_length(bert, short), False) for _ in range(ahead)])
+        futures += submit(queue, [of_length(bert, short) for _ in range(ahead)])
         long_encoding = of_length(bert, long)
-        [long_future] = queue.submit([(long_encoding, False)])
+        [long_future] = submit(queue, [long_encoding])
         queued_at = len(runner.batches)
         for batch_number in range(2, 30):
             # Short texts keep arriving while each batch runs.
-            futures += queue.submit([(of_length(bert, short), False) for _ in range(3)])
+            futures += submit(queue, [of_length(bert, short) for _ in range(3)])
             runner.step()
             await runner.entered(batch_number)
             if any(e is long_encoding for e in runner.batches[-1]):
@@ -594,9 +603,9 @@ def _burst_of_lengths(
 
     async def body(queue: BatchQueue) -> None:
         queue.observers.append(lambda name, record: records.append(record))
-        first = queue.submit([(of_length(bert, 10), False)])
+        first = submit(queue, [of_length(bert, 10)])
         await runner.entered(1)
-        futures = queue.submit([(of_length(bert, n), False) for n in lengths])
+        futures = submit(queue, [of_length(bert, n) for n in lengths])
         runner.open()
         outputs = await asyncio.gather(*first, *futures)
         assert all(o.shape == (bert.info.hidden_size,) for o in outputs)

@@ -203,7 +203,7 @@ def json_server(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     process = start_server(
-        [*tiny_bert_args(model_folders), "--log-format", "json"],
+        [*tiny_bert_args(model_folders), "--log-format", "json", "--log-requests"],
         tmp_path_factory.mktemp("json-logs"),
         "json",
     )
@@ -216,7 +216,7 @@ def json_inputs_server(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     process = start_server(
-        [*tiny_bert_args(model_folders), "--log-format", "json", "--log-inputs"],
+        [*tiny_bert_args(model_folders), "--log-format", "json", "--log-inputs", "--log-requests"],
         tmp_path_factory.mktemp("json-input-logs"),
         "json-inputs",
     )
