@@ -169,25 +169,34 @@ class BatchQueue:
         for worker in self._workers:
             await asyncio.to_thread(worker.join)
 
-    def enqueue(self, job: Job) -> None:
-        """Queue all of a job's sequences, or none (QUEUE_FULL). Safe from any thread."""
+    def enqueue(self, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
+        """Queue each job's sequences, all or none; returns the jobs refused as QUEUE_FULL.
+
+        Safe from any thread; one call takes the lock and wakes the workers once.
+        """
         now = time.monotonic()
-        job.timing.enqueued = now
-        items = [
-            QueuedItem(encoding, keep, job, index, now)
-            for index, (encoding, keep) in enumerate(job.work)
-        ]
+        refused: list[tuple[Job, PoolingError]] = []
         with self._lock:
-            if not self._has_room(len(items)):
-                raise PoolingError(
-                    ErrorKind.RESOURCE_EXHAUSTED,
-                    "QUEUE_FULL",
-                    f"the queue of model {self.runner.info.name} is full "
-                    f"({self.config.max_queued_items} items); retry later",
-                    retry_after_s=1.0,
+            for job in jobs:
+                if not self._has_room(len(job.work)):
+                    refused.append((job, self._full()))
+                    continue
+                job.timing.enqueued = now
+                self._pending.extend(
+                    QueuedItem(encoding, keep, job, index, now)
+                    for index, (encoding, keep) in enumerate(job.work)
                 )
-            self._pending.extend(items)
             self._lock.notify_all()  # only some workers may take work now
+        return refused
+
+    def _full(self) -> PoolingError:
+        return PoolingError(
+            ErrorKind.RESOURCE_EXHAUSTED,
+            "QUEUE_FULL",
+            f"the queue of model {self.runner.info.name} is full "
+            f"({self.config.max_queued_items} items); retry later",
+            retry_after_s=1.0,
+        )
 
     def _drop_dead(self) -> list[Job]:
         """Remove the items nobody waits for; fail and return the jobs past their deadline."""
@@ -246,8 +255,10 @@ class BatchQueue:
     def _work(self, index: int) -> None:
         """A worker thread: warm up, then take a batch, run it, hand the results to the loop.
 
-        Worker k takes a batch only while workers 0..k-1 are all busy, so a lone request
-        always meets worker 0, whose forward pass may then use every core.
+        Worker k > 0 takes a batch only while workers 0..k-1 are all busy and a full batch
+        is waiting: a pass has a fixed cost, so small batches side by side waste it, while
+        a backlog is worth a second pass. A lone request always meets worker 0, and a pass
+        with nothing beside it and nothing waiting may use every core (see ThreadShare).
         """
         try:
             if index:  # one at a time, in order, as each would run
@@ -259,9 +270,7 @@ class BatchQueue:
         self._warmed[index].set_result(None)
         while True:
             with self._lock:
-                self._lock.wait_for(
-                    lambda: self._stopping or (self._pending and all(self._busy[:index]))
-                )
+                self._lock.wait_for(lambda: self._stopping or self._may_take(index))
                 if self._stopping:
                     return
             if self.config.batch_wait_s and len(self._pending) < self.config.max_batch_size:
@@ -271,7 +280,7 @@ class BatchQueue:
                 batch = self._take_batch()
                 if batch:
                     self._busy[index] = True
-                    alone = sum(self._busy) == 1
+                    alone = sum(self._busy) == 1 and not self._pending
                     self._lock.notify_all()  # the next worker may now take a batch
             if expired:
                 self._call_in_loop(self._resolve, [(job, _expired()) for job in expired], None)
@@ -281,6 +290,13 @@ class BatchQueue:
                 finally:
                     with self._lock:
                         self._busy[index] = False
+
+    def _may_take(self, index: int) -> bool:
+        if not self._pending:
+            return False
+        if index == 0:
+            return True
+        return all(self._busy[:index]) and len(self._pending) >= self.config.max_batch_size
 
     def _call_in_loop(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from engine.outputs import PoolResult
 from engine.plans import Plan, plan_request
 from engine.request import PoolRequest
 from engine.validation import Limits, unknown_model, validate_request
+
+# Requests one tokenizer thread takes at once: enough to queue a batch with one wake-up.
+INTAKE_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -120,21 +123,42 @@ class Engine:
         return result
 
     def _tokenize_and_queue(self) -> None:
-        """A tokenizer thread: plan each request (tokenize, check lengths), queue its job."""
-        while (entry := self._intake.get()) is not None:
-            future = entry.future
-            if future.done():  # the caller went away while it waited here
-                continue
-            try:
-                request, model = entry.request, entry.model
-                plan = plan_request(request, model)
-                entry.timings.tokenize_s = time.monotonic() - entry.started
-                job = Job(plan.work, _finisher(request, model, plan), future, entry.deadline)
-                job.timing = entry.timings.batches
-                self._queues[model.info.name].enqueue(job)
-            except Exception as exc:  # the request's own error, or a bug: the caller hears it
+        """A tokenizer thread: take every request waiting, plan each (tokenize, check
+        lengths), then queue the jobs with one lock and one wake-up per model."""
+        while True:
+            entries = self._take_intake()
+            jobs: dict[str, list[Job]] = {}
+            failed: list[tuple[Job | _Intake, BaseException]] = []
+            for entry in entries:
+                if entry is None or entry.future.done():  # stopping, or the caller went away
+                    continue
+                try:
+                    request, model = entry.request, entry.model
+                    plan = plan_request(request, model)
+                    entry.timings.tokenize_s = time.monotonic() - entry.started
+                    job = Job(plan.work, _finisher(request, model, plan), entry.future)
+                    job.deadline, job.timing = entry.deadline, entry.timings.batches
+                    jobs.setdefault(model.info.name, []).append(job)
+                except Exception as exc:  # the request's own error, or a bug: the caller hears it
+                    failed.append((entry, exc))
+            for name, queued in jobs.items():
+                failed += self._queues[name].enqueue(queued)
+            if failed:
+                loop = failed[0][0].future.get_loop()
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
-                    future.get_loop().call_soon_threadsafe(_fail, future, exc)
+                    loop.call_soon_threadsafe(_fail, failed)
+            if None in entries:
+                return
+
+    def _take_intake(self) -> list[_Intake | None]:
+        """Block for one request, then take the others already waiting (up to a bound)."""
+        entries = [self._intake.get()]
+        while entries[-1] is not None and len(entries) < INTAKE_BATCH:
+            try:
+                entries.append(self._intake.get_nowait())
+            except Empty:
+                break
+        return entries
 
     async def tokenize(
         self, model_name: str, texts: Sequence[str], add_special_tokens: bool = True
@@ -173,6 +197,7 @@ def _finisher(request: PoolRequest, model: LoadedModel, plan: Plan) -> Callable[
     return finish
 
 
-def _fail(future: asyncio.Future[PoolResult], error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+def _fail(failed: list[tuple[Job | _Intake, BaseException]]) -> None:
+    for holder, error in failed:
+        if not holder.future.done():
+            holder.future.set_exception(error)

