@@ -1,0 +1,762 @@
+"""The per-request path: quiet by default, observable on request, exact under load.
+
+By default a request creates no span and writes no log line; `--log-requests` brings one
+JSON line per request back, and a configured tracer (or `--otlp-endpoint`) brings the
+spans back. Server-side failures are logged either way. A burst of 2,000 concurrent calls
+leaves the Prometheus counters exact, malformed bytes are rejected on every method of the
+service, and answers computed in a burst equal the same requests sent one by one.
+
+Real servers on real ports serve the small fixture models; one more model ("broken")
+has a vocabulary smaller than its tokenizer's, so a text with a rare word fails in the
+forward pass: a genuine INTERNAL error, without patching the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
+from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from engine.loader import ModelSpec
+from pooling_client.v1 import pooling_pb2 as pb
+from pooling_client.v1 import pooling_pb2_grpc
+from service.server import PoolingServer, ServerConfig
+from tests.conftest import Served, server_args
+from tests.fixture_models import MINILM
+from tests.metrics_endpoint import metric_sum, scrape
+from tests.rpc_errors import decode_rpc_error
+from tests.server_process import ServerProcess, free_port, start_server
+
+pytestmark = pytest.mark.timeout(240)
+
+Stub = pooling_pb2_grpc.PoolingServiceStub
+SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
+REQUEST_LOGGER = "pooling.requests"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
+TRACEPARENT = ("traceparent", f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01")
+ATOL = 1e-5
+SENTENCE = (
+    "the quick brown fox jumps over a lazy dog near the river bank while small birds sing "
+    "in tall green trees and an old man reads his newspaper on a wooden bench"
+)
+WORDS = SENTENCE.split(" ")
+# "warm up" (the loader's warm-up text) is [101, 4010, 2039, 102]: a vocabulary of 4011
+# ids serves it, while "zebra" (29145) indexes past the embedding table.
+BROKEN_VOCAB = 4011
+BREAKS_THE_MODEL = "zebra"
+
+
+def tiny_model_args(folders: dict[str, Path]) -> list[str]:
+    bert = str(folders["tiny-bert"])
+    models = [
+        Served("tiny-bert", bert),
+        Served("tiny-matryoshka", bert, hf_overrides={"is_matryoshka": True}),
+        Served("tiny-classifier", str(folders["tiny-classifier"])),
+        Served("tiny-cross-encoder", str(folders["tiny-cross-encoder"])),
+        Served("tiny-ner", str(folders["tiny-ner"])),
+        Served("broken", str(folders["broken"])),
+    ]
+    return [*server_args(models), "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def folders(
+    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("broken")
+    config = BertConfig(
+        vocab_size=BROKEN_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
+    return {**model_folders, "broken": folder}
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------
+
+
+def text_request(
+    case: str, rid: str, texts: Sequence[str], model: str = "tiny-bert", **params: Any
+) -> pb.PoolRequest:
+    return pb.PoolRequest(
+        request_id=rid,
+        model=model,
+        params=pb.PoolingParams(**params),
+        **{case: pb.TextInput(texts=texts)},
+    )
+
+
+def phrase(i: int, k: int = 0) -> str:
+    """A different text for every (i, k), of 2 to 31 words."""
+    start = (i * 5 + k * 11) % len(WORDS)
+    length = 2 + (i * 7 + k * 3) % 30
+    words = [WORDS[(start + n) % len(WORDS)] for n in range(length)]
+    return f"text {i}.{k}: " + " ".join(words)
+
+
+@dataclass
+class Log:
+    """A server's JSON log, read as whole lines from a byte offset."""
+
+    server: ServerProcess
+
+    def _complete(self) -> bytes:
+        data = self.server.log_path.read_bytes()
+        return data[: data.rfind(b"\n") + 1]
+
+    def end(self) -> int:
+        return len(self._complete())
+
+    def lines(self, start: int = 0, end: int | None = None) -> list[dict[str, Any]]:
+        data = self._complete()[start:end]
+        return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def fail_in_forward(stub: Stub, rid: str) -> None:
+    request = text_request("embed", rid, [f"a {BREAKS_THE_MODEL} breaks it"], model="broken")
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Pool(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+
+
+def flush_log(log: Log, stub: Stub, rid: str) -> tuple[int, int]:
+    """Fail a request in the forward pass and wait for the error it logs.
+
+    The server logs through one FIFO queue, so once that error is written everything
+    logged before the failing call is written too. Returns the log's byte offsets before
+    the call and after the error line.
+    """
+    before = log.end()
+    fail_in_forward(stub, rid)
+
+    def error_written() -> int:
+        errors = [line for line in log.lines(before) if line["level"] in ("error", "critical")]
+        return log.end() if errors else 0
+
+    return before, wait_for(error_written, f"the error logged for {rid}")
+
+
+def quiet_workload(stub: Stub, prefix: str) -> list[str]:
+    """Unary and stream requests (and the other RPCs); returns the Pool request ids."""
+    unary = [f"{prefix}-unary-{i}" for i in range(6)]
+    for i, rid in enumerate(unary):
+        response = stub.Pool(
+            text_request("embed", rid, [phrase(i)]), timeout=30, metadata=(TRACEPARENT,)
+        )
+        assert response.request_id == rid
+    streamed = [f"{prefix}-stream-{i}" for i in range(4)]
+    messages = [
+        pb.PoolStreamRequest(request=text_request("embed", rid, [phrase(i, 1)]))
+        for i, rid in enumerate(streamed)
+    ]
+    answers = list(stub.PoolStream(iter(messages), timeout=30, metadata=(TRACEPARENT,)))
+    assert sorted(a.request_id for a in answers) == sorted(streamed)
+    assert all(a.WhichOneof("result") == "response" for a in answers)
+    stub.ListModels(pb.ListModelsRequest(), timeout=30)
+    stub.Tokenize(pb.TokenizeRequest(texts=["tokenize me"]), timeout=30)
+    return unary + streamed
+
+
+# ---------------------------------------------------------------------------------------
+# The default server: tiny models, JSON logs, metrics; no --log-requests, no tracing
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Quiet:
+    process: ServerProcess
+    metrics_port: int
+    log: Log = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = Log(self.process)
+
+
+@pytest.fixture(scope="module")
+def quiet(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quiet]:
+    metrics_port = free_port()
+    args = [*tiny_model_args(folders), "--log-format", "json", "--metrics-port", str(metrics_port)]
+    process = start_server(args, tmp_path_factory.mktemp("quiet"), "quiet")
+    yield Quiet(process, metrics_port)
+    process.stop(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def quiet_stub(quiet: Quiet) -> Iterator[Stub]:
+    with grpc.insecure_channel(quiet.process.address) as channel:
+        yield Stub(channel)
+
+
+def test_default_flags_write_no_per_request_log_lines(quiet: Quiet, quiet_stub: Stub) -> None:
+    _, start = flush_log(quiet.log, quiet_stub, "flush-before")
+    rids = quiet_workload(quiet_stub, "quiet")
+    _, end = flush_log(quiet.log, quiet_stub, "flush-after")
+
+    written = quiet.log.lines(start, end)
+    raw = json.dumps(written)
+    assert not [rid for rid in rids if rid in raw], "a successful request was logged"
+    # Nothing at all below warning, but for the failing marker requests' own lines.
+    routine = [
+        line
+        for line in written
+        if line["level"] in ("debug", "info")
+        and not str(line.get("request_id", "")).startswith("flush-")
+    ]
+    assert routine == []
+
+
+def test_server_side_failures_are_still_logged(quiet: Quiet, quiet_stub: Stub) -> None:
+    before, after = flush_log(quiet.log, quiet_stub, "internal-1")
+    errors = [line for line in quiet.log.lines(before, after) if line["level"] == "error"]
+    assert errors
+    # The traceback says what broke.
+    assert any("index out of range" in json.dumps(line) for line in errors), errors
+    # Serving goes on, and the model still answers texts it can read.
+    ok = quiet_stub.Pool(text_request("embed", "after-internal", ["warm up"], "broken"), timeout=30)
+    assert len(ok.embed.embeddings) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics under a burst of 2,000 concurrent calls
+# ---------------------------------------------------------------------------------------
+
+BURST = 2000
+
+
+def burst_requests() -> tuple[list[pb.PoolRequest], dict[str, grpc.StatusCode]]:
+    requests: list[pb.PoolRequest] = []
+    expected: dict[str, grpc.StatusCode] = {}
+    for i in range(BURST):
+        rid = f"burst-{i}"
+        if i % 13 == 5:
+            request = pb.PoolRequest(request_id=rid, model="tiny-bert", embed=pb.TextInput())
+            code = grpc.StatusCode.INVALID_ARGUMENT  # no texts
+        elif i % 13 == 9:
+            request = text_request("embed", rid, [phrase(i)], dimensions=8)
+            code = grpc.StatusCode.INVALID_ARGUMENT  # not a matryoshka model
+        else:
+            request = text_request("embed", rid, [phrase(i, k) for k in range(1 + i % 3)])
+            code = grpc.StatusCode.OK
+        requests.append(request)
+        expected[rid] = code
+    return requests, expected
+
+
+async def fire(
+    address: str, requests: Sequence[pb.PoolRequest], channels: int = 4
+) -> list[pb.PoolResponse | grpc.aio.AioRpcError]:
+    """Every request at once as a unary Pool call, spread over a few channels."""
+    opened = [grpc.aio.insecure_channel(address) for _ in range(channels)]
+    try:
+        stubs = [Stub(channel) for channel in opened]
+        calls = [
+            stubs[i % channels].Pool(request, timeout=120) for i, request in enumerate(requests)
+        ]
+        return await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        for channel in opened:
+            await channel.close()
+
+
+def token_counts(stub: Stub, texts: Sequence[str], model: str) -> list[int]:
+    counts: list[int] = []
+    for start in range(0, len(texts), 500):
+        response = stub.Tokenize(
+            pb.TokenizeRequest(model=model, texts=texts[start : start + 500]), timeout=60
+        )
+        counts += [len(item.token_ids) for item in response.items]
+    return counts
+
+
+def test_metrics_stay_exact_under_a_burst(quiet: Quiet, quiet_stub: Stub) -> None:
+    requests, expected = burst_requests()
+    valid = [r for r in requests if expected[r.request_id] == grpc.StatusCode.OK]
+    counts = iter(token_counts(quiet_stub, [t for r in valid for t in r.embed.texts], "tiny-bert"))
+    tokens_of = {r.request_id: [next(counts) for _ in r.embed.texts] for r in valid}
+    before = scrape(quiet.metrics_port)
+
+    results = asyncio.run(fire(quiet.process.address, requests))
+
+    after = scrape(quiet.metrics_port)
+    got: dict[str, grpc.StatusCode] = {}
+    shed: list[str] = []  # cancelled by gRPC itself: see below
+    usage = 0
+    for request, result in zip(requests, results, strict=True):
+        rid = request.request_id
+        if isinstance(result, grpc.aio.AioRpcError):
+            if result.code() == grpc.StatusCode.CANCELLED:
+                shed.append(rid)
+            else:
+                got[rid] = result.code()
+        else:
+            assert isinstance(result, pb.PoolResponse), result
+            assert result.request_id == rid
+            assert result.usage.prompt_tokens == sum(tokens_of[rid])
+            got[rid] = grpc.StatusCode.OK
+            usage += result.usage.prompt_tokens
+    # Past grpc.server.max_pending_requests (1000 by default) gRPC core cancels a growing
+    # share of calls not yet taken by the server; those never reach it and are not counted.
+    assert len(shed) < BURST // 4, f"{len(shed)} of {BURST} calls cancelled"
+    assert got == {rid: expected[rid] for rid in got}
+    answered = [rid for rid, code in got.items() if code == grpc.StatusCode.OK]
+    n_ok, n_bad = len(answered), len(got) - len(answered)
+    assert n_ok > 0 and n_bad > 0
+    items = sum(len(tokens_of[rid]) for rid in answered)
+    tokens = sum(sum(tokens_of[rid]) for rid in answered)
+    assert usage == tokens
+
+    def delta(name: str, **labels: str) -> float:
+        return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
+
+    pool = {"rpc": "Pool", "task": "embed", "model": "tiny-bert"}
+    cancelled = delta("pooling_requests_total", **pool, code="CANCELLED")
+    assert cancelled <= len(shed)
+    assert delta("pooling_requests_total", **pool, code="OK") == n_ok
+    assert delta("pooling_requests_total", **pool, code="INVALID_ARGUMENT") == n_bad
+    # No other code, model or rpc.
+    assert delta("pooling_requests_total") == n_ok + n_bad + cancelled
+    assert delta("pooling_request_seconds_count") == n_ok + n_bad + cancelled
+    assert delta("pooling_items_total", model="tiny-bert", task="embed") == items
+    assert delta("pooling_items_total") == items
+    assert delta("pooling_prompt_tokens_total", model="tiny-bert", task="embed") == tokens
+    assert delta("pooling_prompt_tokens_total") == tokens
+    if not cancelled:  # a request cancelled inside the server may have computed some texts
+        assert delta("pooling_batch_real_tokens_total", model="tiny-bert") == tokens
+        assert delta("pooling_queue_seconds_count", model="tiny-bert") == items
+    assert metric_sum(after, "pooling_queue_depth", model="tiny-bert") == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Malformed bytes on every method of the service
+# ---------------------------------------------------------------------------------------
+
+GARBAGE = [b"\xff\xff\xff\x07garbage", b"\x0a\xff\xff\xff\xff\x0f"]
+
+
+def identity(data: bytes) -> bytes:
+    return data
+
+
+def call_raw(channel: grpc.Channel, path: str, method: Any, payload: bytes) -> None:
+    """Send payload as the one request message, in the method's shape."""
+    if method.client_streaming and method.server_streaming:
+        list(channel.stream_stream(path, identity, identity)(iter([payload]), timeout=10))
+    elif method.client_streaming:
+        channel.stream_unary(path, identity, identity)(iter([payload]), timeout=10)
+    elif method.server_streaming:
+        list(channel.unary_stream(path, identity, identity)(payload, timeout=10))
+    else:
+        channel.unary_unary(path, identity, identity)(payload, timeout=10)
+
+
+def test_the_descriptor_lists_the_known_methods() -> None:
+    names = {method.name for method in SERVICE.methods}
+    assert {"Pool", "PoolStream", "ListModels", "Tokenize"} <= names
+
+
+@pytest.mark.parametrize("payload", GARBAGE, ids=["bad-tag", "truncated"])
+@pytest.mark.parametrize("method", list(SERVICE.methods), ids=lambda m: m.name)
+def test_malformed_bytes_on_every_method(
+    quiet: Quiet, method: Any, payload: bytes, quiet_stub: Stub
+) -> None:
+    path = f"/{SERVICE.full_name}/{method.name}"
+    channel = grpc.insecure_channel(quiet.process.address)
+    with channel, pytest.raises(grpc.RpcError) as caught:
+        call_raw(channel, path, method, payload)
+    error = decode_rpc_error(caught.value)
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+    assert quiet_stub.Pool(text_request("embed", "", ["still serving"]), timeout=30).embed
+
+
+def test_malformed_bytes_after_good_ones_on_a_stream(quiet: Quiet, quiet_stub: Stub) -> None:
+    path = f"/{SERVICE.full_name}/PoolStream"
+    good = pb.PoolStreamRequest(request=text_request("embed", "good", ["fine"])).SerializeToString()
+    with grpc.insecure_channel(quiet.process.address) as channel:
+        call = channel.stream_stream(path, identity, pb.PoolStreamResponse.FromString)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call(iter([good, good.replace(b"good", b"next"), GARBAGE[0]]), timeout=10))
+    error = decode_rpc_error(caught.value)
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
+
+
+# ---------------------------------------------------------------------------------------
+# A burst answers as one-by-one requests do
+# ---------------------------------------------------------------------------------------
+
+
+def parity_requests(count: int = 64) -> list[pb.PoolRequest]:
+    """Every task, with per-request params mixed so per-item heads differ within a batch."""
+    kinds: list[tuple[str, str, dict[str, Any]]] = [
+        ("embed", "tiny-bert", {}),
+        ("embed", "tiny-bert", {"use_activation": False}),
+        ("embed", "tiny-matryoshka", {"dimensions": 16}),
+        ("embed", "tiny-matryoshka", {"dimensions": 8, "use_activation": False}),
+        ("embed", "tiny-bert", {"truncate_prompt_tokens": 6}),
+        ("classify", "tiny-classifier", {}),
+        ("classify", "tiny-classifier", {"use_activation": False}),
+        ("score", "tiny-cross-encoder", {}),
+        ("score", "tiny-cross-encoder", {"use_activation": False}),
+        ("token_embed", "tiny-bert", {}),
+        ("token_embed", "tiny-matryoshka", {"dimensions": 8}),
+        ("token_classify", "tiny-ner", {}),
+        ("token_classify", "tiny-ner", {"use_activation": False}),
+    ]
+    requests = []
+    for i in range(count):
+        case, model, params = kinds[i % len(kinds)]
+        rid = f"parity-{i}"
+        texts = [phrase(i, k) for k in range(1 + i % 3)]
+        if case == "score":
+            score = pb.ScoreInput(text_1=[f"query {i}: where is the river"], text_2=texts)
+            requests.append(
+                pb.PoolRequest(
+                    request_id=rid, model=model, params=pb.PoolingParams(**params), score=score
+                )
+            )
+        else:
+            requests.append(text_request(case, rid, texts, model, **params))
+    return requests
+
+
+def split_floats(message: Message) -> tuple[Message, np.ndarray]:
+    """A copy of the message without its float fields, and those floats in order."""
+    rest = type(message)()
+    rest.CopyFrom(message)
+    floats: list[float] = []
+
+    def walk(node: Message) -> None:
+        for descriptor, value in node.ListFields():
+            if descriptor.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+                if descriptor.is_repeated:
+                    floats.extend(value)
+                    del value[:]
+                else:
+                    floats.append(value)
+                    node.ClearField(descriptor.name)
+            elif descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+                for child in value if descriptor.is_repeated else [value]:
+                    walk(child)
+
+    walk(rest)
+    return rest, np.array(floats, dtype=np.float64)
+
+
+def assert_same_response(got: pb.PoolResponse, want: pb.PoolResponse) -> None:
+    got_rest, got_floats = split_floats(got)
+    want_rest, want_floats = split_floats(want)
+    assert got_rest == want_rest, want.request_id
+    assert got_floats.shape == want_floats.shape, want.request_id
+    assert want_floats.size > 0, want.request_id
+    assert float(np.max(np.abs(got_floats - want_floats))) <= ATOL, want.request_id
+
+
+async def stream_all(address: str, requests: Sequence[pb.PoolRequest]) -> list[Any]:
+    """One PoolStream: every request is sent before any answer is read."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = Stub(channel).PoolStream(timeout=120)
+
+        async def read() -> list[pb.PoolStreamResponse]:
+            return [answer async for answer in call]
+
+        reader = asyncio.ensure_future(read())
+        for request in requests:
+            await call.write(pb.PoolStreamRequest(request=request))
+        await call.done_writing()
+        return await reader
+
+
+def test_a_burst_answers_as_one_by_one_requests_do(quiet: Quiet, quiet_stub: Stub) -> None:
+    requests = parity_requests()
+    alone = {r.request_id: quiet_stub.Pool(r, timeout=30) for r in requests}
+    tasks = {response.WhichOneof("output") for response in alone.values()}
+    assert tasks == {"embed", "classify", "score", "token_embed", "token_classify"}
+
+    unary = asyncio.run(fire(quiet.process.address, requests, channels=2))
+    for request, response in zip(requests, unary, strict=True):
+        assert isinstance(response, pb.PoolResponse), response
+        assert_same_response(response, alone[request.request_id])
+
+    streamed = asyncio.run(stream_all(quiet.process.address, requests))
+    assert sorted(a.request_id for a in streamed) == sorted(alone)
+    for answer in streamed:
+        assert answer.WhichOneof("result") == "response", answer.error.message
+        assert_same_response(answer.response, alone[answer.request_id])
+
+
+# ---------------------------------------------------------------------------------------
+# --log-requests: one JSON line per request
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def logging_server(
+    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
+    args += ["--log-format", "json", "--log-requests"]
+    process = start_server(args, tmp_path_factory.mktemp("log-requests"), "log-requests")
+    yield process
+    process.stop(signal.SIGTERM)
+
+
+def test_log_requests_writes_one_line_per_request(logging_server: ServerProcess) -> None:
+    log = Log(logging_server)
+    with grpc.insecure_channel(logging_server.address) as channel:
+        stub = Stub(channel)
+        rids = quiet_workload(stub, "loud")
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Pool(text_request("embed", "loud-missing", ["x"], "no-such-model"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        stub.Pool(text_request("embed", "loud-last", ["the last one"]), timeout=30)
+
+    def request_lines() -> list[dict[str, Any]]:
+        return [line for line in log.lines() if line.get("logger") == REQUEST_LOGGER]
+
+    # Lines are written in order through one queue: once the last is there, all are.
+    wait_for(
+        lambda: any(line.get("request_id") == "loud-last" for line in request_lines()),
+        "the last request's log line",
+    )
+    lines = request_lines()
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        by_id.setdefault(line.get("request_id", ""), []).append(line)
+    assert sorted(by_id) == sorted([*rids, "loud-missing", "loud-last"])
+    assert all(len(found) == 1 for found in by_id.values()), by_id
+    for rid in rids:
+        [line] = by_id[rid]
+        assert line["message"] == "request"
+        assert line["rpc"] == ("PoolStream" if "-stream-" in rid else "Pool")
+        assert (line["code"], line["model"], line["task"], line["items"]) == (
+            "OK",
+            "tiny-bert",
+            "embed",
+            1,
+        )
+        assert line["prompt_tokens"] > 0
+        assert line["trace_id"] == TRACE_ID
+    [missing] = by_id["loud-missing"]
+    assert (missing["code"], missing["model"]) == ("NOT_FOUND", "unknown")
+
+
+# ---------------------------------------------------------------------------------------
+# Spans: none by default, every request's with a tracer configured
+# ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def counting_span_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Count every span start on any tracer: the API's no-op and proxy ones and the SDK's."""
+    started: list[str] = []
+    for cls in (trace.NoOpTracer, trace.ProxyTracer, sdk_trace.Tracer):
+        for name in ("start_span", "start_as_current_span"):
+            original = getattr(cls, name)
+
+            def counted(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                started.append(str(args[0] if args else kwargs.get("name")))
+                return __original(self, *args, **kwargs)
+
+            monkeypatch.setattr(cls, name, counted)
+    yield started
+
+
+def in_process_workload(folder: Path, provider: trace.TracerProvider | None) -> None:
+    """Start a server in this process, send Pool and PoolStream calls, stop it."""
+
+    async def main() -> None:
+        config = ServerConfig(
+            models=[ModelSpec(source=str(folder), name="tiny-bert")],
+            port=0,
+            device="cpu",
+            dtype="float32",
+            shutdown_grace_s=5,
+        )
+        server = PoolingServer(config) if provider is None else PoolingServer(config, provider)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = Stub(channel)
+                for i in range(3):
+                    await stub.Pool(
+                        text_request("embed", f"span-{i}", [phrase(i)]),
+                        timeout=30,
+                        metadata=(TRACEPARENT,),
+                    )
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await stub.Pool(
+                        text_request("embed", "span-missing", ["x"], "no-such-model"), timeout=30
+                    )
+                call = stub.PoolStream(timeout=30)
+                for i in range(2):
+                    request = text_request("embed", f"span-stream-{i}", [phrase(i, 2)])
+                    await call.write(pb.PoolStreamRequest(request=request))
+                await call.done_writing()
+                answers = [answer async for answer in call]
+                assert len(answers) == 2
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def memory_provider() -> tuple[sdk_trace.TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def test_default_tracing_creates_no_spans(
+    model_folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A recording SDK provider stands as the global one, so a server that fell back on
+    # the global tracer would record there; set privately, so it is undone after the test.
+    provider, exporter = memory_provider()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    with counting_span_starts(monkeypatch) as started:
+        in_process_workload(model_folders["tiny-bert"], None)
+    provider.shutdown()
+    assert exporter.get_finished_spans() == ()
+    assert started == []
+
+
+def test_a_configured_tracer_gets_every_requests_span(
+    model_folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, exporter = memory_provider()
+    with counting_span_starts(monkeypatch) as started:
+        in_process_workload(model_folders["tiny-bert"], provider)
+    provider.shutdown()
+    assert started  # the counter sees span starts, so the test above can trust a zero
+    servers = [s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.SERVER]
+    by_id = {dict(s.attributes or {})["pooling.request_id"]: s for s in servers}
+    assert len(by_id) == len(servers)
+    ids = ["span-0", "span-1", "span-2", "span-missing", "span-stream-0", "span-stream-1"]
+    assert sorted(by_id) == ids
+    for rid in ("span-0", "span-1", "span-2"):
+        assert format(by_id[rid].context.trace_id, "032x") == TRACE_ID
+    for rid in ("span-0", "span-1", "span-2", "span-missing"):
+        assert by_id[rid].name == "pooling.v1.PoolingService/Pool"
+    assert by_id["span-missing"].status.status_code == trace.StatusCode.ERROR
+    assert by_id["span-stream-0"].name == "pooling.v1.PoolingService/PoolStream"
+
+
+# ---------------------------------------------------------------------------------------
+# --otlp-endpoint: spans reach a collector
+# ---------------------------------------------------------------------------------------
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace collector that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+
+    def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list[tuple[dict[str, str], trace_pb2.Span]]:
+        """(resource attributes, span) for every span received so far."""
+        found = []
+        for request in list(self.requests):
+            for resource_spans in request.resource_spans:
+                resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    found += [(resource, span) for span in scope_spans.spans]
+        return found
+
+
+@dataclass
+class Exporting:
+    process: ServerProcess
+    collector: Collector
+
+
+@pytest.fixture(scope="module")
+def exporting(
+    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Exporting]:
+    collector = Collector()
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, grpc_server)
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
+    args += ["--otlp-endpoint", f"http://127.0.0.1:{port}"]
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # export within 0.2 s, not 5 s
+            process = start_server(args, tmp_path_factory.mktemp("otlp"), "otlp")
+        try:
+            yield Exporting(process, collector)
+        finally:
+            process.stop(signal.SIGTERM)
+    finally:
+        grpc_server.stop(0)
+
+
+def test_otlp_endpoint_exports_the_server_span(exporting: Exporting) -> None:
+    with grpc.insecure_channel(exporting.process.address) as channel:
+        stub = Stub(channel)
+        stub.Pool(
+            text_request("embed", "otlp-1", ["export me"]), timeout=30, metadata=(TRACEPARENT,)
+        )
+        messages = [pb.PoolStreamRequest(request=text_request("embed", "otlp-2", ["and me"]))]
+        assert len(list(stub.PoolStream(iter(messages), timeout=30))) == 1
+
+    def server_spans() -> dict[str, tuple[dict[str, str], trace_pb2.Span]]:
+        found = {}
+        for resource, span in exporting.collector.spans():
+            attributes = {a.key: a.value.string_value for a in span.attributes}
+            if span.kind == trace_pb2.Span.SPAN_KIND_SERVER:
+                found[attributes.get("pooling.request_id", "")] = (resource, span)
+        return found if {"otlp-1", "otlp-2"} <= set(found) else {}
+
+    spans = wait_for(server_spans, "the collector to receive both server spans", timeout=20)
+    resource, pool = spans["otlp-1"]
+    assert pool.name == "pooling.v1.PoolingService/Pool"
+    assert pool.trace_id.hex() == TRACE_ID
+    assert pool.parent_span_id.hex() == PARENT_SPAN_ID
+    assert resource.get("service.name") == "pooling-server"
+    assert spans["otlp-2"][1].name == "pooling.v1.PoolingService/PoolStream"
