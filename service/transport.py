@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import grpc
 
+MAX_PENDING_CALLS = 20_000
+
 
 @dataclass(frozen=True)
 class TransportConfig:
@@ -35,6 +37,11 @@ class TransportConfig:
                 int(self.min_client_ping_interval_s * 1000),
             ),
             ("grpc.http2.max_pings_without_data", 0),
+            # Calls that arrived but that the server has not yet taken up. Past gRPC's
+            # default (1,000) core cancels them unseen, so a burst loses calls with a bare
+            # CANCELLED; the engine's queue bound answers overload with QUEUE_FULL instead.
+            ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
         ]
         options.append(("grpc.so_reuseport", int(self.reuse_port)))
         if self.max_concurrent_streams:

@@ -332,9 +332,9 @@ def test_metrics_stay_exact_under_a_burst(quiet: Quiet, quiet_stub: Stub) -> Non
             assert result.usage.prompt_tokens == sum(tokens_of[rid])
             got[rid] = grpc.StatusCode.OK
             usage += result.usage.prompt_tokens
-    # Past grpc.server.max_pending_requests (1000 by default) gRPC core cancels a growing
-    # share of calls not yet taken by the server; those never reach it and are not counted.
-    assert len(shed) < BURST // 4, f"{len(shed)} of {BURST} calls cancelled"
+    # gRPC core cancels calls the server has not taken up past grpc.server.max_pending_requests
+    # (1,000 by default); the server raises that bound, so every call of the burst is answered.
+    assert not shed, f"{len(shed)} of {BURST} calls cancelled"
     assert got == {rid: expected[rid] for rid in got}
     answered = [rid for rid, code in got.items() if code == grpc.StatusCode.OK]
     n_ok, n_bad = len(answered), len(got) - len(answered)
@@ -347,20 +347,17 @@ def test_metrics_stay_exact_under_a_burst(quiet: Quiet, quiet_stub: Stub) -> Non
         return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
 
     pool = {"rpc": "Pool", "task": "embed", "model": "tiny-bert"}
-    cancelled = delta("pooling_requests_total", **pool, code="CANCELLED")
-    assert cancelled <= len(shed)
     assert delta("pooling_requests_total", **pool, code="OK") == n_ok
     assert delta("pooling_requests_total", **pool, code="INVALID_ARGUMENT") == n_bad
     # No other code, model or rpc.
-    assert delta("pooling_requests_total") == n_ok + n_bad + cancelled
-    assert delta("pooling_request_seconds_count") == n_ok + n_bad + cancelled
+    assert delta("pooling_requests_total") == n_ok + n_bad
+    assert delta("pooling_request_seconds_count") == n_ok + n_bad
     assert delta("pooling_items_total", model="tiny-bert", task="embed") == items
     assert delta("pooling_items_total") == items
     assert delta("pooling_prompt_tokens_total", model="tiny-bert", task="embed") == tokens
     assert delta("pooling_prompt_tokens_total") == tokens
-    if not cancelled:  # a request cancelled inside the server may have computed some texts
-        assert delta("pooling_batch_real_tokens_total", model="tiny-bert") == tokens
-        assert delta("pooling_queue_seconds_count", model="tiny-bert") == items
+    assert delta("pooling_batch_real_tokens_total", model="tiny-bert") == tokens
+    assert delta("pooling_queue_seconds_count", model="tiny-bert") == items
     assert metric_sum(after, "pooling_queue_depth", model="tiny-bert") == 0
 
 
