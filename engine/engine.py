@@ -58,7 +58,7 @@ class Engine:
         models: Sequence[LoadedModel],
         limits: Limits | None = None,
         batch_config: BatchConfig | None = None,
-        tokenizer_threads: int = 2,
+        tokenizer_threads: int = 1,
     ) -> None:
         if not models:
             raise ValueError("at least one model is required")

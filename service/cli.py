@@ -201,8 +201,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help="threads running forward passes per model (default 2). Worker k runs only while "
-        "workers 0..k-1 are busy: on CPU a lone pass takes every core and passes side by "
-        "side share them; on a GPU one batch is prepared while the other runs",
+        "workers 0..k-1 are busy and a full batch waits: on CPU a pass with nothing beside it "
+        "and nothing waiting takes every core, and passes side by side share them; on a GPU "
+        "one batch is prepared while the other runs",
+    )
+    batching.add_argument(
+        "--tokenizer-threads",
+        type=positive_int,
+        default=1,
+        help="threads that tokenize requests and queue them, each with its own tokenizer "
+        "(default 1: each takes every request waiting at once)",
     )
     batching.add_argument(
         "--batch-wait-ms", type=float, default=0.0, help="wait this long for a batch to fill"
@@ -310,6 +318,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         dtype=args.dtype,
         attn_implementation=args.attn_implementation,
         torch_threads=args.torch_threads,
+        tokenizer_threads=args.tokenizer_threads,
         limits=Limits(max_client_batch_size=args.max_client_batch_size),
         batch=BatchConfig(
             max_batch_tokens=args.max_batch_tokens,

@@ -45,6 +45,7 @@ class ServerConfig:
     dtype: str = "auto"
     attn_implementation: str | None = None
     torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
+    tokenizer_threads: int = 1
     limits: Limits = field(default_factory=Limits)
     # Zeros are filled in for the device by batch_config_for.
     batch: BatchConfig = field(default_factory=lambda: BatchConfig(max_batch_size=0, workers=0))
@@ -121,7 +122,7 @@ def load_engine(config: ServerConfig) -> Engine:
         threads or torch.get_num_threads(),
         batch.max_batch_size,
     )
-    return Engine(models, config.limits, batch)
+    return Engine(models, config.limits, batch, config.tokenizer_threads)
 
 
 class PoolingServer:
