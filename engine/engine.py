@@ -19,12 +19,19 @@ from queue import Empty, SimpleQueue
 import numpy as np
 
 from engine.batch_queue import BatchConfig, BatchQueue, Job, RequestTiming
+from engine.errors import FieldViolation, PoolingError
 from engine.loader import LoadedModel
 from engine.model_info import ModelInfo
 from engine.outputs import PoolResult
 from engine.plans import Plan, plan_request
 from engine.request import PoolRequest
-from engine.validation import Limits, unknown_model, validate_request
+from engine.validation import (
+    MAX_MODEL_NAME_CHARS,
+    Limits,
+    unknown_model,
+    validate_request,
+    validate_tokenize,
+)
 
 # Requests one tokenizer thread takes at once: enough to queue a batch with one wake-up.
 INTAKE_BATCH = 64
@@ -99,6 +106,17 @@ class Engine:
         await asyncio.gather(*(queue.stop() for queue in self._queues.values()))
 
     def resolve(self, name: str) -> LoadedModel:
+        if len(name) > MAX_MODEL_NAME_CHARS:
+            raise PoolingError.invalid(
+                [
+                    FieldViolation(
+                        "model",
+                        f"the model name has {len(name)} characters, more than "
+                        f"{MAX_MODEL_NAME_CHARS}",
+                        "MODEL_NAME_TOO_LONG",
+                    )
+                ]
+            )
         model = self._models.get(name or self._default)
         if model is None:
             raise unknown_model(name, list(self._models))
@@ -164,6 +182,7 @@ class Engine:
         self, model_name: str, texts: Sequence[str], add_special_tokens: bool = True
     ) -> tuple[ModelInfo, list[TokenizedText]]:
         model = self.resolve(model_name)
+        validate_tokenize(texts, model.info, self.limits)
 
         def run() -> list[TokenizedText]:
             encodings = model.tokenizer.encode(texts, add_special_tokens=add_special_tokens)

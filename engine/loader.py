@@ -65,6 +65,7 @@ class ModelSpec:
     pooling_type: PoolingType | None = None
     truncation_side: str = "right"
     long_input: LongInput = LongInput.REJECT
+    max_input_chars: int | None = None  # None: derived from the maximum tokens
     hf_overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -249,6 +250,7 @@ def load_model(
         matryoshka_dimensions=dims,
         truncation_side=spec.truncation_side,
         long_input=spec.long_input,
+        max_input_chars=spec.max_input_chars,
         is_default=is_default,
     )
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:

@@ -43,6 +43,12 @@ TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
 }
 
 
+# Characters per token of the maximum length allowed in one text: English averages about
+# four, so these leave room for any real text while bounding what one text can cost.
+CHARS_PER_TOKEN = 64
+LONG_CHARS_PER_TOKEN = 1024
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
@@ -60,6 +66,7 @@ class ModelInfo:
     matryoshka_dimensions: tuple[int, ...] = ()
     truncation_side: str = "right"
     long_input: LongInput = LongInput.REJECT
+    max_input_chars: int | None = None  # None: derived, see char_limit
     is_default: bool = False
 
     @property
@@ -70,6 +77,15 @@ class ModelInfo:
     def chunks_long_input(self) -> bool:
         """Chunking needs per-token states or a vector to average; a classifier has neither."""
         return self.long_input is LongInput.CHUNK and self.head is not HeadKind.SEQUENCE
+
+    def char_limit(self, long: bool) -> int:
+        """The most characters of one text, checked before tokenizing, so that no text can
+        cost more than a bounded tokenization. `long`: the text may be truncated or chunked,
+        so it may rightly run past the maximum length."""
+        if self.max_input_chars is not None:
+            return self.max_input_chars
+        per_token = LONG_CHARS_PER_TOKEN if long else CHARS_PER_TOKEN
+        return per_token * self.max_input_tokens
 
     def label(self, label_id: int) -> str:
         return self.labels[label_id] if label_id < len(self.labels) else str(label_id)

@@ -19,9 +19,15 @@ from engine.request import PoolRequest
 INPUT_CASES = ", ".join(task.value for task in Task)
 
 
+# Identifiers are echoed in answers and logs: bounded, so neither can be made huge.
+MAX_REQUEST_ID_BYTES = 256
+MAX_MODEL_NAME_CHARS = 256
+
+
 @dataclass(frozen=True)
 class Limits:
     max_client_batch_size: int = 1024
+    max_request_chars: int = 4 * 1024 * 1024  # all texts of one request together
 
 
 Check = Callable[[PoolRequest, ModelInfo, Limits], Iterator[FieldViolation]]
@@ -67,6 +73,57 @@ def _batch_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterat
             "per request (--max-client-batch-size); split the request or use PoolStream",
             "TOO_MANY_INPUTS",
         )
+
+
+def _request_id(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    size = len(request.request_id.encode())
+    if size > MAX_REQUEST_ID_BYTES:
+        yield FieldViolation(
+            "request_id",
+            f"request_id has {size} bytes, more than {MAX_REQUEST_ID_BYTES}",
+            "REQUEST_ID_TOO_LONG",
+        )
+
+
+def _inputs(request: PoolRequest) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Each input list with its field path."""
+    if request.task is Task.SCORE:
+        yield "score.text_1", request.text_1
+        yield "score.text_2", request.text_2
+    elif request.task is not None:
+        yield f"{request.task}.texts", request.texts
+
+
+def _characters(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    """Bound every text, and all of them, by characters before anything is tokenized."""
+    if request.task is None or request.num_items > limits.max_client_batch_size:
+        return  # _batch_size speaks for a request this large
+    # Truncated texts and chunked pooled ones may rightly run long; chunked token outputs
+    # grow with the text, so those keep the tighter bound.
+    chunked = info.chunks_long_input and request.task not in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
+    may_run_long = request.params.truncate_prompt_tokens is not None or chunked
+    lists = list(_inputs(request))
+    yield from text_chars(lists, info.char_limit(may_run_long))
+    total = sum(len(text) for _, texts in lists for text in texts)
+    if total > limits.max_request_chars:
+        yield FieldViolation(
+            "score" if request.task is Task.SCORE else lists[0][0],
+            f"the texts hold {total} characters together, more than the limit of "
+            f"{limits.max_request_chars} per request (--max-request-chars); split the request",
+            "REQUEST_TOO_LARGE",
+        )
+
+
+def text_chars(lists: Sequence[tuple[str, Sequence[str]]], limit: int) -> Iterator[FieldViolation]:
+    for path, texts in lists:
+        for i, text in enumerate(texts):
+            if len(text) > limit:
+                yield FieldViolation(
+                    f"{path}[{i}]",
+                    f"has {len(text)} characters, more than this model's limit of {limit} "
+                    "(--max-input-chars); shorten it",
+                    "INPUT_TOO_LONG",
+                )
 
 
 def _task_agrees(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
@@ -162,7 +219,15 @@ class Stage:
 RULES: tuple[Stage, ...] = (
     Stage(
         ErrorKind.INVALID_ARGUMENT,
-        (_input_present, _input_not_empty, _score_shape, _batch_size, _task_agrees),
+        (
+            _input_present,
+            _input_not_empty,
+            _score_shape,
+            _batch_size,
+            _task_agrees,
+            _request_id,
+            _characters,
+        ),
     ),
     Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported,)),
     Stage(ErrorKind.INVALID_ARGUMENT, (_params_for_task, _dimensions, _truncate)),
@@ -216,7 +281,9 @@ def check_lengths(request: PoolRequest, info: ModelInfo, path: str, counts: Sequ
     )
 
 
-def validate_tokenize(texts: Sequence[str], limits: Limits) -> None:
+def validate_tokenize(texts: Sequence[str], info: ModelInfo, limits: Limits) -> None:
+    """Tokenize's bounds: as many texts as a request, each up to the long-text character
+    limit (Tokenize counts tokens of texts that may be truncated or chunked later)."""
     if len(texts) > limits.max_client_batch_size:
         raise PoolingError.invalid(
             [
@@ -228,3 +295,16 @@ def validate_tokenize(texts: Sequence[str], limits: Limits) -> None:
                 )
             ]
         )
+    violations = list(text_chars([("texts", texts)], info.char_limit(long=True)))
+    total = sum(map(len, texts))
+    if total > limits.max_request_chars:
+        violations.append(
+            FieldViolation(
+                "texts",
+                f"the texts hold {total} characters together, more than the limit of "
+                f"{limits.max_request_chars} per request (--max-request-chars)",
+                "REQUEST_TOO_LARGE",
+            )
+        )
+    if violations:
+        raise PoolingError.invalid(violations)

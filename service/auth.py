@@ -1,9 +1,12 @@
-"""Bearer-token auth for PoolingService only; health and reflection stay open for probes."""
+"""Bearer-token auth for PoolingService only; health and reflection stay open for probes.
+
+A call without a valid key is refused before its message is read.
+"""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
 import grpc
@@ -22,29 +25,16 @@ def load_keys(keys: Iterable[str], key_file: str | None) -> list[str]:
     return found
 
 
-def _abort_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape that refuses the call, saying nothing about why."""
+async def _refuse(requests: object, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid credentials")
+    yield  # pragma: no cover - makes this an async generator
 
-    async def refuse(request: object, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid credentials")
 
-    async def refuse_stream(request: object, context: grpc.aio.ServicerContext):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid credentials")
-        yield  # pragma: no cover - makes this an async generator
-
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    shape = (handler.request_streaming, handler.response_streaming)
-    behaviour = refuse_stream if handler.response_streaming else refuse
-    return kinds[shape](
-        behaviour,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+# Registered as a streaming handler whatever the method's shape: grpcio reads (inflates and
+# parses) a unary request before calling its handler, but never reads a stream nobody pulls,
+# so a refused call costs no more than its headers. The wire format is the same, so a unary
+# client simply receives the status.
+_REFUSAL = grpc.stream_stream_rpc_method_handler(_refuse)
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
@@ -70,4 +60,4 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if self._authorized(handler_call_details.invocation_metadata or ()):
             return handler
-        return _abort_handler(handler)
+        return _REFUSAL

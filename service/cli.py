@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument(
         "--max-message-mb",
         type=positive_int,
-        default=64,
-        help="largest request or response message",
+        default=16,
+        help="largest request or response message, after decompression (default 16: a full "
+        "request of --max-request-chars in any script fits)",
     )
 
     net.add_argument(
@@ -70,13 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the server answer GOAWAY too_many_pings)",
     )
     net.add_argument(
-        "--max-concurrent-streams", type=int, default=0, help="per connection (0: unlimited)"
+        "--max-concurrent-streams",
+        type=int,
+        default=4096,
+        help="concurrent calls per connection (0: unlimited; default 4096: above any real "
+        "client's burst, below what lets one connection hold the server's memory)",
     )
     net.add_argument(
         "--max-connection-age-s",
         type=float,
-        default=0.0,
-        help="close connections after this long so clients rebalance across replicas (0: never)",
+        default=1800.0,
+        help="close connections after this long (with GOAWAY) so clients rebalance across "
+        "replicas and no connection lives forever (0: never; default 1800)",
     )
     net.add_argument(
         "--max-connection-age-grace-s",
@@ -149,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
         "chunks pooled and averaged by token count (default reject). " + PER_MODEL,
     )
     models.add_argument(
+        "--max-input-chars",
+        action="append",
+        type=positive_int,
+        help="the most characters of one text, checked before tokenizing (default: 64 per "
+        "token of the model's maximum length, 1024 per token where the text may be "
+        "truncated or chunked). " + PER_MODEL,
+    )
+    models.add_argument(
         "--hf-overrides",
         action="append",
         metavar="JSON",
@@ -182,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=1024,
         help="most inputs in one request",
+    )
+    batching.add_argument(
+        "--max-request-chars",
+        type=positive_int,
+        default=Limits().max_request_chars,
+        help="the most characters of all texts in one request together (default %(default)s)",
     )
     batching.add_argument(
         "--max-batch-tokens",
@@ -261,11 +281,12 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     sources = args.model or [DEFAULT_MODEL]
     n = len(sources)
     specs = []
-    for source, pooling, side, long_input, overrides in zip(
+    for source, pooling, side, long_input, max_chars, overrides in zip(
         sources,
         _per_model(args.pooling_type, n, "--pooling-type"),
         _per_model(args.truncation_side, n, "--truncation-side"),
         _per_model(args.long_input, n, "--long-input"),
+        _per_model(args.max_input_chars, n, "--max-input-chars"),
         _per_model(args.hf_overrides, n, "--hf-overrides"),
         strict=True,
     ):
@@ -281,6 +302,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
                 pooling_type=PoolingType(pooling) if pooling not in (None, "auto") else None,
                 truncation_side=side or "right",
                 long_input=LongInput(long_input or LongInput.REJECT),
+                max_input_chars=max_chars,
                 hf_overrides=parsed,
             )
         )
@@ -319,7 +341,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         attn_implementation=args.attn_implementation,
         torch_threads=args.torch_threads,
         tokenizer_threads=args.tokenizer_threads,
-        limits=Limits(max_client_batch_size=args.max_client_batch_size),
+        limits=Limits(
+            max_client_batch_size=args.max_client_batch_size,
+            max_request_chars=args.max_request_chars,
+        ),
         batch=BatchConfig(
             max_batch_tokens=args.max_batch_tokens,
             max_batch_size=args.max_batch_size or 0,

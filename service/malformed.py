@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from engine.errors import ErrorKind, PoolingError
+from engine.errors import ErrorKind, FieldViolation, PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
@@ -27,12 +27,11 @@ SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 class Malformed:
     problem: str
 
-    def error(self) -> PoolingError:
-        return PoolingError(
-            ErrorKind.INVALID_ARGUMENT,
-            "MALFORMED_REQUEST",
-            f"the request message could not be parsed as protobuf: {self.problem}",
-        )
+    def error(self, field: str | None = None) -> PoolingError:
+        """`field`: which message it was, where a call carries several (a stream)."""
+        message = f"the request message could not be parsed as protobuf: {self.problem}"
+        violations = (FieldViolation(field, message, "MALFORMED_REQUEST"),) if field else ()
+        return PoolingError(ErrorKind.INVALID_ARGUMENT, "MALFORMED_REQUEST", message, violations)
 
 
 def tolerant(message_class: type[Message]) -> Callable[[bytes], Message | Malformed]:

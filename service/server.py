@@ -52,7 +52,7 @@ class ServerConfig:
     max_stream_inflight: int = 256
     drain_delay_s: float = 0.0
     shutdown_grace_s: float = 30.0
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = 16 * 1024 * 1024
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     transport: TransportConfig = field(default_factory=TransportConfig)

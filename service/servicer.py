@@ -11,8 +11,8 @@ import grpc
 from google.rpc import status_pb2
 
 from engine.engine import Engine
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from engine.validation import validate_tokenize
+from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
+from engine.validation import MAX_REQUEST_ID_BYTES
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service import convert
@@ -60,7 +60,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             raise
         except Exception as exc:
             code, reason = "INTERNAL", "INTERNAL_ERROR"
-            log.exception("request %r failed", request.request_id)
+            log.exception("request %r failed", clip(request.request_id, 64))
             raise internal_error() from exc
         finally:
             record.finish(code, model or self._model_label(request.model), items, tokens, reason)
@@ -118,17 +118,20 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             await done.put((response, weight))
 
         async def read() -> None:
+            """Errors about a message itself are answered in band, and the stream goes on."""
+            index = -1
             async for message in request_iterator:
+                index += 1
                 if type(message) is Malformed:
-                    raise message.error()
+                    error = to_status_proto(message.error(f"messages[{index}]"))
+                    await done.put((pb.PoolStreamResponse(error=error), 0))
+                    continue
                 request = message.request
                 weight = _weight(request)
                 await limit.acquire(weight)
-                error = _stream_id_error(request.request_id, seen)
+                error = _stream_id_error(request.request_id, seen, index)
                 if error is not None:
-                    await done.put(
-                        (pb.PoolStreamResponse(request_id=request.request_id, error=error), weight)
-                    )
+                    await done.put((pb.PoolStreamResponse(error=error), weight))
                     continue
                 seen.add(request.request_id)
                 task = asyncio.create_task(run(request, weight))
@@ -141,9 +144,6 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         try:
             while True:
                 if reader.done():
-                    failed = reader.exception()  # a bad message ends the stream
-                    if isinstance(failed, PoolingError):
-                        await context.abort_with_status(to_grpc_status(failed))
                     reader.result()  # re-raise a failed read; otherwise drain what is left
                     item = await done.get()
                 else:
@@ -186,7 +186,6 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             if type(request) is Malformed:
                 raise request.error()
             engine = self._ready_engine()
-            validate_tokenize(list(request.texts), engine.limits)
             add_special = (
                 request.add_special_tokens if request.HasField("add_special_tokens") else True
             )
@@ -204,16 +203,30 @@ def _weight(request: pb.PoolRequest) -> int:
     return max(len(getattr(request, case).texts), 1) if case else 1
 
 
-def _stream_id_error(request_id: str, seen: set[str]) -> status_pb2.Status | None:
-    if request_id and request_id not in seen:
+def _stream_id_error(request_id: str, seen: set[str], index: int) -> status_pb2.Status | None:
+    """An error about the id of stream message `index`: missing, too long, or repeated.
+
+    Answered with an empty request_id (see PoolStreamResponse), so the client never takes
+    it for the answer to the request that first used the id.
+    """
+    too_long = len(request_id.encode()) > MAX_REQUEST_ID_BYTES
+    if request_id and request_id not in seen and not too_long:
         return None
-    problem = "is required on a stream" if not request_id else "repeats an earlier request_id"
-    reason = "REQUEST_ID_MISSING" if not request_id else "REQUEST_ID_DUPLICATE"
+    metadata = {}
+    if not request_id:
+        reason, problem = "REQUEST_ID_MISSING", "request_id is required on a stream"
+    elif too_long:
+        reason = "REQUEST_ID_TOO_LONG"
+        problem = f"request_id has more than {MAX_REQUEST_ID_BYTES} bytes"
+    else:
+        reason, problem = "REQUEST_ID_DUPLICATE", "request_id repeats an earlier request_id"
+        metadata["request_id"] = request_id
     return to_status_proto(
         PoolingError(
             ErrorKind.INVALID_ARGUMENT,
             reason,
-            f"request_id {problem}",
-            (FieldViolation("request.request_id", f"request_id {problem}", reason),),
+            problem,
+            (FieldViolation(f"messages[{index}].request.request_id", problem, reason),),
+            metadata=metadata,
         )
     )

@@ -11,11 +11,13 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from engine.engine import Timings
+from engine.errors import clip
 from pooling_client.v1 import pooling_pb2 as pb
 from service.logs import FIELDS_ATTR
 from service.metrics import Metrics
 
 request_log = logging.getLogger("pooling.requests")
+LOGGED_ID_CHARS = 64  # ids and names are cut to this in logs
 
 
 def _epoch_ns(monotonic: float) -> int:
@@ -106,9 +108,9 @@ class RequestRecord:
     def _log(self, code: str, model: str, items: int, tokens: int, reason: str) -> None:
         t = self.timings
         fields = {
-            "request_id": self.request.request_id,
+            "request_id": clip(self.request.request_id, LOGGED_ID_CHARS),
             "rpc": self.rpc,
-            "model": model,
+            "model": clip(model, LOGGED_ID_CHARS),
             "task": self.task,
             "items": items,
             "prompt_tokens": tokens,

@@ -17,8 +17,8 @@ class TransportConfig:
     keepalive_timeout_s: float = 20.0
     keepalive_permit_without_calls: bool = True
     min_client_ping_interval_s: float = 10.0
-    max_concurrent_streams: int = 0  # 0: gRPC's default (unlimited)
-    max_connection_age_s: float = 0.0  # 0: connections live forever
+    max_concurrent_streams: int = 4096  # 0: gRPC's default (unlimited)
+    max_connection_age_s: float = 1800.0  # 0: connections live forever
     max_connection_age_grace_s: float = 30.0
     gzip_responses: bool = False
     # Several server processes share one port (--processes); otherwise a taken port is an error.

@@ -44,7 +44,6 @@ from service.server import PoolingServer, ServerConfig
 from tests.conftest import Served, server_args
 from tests.fixture_models import MINILM
 from tests.metrics_endpoint import metric_sum, scrape
-from tests.rpc_errors import decode_rpc_error
 from tests.server_process import ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -335,7 +334,8 @@ def test_metrics_stay_exact_under_a_burst(quiet: Quiet, quiet_stub: Stub) -> Non
     # gRPC core cancels calls the server has not taken up past grpc.server.max_pending_requests
     # (1,000 by default); the server raises that bound, so every call of the burst is answered.
     assert not shed, f"{len(shed)} of {BURST} calls cancelled"
-    assert got == {rid: expected[rid] for rid in got}
+    wrong = {rid: (code, expected[rid]) for rid, code in got.items() if code != expected[rid]}
+    assert not wrong, list(wrong.items())[:5]
     answered = [rid for rid, code in got.items() if code == grpc.StatusCode.OK]
     n_ok, n_bad = len(answered), len(got) - len(answered)
     assert n_ok > 0 and n_bad > 0
@@ -359,59 +359,6 @@ def test_metrics_stay_exact_under_a_burst(quiet: Quiet, quiet_stub: Stub) -> Non
     assert delta("pooling_batch_real_tokens_total", model="tiny-bert") == tokens
     assert delta("pooling_queue_seconds_count", model="tiny-bert") == items
     assert metric_sum(after, "pooling_queue_depth", model="tiny-bert") == 0
-
-
-# ---------------------------------------------------------------------------------------
-# Malformed bytes on every method of the service
-# ---------------------------------------------------------------------------------------
-
-GARBAGE = [b"\xff\xff\xff\x07garbage", b"\x0a\xff\xff\xff\xff\x0f"]
-
-
-def identity(data: bytes) -> bytes:
-    return data
-
-
-def call_raw(channel: grpc.Channel, path: str, method: Any, payload: bytes) -> None:
-    """Send payload as the one request message, in the method's shape."""
-    if method.client_streaming and method.server_streaming:
-        list(channel.stream_stream(path, identity, identity)(iter([payload]), timeout=10))
-    elif method.client_streaming:
-        channel.stream_unary(path, identity, identity)(iter([payload]), timeout=10)
-    elif method.server_streaming:
-        list(channel.unary_stream(path, identity, identity)(payload, timeout=10))
-    else:
-        channel.unary_unary(path, identity, identity)(payload, timeout=10)
-
-
-def test_the_descriptor_lists_the_known_methods() -> None:
-    names = {method.name for method in SERVICE.methods}
-    assert {"Pool", "PoolStream", "ListModels", "Tokenize"} <= names
-
-
-@pytest.mark.parametrize("payload", GARBAGE, ids=["bad-tag", "truncated"])
-@pytest.mark.parametrize("method", list(SERVICE.methods), ids=lambda m: m.name)
-def test_malformed_bytes_on_every_method(
-    quiet: Quiet, method: Any, payload: bytes, quiet_stub: Stub
-) -> None:
-    path = f"/{SERVICE.full_name}/{method.name}"
-    channel = grpc.insecure_channel(quiet.process.address)
-    with channel, pytest.raises(grpc.RpcError) as caught:
-        call_raw(channel, path, method, payload)
-    error = decode_rpc_error(caught.value)
-    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
-    assert quiet_stub.Pool(text_request("embed", "", ["still serving"]), timeout=30).embed
-
-
-def test_malformed_bytes_after_good_ones_on_a_stream(quiet: Quiet, quiet_stub: Stub) -> None:
-    path = f"/{SERVICE.full_name}/PoolStream"
-    good = pb.PoolStreamRequest(request=text_request("embed", "good", ["fine"])).SerializeToString()
-    with grpc.insecure_channel(quiet.process.address) as channel:
-        call = channel.stream_stream(path, identity, pb.PoolStreamResponse.FromString)
-        with pytest.raises(grpc.RpcError) as caught:
-            list(call(iter([good, good.replace(b"good", b"next"), GARBAGE[0]]), timeout=10))
-    error = decode_rpc_error(caught.value)
-    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST")
 
 
 # ---------------------------------------------------------------------------------------
