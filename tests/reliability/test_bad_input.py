@@ -450,25 +450,34 @@ def test_one_megabyte_text(
 def test_duplicate_and_missing_stream_ids(
     server: ServerProcess, stub: pooling_pb2_grpc.PoolingServiceStub
 ) -> None:
+    """The first use of an id is served. A repeat or a missing id is refused in-band with an
+    empty request_id (so no answer ever carries an id twice); its field path names the
+    message's 0-based index in the stream, and ErrorInfo metadata names a repeated id."""
     ids = ["a", "b", "a", "", "b", "c", "a"]
     messages = [
         pb.PoolStreamRequest(request=embed_request([f"text {i}"], request_id=rid))
         for i, rid in enumerate(ids)
     ]
     answers = list(stub.PoolStream(iter(messages), timeout=60))
-    assert sorted(a.request_id for a in answers) == sorted(ids)
-    reasons: dict[str, list[str]] = {}
+    served = sorted(a.request_id for a in answers if a.WhichOneof("result") == "response")
+    assert served == ["a", "b", "c"]
+    for answer in answers:
+        if answer.WhichOneof("result") == "response":
+            assert len(answer.response.embed.embeddings) == 1
+    refused: dict[str, tuple[str | None, str]] = {}
     for answer in answers:
         if answer.WhichOneof("result") == "error":
+            assert answer.request_id == ""
             error = check_status(answer.error, [grpc.StatusCode.INVALID_ARGUMENT])
-            reasons.setdefault(answer.request_id, []).append(error.reason or "")
-        else:
-            reasons.setdefault(answer.request_id, []).append("OK")
-            assert len(answer.response.embed.embeddings) == 1
-    assert sorted(reasons["a"]) == ["OK", "REQUEST_ID_DUPLICATE", "REQUEST_ID_DUPLICATE"]
-    assert sorted(reasons["b"]) == ["OK", "REQUEST_ID_DUPLICATE"]
-    assert reasons["c"] == ["OK"]
-    assert reasons[""] == ["REQUEST_ID_MISSING"]
+            assert error.info is not None and len(error.fields) == 1, error
+            refused[error.fields[0]] = (error.reason, error.info.metadata.get("request_id", ""))
+    path = "messages[{}].request.request_id".format
+    assert refused == {
+        path(2): ("REQUEST_ID_DUPLICATE", "a"),
+        path(3): ("REQUEST_ID_MISSING", ""),
+        path(4): ("REQUEST_ID_DUPLICATE", "b"),
+        path(6): ("REQUEST_ID_DUPLICATE", "a"),
+    }
 
 
 BIG_ERRORS = {
