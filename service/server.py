@@ -22,8 +22,8 @@ from engine.model_runner import ThreadShare
 from engine.validation import Limits
 from pooling_client.v1 import pooling_pb2
 from service.auth import BearerTokenInterceptor
+from service.handlers import add_pooling_service
 from service.health import HealthServicer
-from service.malformed import add_pooling_service
 from service.metrics import Metrics
 from service.servicer import PoolingServicer
 from service.telemetry import Telemetry

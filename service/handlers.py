@@ -1,16 +1,21 @@
-"""PoolingService registered with deserializers that never raise.
+"""How PoolingService is registered: parsing that never raises, and one message per unary call.
 
 grpcio answers a message that fails to deserialize with INTERNAL ("Exception
 deserializing request"), which tells a client nothing and looks like a server bug.
 Here each method's deserializer turns bad bytes into a `Malformed` marker instead, and
-the servicer answers it with INVALID_ARGUMENT and reason MALFORMED_REQUEST. The handlers
-are built once at startup, so a call pays nothing beyond its own parse (an interceptor
-would rebuild each call's handler).
+the servicer answers it with INVALID_ARGUMENT and reason MALFORMED_REQUEST.
+
+grpcio's asyncio server never answers a unary call that ends without a message (it takes
+that for a cancellation), and serves one that carries two. So methods with one request
+message are registered as client-streaming and read it themselves: none, or more than
+one, is INVALID_ARGUMENT. The wire format is the same, so clients see a unary method.
+
+The handlers are built once at startup; a call pays nothing beyond its own parse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +24,7 @@ from google.protobuf.message import Message
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
+from service.errors import to_grpc_status
 
 SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 
@@ -46,23 +52,22 @@ def tolerant(message_class: type[Message]) -> Callable[[bytes], Message | Malfor
     return deserialize
 
 
-_HANDLER_KINDS = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
 def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
     """Register every method of the service's descriptor on `servicer`'s same-named method."""
     handlers = {}
     for method in SERVICE.methods:
         request_class = getattr(pb, method.input_type.name)
         response_class = getattr(pb, method.output_type.name)
-        kind = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        behaviour = getattr(servicer, method.name)
+        if not method.client_streaming:
+            behaviour = _one_message(behaviour)
+        kind = (
+            grpc.stream_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.stream_unary_rpc_method_handler
+        )
         handlers[method.name] = kind(
-            getattr(servicer, method.name),
+            behaviour,
             request_deserializer=tolerant(request_class),
             response_serializer=response_class.SerializeToString,
         )
@@ -70,3 +75,24 @@ def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
         (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
     )
     server.add_registered_method_handlers(SERVICE.full_name, handlers)
+
+
+def _one_message(
+    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """A unary method's behaviour, fed the call's one request message."""
+
+    async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
+        request = await context.read()
+        if request is grpc.aio.EOF:
+            await _refuse(context, "the call ended without its request message")
+        if await context.read() is not grpc.aio.EOF:
+            await _refuse(context, "the call carried more than one request message")
+        return await behaviour(request, context)
+
+    return call
+
+
+async def _refuse(context: grpc.aio.ServicerContext, problem: str) -> None:
+    error = PoolingError(ErrorKind.INVALID_ARGUMENT, "ONE_MESSAGE_EXPECTED", problem)
+    await context.abort_with_status(to_grpc_status(error))
