@@ -81,10 +81,19 @@ def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
     return batch
 
 
-def thread_share(config: ServerConfig, device: torch.device, workers: int) -> ThreadShare | None:
+# Below this hidden size a pass's operations are too small to split across cores: the
+# intra-op threads would spend more spinning between them than they save.
+MIN_HIDDEN_FOR_THREADS = 128
+
+
+def thread_share(
+    config: ServerConfig, device: torch.device, workers: int, hidden_size: int
+) -> ThreadShare | None:
     """On CPU a lone forward pass takes every core, and concurrent ones split them."""
     if device.type != "cpu":
         return None
+    if hidden_size < MIN_HIDDEN_FOR_THREADS and not config.torch_threads:
+        return ThreadShare(alone=1, shared=1)
     cores = _cores(config)
     return ThreadShare(alone=cores, shared=max(1, cores // workers))
 
@@ -93,7 +102,6 @@ def load_engine(config: ServerConfig) -> Engine:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     batch = batch_config_for(config, device)
-    threads = thread_share(config, device, batch.workers)
     models = []
     for index, spec in enumerate(config.models):
         model = load_model(
@@ -114,14 +122,16 @@ def load_engine(config: ServerConfig) -> Engine:
             info.max_input_tokens,
             info.pooling_type,
         )
+        threads = thread_share(config, device, batch.workers, info.hidden_size)
         model.runner.threads = threads
         models.append(model)
-    log.info(
-        "%d forward worker(s) per model, intra-op threads %s, batches of at most %d",
-        batch.workers,
-        threads or torch.get_num_threads(),
-        batch.max_batch_size,
-    )
+        log.info(
+            "model %s: %d forward worker(s), intra-op threads %s, batches of at most %d",
+            info.name,
+            batch.workers,
+            threads or torch.get_num_threads(),
+            batch.max_batch_size,
+        )
     return Engine(models, config.limits, batch, config.tokenizer_threads)
 
 

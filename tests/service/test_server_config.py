@@ -27,14 +27,14 @@ def test_cpu_gets_two_workers_that_share_the_cores(eight_cores: None) -> None:
     config = ServerConfig()
     batch = batch_config_for(config, CPU)
     assert (batch.workers, batch.max_batch_size) == (2, 32)
-    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=8, shared=4)
+    assert thread_share(config, CPU, batch.workers, 384) == ThreadShare(alone=8, shared=4)
 
 
 def test_flags_win_over_the_device_defaults(eight_cores: None) -> None:
     config = ServerConfig(torch_threads=3, batch=BatchConfig(max_batch_size=8, workers=1))
     batch = batch_config_for(config, CPU)
     assert (batch.workers, batch.max_batch_size, torch.get_num_threads()) == (1, 8, 3)
-    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=3, shared=3)
+    assert thread_share(config, CPU, batch.workers, 384) == ThreadShare(alone=3, shared=3)
 
 
 def test_torch_threads_stand_for_the_cores_of_a_container(eight_cores: None) -> None:
@@ -42,7 +42,7 @@ def test_torch_threads_stand_for_the_cores_of_a_container(eight_cores: None) -> 
     config = ServerConfig(torch_threads=2)
     batch = batch_config_for(config, CPU)
     assert batch.workers == 2
-    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=2, shared=1)
+    assert thread_share(config, CPU, batch.workers, 384) == ThreadShare(alone=2, shared=1)
 
 
 def test_one_core_gets_one_worker(monkeypatch: pytest.MonkeyPatch, eight_cores: None) -> None:
@@ -50,7 +50,7 @@ def test_one_core_gets_one_worker(monkeypatch: pytest.MonkeyPatch, eight_cores: 
     config = ServerConfig()
     batch = batch_config_for(config, CPU)
     assert batch.workers == 1
-    assert thread_share(config, CPU, batch.workers) == ThreadShare(alone=1, shared=1)
+    assert thread_share(config, CPU, batch.workers, 384) == ThreadShare(alone=1, shared=1)
 
 
 def test_gpu_prepares_one_batch_while_another_runs(eight_cores: None) -> None:
@@ -58,5 +58,14 @@ def test_gpu_prepares_one_batch_while_another_runs(eight_cores: None) -> None:
     config = ServerConfig()
     batch = batch_config_for(config, GPU)
     assert (batch.workers, batch.max_batch_size) == (2, 256)
-    assert thread_share(config, GPU, batch.workers) is None
+    assert thread_share(config, GPU, batch.workers, 384) is None
     assert torch.get_num_threads() == 5, "intra-op threads are left alone on a GPU"
+
+
+def test_a_tiny_model_runs_its_passes_on_one_thread(eight_cores: None) -> None:
+    """Its operations are too small to split; --torch-threads still decides when given."""
+    config = ServerConfig()
+    batch = batch_config_for(config, CPU)
+    assert thread_share(config, CPU, batch.workers, 32) == ThreadShare(alone=1, shared=1)
+    given = ServerConfig(torch_threads=4)
+    assert thread_share(given, CPU, batch.workers, 32) == ThreadShare(alone=4, shared=2)
