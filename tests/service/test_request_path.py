@@ -25,10 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -44,6 +41,7 @@ from service.server import PoolingServer, ServerConfig
 from tests.conftest import Served, server_args
 from tests.fixture_models import MINILM
 from tests.metrics_endpoint import metric_sum, scrape
+from tests.responses import assert_same_response
 from tests.server_process import ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -54,7 +52,6 @@ REQUEST_LOGGER = "pooling.requests"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 TRACEPARENT = ("traceparent", f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01")
-ATOL = 1e-5
 SENTENCE = (
     "the quick brown fox jumps over a lazy dog near the river bank while small birds sing "
     "in tall green trees and an old man reads his newspaper on a wooden bench"
@@ -398,38 +395,6 @@ def parity_requests(count: int = 64) -> list[pb.PoolRequest]:
         else:
             requests.append(text_request(case, rid, texts, model, **params))
     return requests
-
-
-def split_floats(message: Message) -> tuple[Message, np.ndarray]:
-    """A copy of the message without its float fields, and those floats in order."""
-    rest = type(message)()
-    rest.CopyFrom(message)
-    floats: list[float] = []
-
-    def walk(node: Message) -> None:
-        for descriptor, value in node.ListFields():
-            if descriptor.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
-                if descriptor.is_repeated:
-                    floats.extend(value)
-                    del value[:]
-                else:
-                    floats.append(value)
-                    node.ClearField(descriptor.name)
-            elif descriptor.type == FieldDescriptor.TYPE_MESSAGE:
-                for child in value if descriptor.is_repeated else [value]:
-                    walk(child)
-
-    walk(rest)
-    return rest, np.array(floats, dtype=np.float64)
-
-
-def assert_same_response(got: pb.PoolResponse, want: pb.PoolResponse) -> None:
-    got_rest, got_floats = split_floats(got)
-    want_rest, want_floats = split_floats(want)
-    assert got_rest == want_rest, want.request_id
-    assert got_floats.shape == want_floats.shape, want.request_id
-    assert want_floats.size > 0, want.request_id
-    assert float(np.max(np.abs(got_floats - want_floats))) <= ATOL, want.request_id
 
 
 async def stream_all(address: str, requests: Sequence[pb.PoolRequest]) -> list[Any]:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2
 
@@ -26,6 +25,7 @@ from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service.server import PoolingServer, ServerConfig
+from tests.responses import assert_same_response
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
 from tests.server_process import ServerProcess, start_server
 
@@ -33,7 +33,6 @@ pytestmark = pytest.mark.timeout(180)
 
 Stub = pooling_pb2_grpc.PoolingServiceStub
 WAIT_S = 30.0
-ATOL = 1e-5
 WORDS = "the quick brown fox jumps over a lazy dog near the river bank today"
 LIMIT = 4  # --max-stream-inflight and --max-queued-items of the limited server
 
@@ -59,38 +58,6 @@ def text_request(case: str, rid: str, texts: Sequence[str], model: str = "", **p
 
 def embed(rid: str, *texts: str, model: str = "tiny-bert") -> pb.PoolRequest:
     return text_request("embed", rid, texts, model)
-
-
-def split_floats(response: pb.PoolResponse) -> tuple[pb.PoolResponse, np.ndarray]:
-    """The response without its float values, and those values in order."""
-    rest = pb.PoolResponse()
-    rest.CopyFrom(response)
-    case = rest.WhichOneof("output")
-    assert case is not None
-    output = getattr(rest, case)
-    holders: list[Any]
-    if case == "embed":
-        holders, name = list(output.embeddings), "values"
-    elif case == "classify":
-        holders, name = list(output.classifications), "probs"
-    elif case == "score":
-        holders, name = [output], "scores"
-    else:
-        holders, name = list(output.items), "values"
-    floats: list[float] = []
-    for holder in holders:
-        floats += getattr(holder, name)
-        del getattr(holder, name)[:]
-    return rest, np.array(floats, dtype=np.float64)
-
-
-def assert_same_response(got: pb.PoolResponse, want: pb.PoolResponse) -> None:
-    got_rest, got_floats = split_floats(got)
-    want_rest, want_floats = split_floats(want)
-    assert got_rest == want_rest, got.request_id
-    assert got_floats.shape == want_floats.shape, got.request_id
-    if got_floats.size:
-        assert float(np.max(np.abs(got_floats - want_floats))) <= ATOL, got.request_id
 
 
 def unary_error(stub: Stub, request: pb.PoolRequest) -> DecodedError:
