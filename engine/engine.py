@@ -19,15 +19,14 @@ from queue import Empty, SimpleQueue
 import numpy as np
 
 from engine.batch_queue import BatchConfig, BatchQueue, Job, RequestTiming
-from engine.errors import FieldViolation, PoolingError
 from engine.loader import LoadedModel
 from engine.model_info import ModelInfo
 from engine.outputs import PoolResult
 from engine.plans import Plan, plan_request
 from engine.request import PoolRequest
 from engine.validation import (
-    MAX_MODEL_NAME_CHARS,
     Limits,
+    check_model_name,
     unknown_model,
     validate_request,
     validate_tokenize,
@@ -106,17 +105,7 @@ class Engine:
         await asyncio.gather(*(queue.stop() for queue in self._queues.values()))
 
     def resolve(self, name: str) -> LoadedModel:
-        if len(name) > MAX_MODEL_NAME_CHARS:
-            raise PoolingError.invalid(
-                [
-                    FieldViolation(
-                        "model",
-                        f"the model name has {len(name)} characters, more than "
-                        f"{MAX_MODEL_NAME_CHARS}",
-                        "MODEL_NAME_TOO_LONG",
-                    )
-                ]
-            )
+        check_model_name(name)
         model = self._models.get(name or self._default)
         if model is None:
             raise unknown_model(name, list(self._models))

@@ -244,6 +244,20 @@ def validate_request(request: PoolRequest, info: ModelInfo, limits: Limits) -> N
             raise error
 
 
+def check_model_name(name: str) -> None:
+    """Before the name is looked up: a name is echoed in errors, so it is bounded."""
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        raise PoolingError.invalid(
+            [
+                FieldViolation(
+                    "model",
+                    f"the model name has {len(name)} characters, more than {MAX_MODEL_NAME_CHARS}",
+                    "MODEL_NAME_TOO_LONG",
+                )
+            ]
+        )
+
+
 def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
     listed = ", ".join(f'"{s}"' for s in served)
     return PoolingError(

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 import grpc
 
-MAX_PENDING_CALLS = 20_000
+# Calls accepted by gRPC core but not yet taken up by the server, server-wide. gRPC core's
+# default (1,000 soft, 3,000 hard) cancels calls of an ordinary burst unseen; past this bound
+# core still sheds them, which is part of its defence against rapid-reset floods.
+MAX_PENDING_CALLS = 4096
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,8 @@ class TransportConfig:
                 int(self.min_client_ping_interval_s * 1000),
             ),
             ("grpc.http2.max_pings_without_data", 0),
-            # Calls that arrived but that the server has not yet taken up. Past gRPC's
-            # default (1,000) core cancels them unseen, so a burst loses calls with a bare
-            # CANCELLED; the engine's queue bound answers overload with QUEUE_FULL instead.
+            # See MAX_PENDING_CALLS: a burst is queued and, past --max-queued-items,
+            # refused with QUEUE_FULL instead of cancelled unseen.
             ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
             ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
         ]
