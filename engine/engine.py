@@ -143,8 +143,9 @@ class Engine:
                     request, model = entry.request, entry.model
                     plan = plan_request(request, model)
                     entry.timings.tokenize_s = time.monotonic() - entry.started
-                    job = Job(plan.work, _finisher(request, model, plan), entry.future)
-                    job.deadline, job.timing = entry.deadline, entry.timings.batches
+                    finish = _finisher(request, model, plan)
+                    batches = entry.timings.batches
+                    job = Job(plan.work, finish, entry.future, entry.deadline, batches)
                     jobs.setdefault(model.info.name, []).append(job)
                 except Exception as exc:  # the request's own error, or a bug: the caller hears it
                     failed.append((entry, exc))

@@ -75,12 +75,16 @@ def _batch_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterat
         )
 
 
+def request_id_too_long(request_id: str) -> bool:
+    return len(request_id.encode()) > MAX_REQUEST_ID_BYTES
+
+
 def _request_id(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
-    size = len(request.request_id.encode())
-    if size > MAX_REQUEST_ID_BYTES:
+    if request_id_too_long(request.request_id):
         yield FieldViolation(
             "request_id",
-            f"request_id has {size} bytes, more than {MAX_REQUEST_ID_BYTES}",
+            f"request_id has {len(request.request_id.encode())} bytes, more than "
+            f"{MAX_REQUEST_ID_BYTES}",
             "REQUEST_ID_TOO_LONG",
         )
 
@@ -103,18 +107,15 @@ def _characters(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterat
     chunked = info.chunks_long_input and request.task not in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
     may_run_long = request.params.truncate_prompt_tokens is not None or chunked
     lists = list(_inputs(request))
-    yield from text_chars(lists, info.char_limit(may_run_long))
-    total = sum(len(text) for _, texts in lists for text in texts)
-    if total > limits.max_request_chars:
-        yield FieldViolation(
-            "score" if request.task is Task.SCORE else lists[0][0],
-            f"the texts hold {total} characters together, more than the limit of "
-            f"{limits.max_request_chars} per request (--max-request-chars); split the request",
-            "REQUEST_TOO_LARGE",
-        )
+    whole = "score" if request.task is Task.SCORE else lists[0][0]
+    yield from _character_bounds(lists, whole, info.char_limit(may_run_long), limits)
 
 
-def text_chars(lists: Sequence[tuple[str, Sequence[str]]], limit: int) -> Iterator[FieldViolation]:
+def _character_bounds(
+    lists: Sequence[tuple[str, Sequence[str]]], whole: str, limit: int, limits: Limits
+) -> Iterator[FieldViolation]:
+    """Each text within `limit` characters (path `list[i]`), and all of them within the
+    request bound (path `whole`)."""
     for path, texts in lists:
         for i, text in enumerate(texts):
             if len(text) > limit:
@@ -124,6 +125,14 @@ def text_chars(lists: Sequence[tuple[str, Sequence[str]]], limit: int) -> Iterat
                     "(--max-input-chars); shorten it",
                     "INPUT_TOO_LONG",
                 )
+    total = sum(len(text) for _, texts in lists for text in texts)
+    if total > limits.max_request_chars:
+        yield FieldViolation(
+            whole,
+            f"the texts hold {total} characters together, more than the limit of "
+            f"{limits.max_request_chars} per request (--max-request-chars); split the request",
+            "REQUEST_TOO_LARGE",
+        )
 
 
 def _task_agrees(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
@@ -309,16 +318,8 @@ def validate_tokenize(texts: Sequence[str], info: ModelInfo, limits: Limits) -> 
                 )
             ]
         )
-    violations = list(text_chars([("texts", texts)], info.char_limit(long=True)))
-    total = sum(map(len, texts))
-    if total > limits.max_request_chars:
-        violations.append(
-            FieldViolation(
-                "texts",
-                f"the texts hold {total} characters together, more than the limit of "
-                f"{limits.max_request_chars} per request (--max-request-chars)",
-                "REQUEST_TOO_LARGE",
-            )
-        )
+    violations = list(
+        _character_bounds([("texts", texts)], "texts", info.char_limit(long=True), limits)
+    )
     if violations:
         raise PoolingError.invalid(violations)

@@ -12,7 +12,7 @@ from google.rpc import status_pb2
 
 from engine.engine import Engine
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from engine.validation import MAX_REQUEST_ID_BYTES
+from engine.validation import MAX_REQUEST_ID_BYTES, request_id_too_long
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service import convert
@@ -209,7 +209,7 @@ def _stream_id_error(request_id: str, seen: set[str], index: int) -> status_pb2.
     Answered with an empty request_id (see PoolStreamResponse), so the client never takes
     it for the answer to the request that first used the id.
     """
-    too_long = len(request_id.encode()) > MAX_REQUEST_ID_BYTES
+    too_long = request_id_too_long(request_id)
     if request_id and request_id not in seen and not too_long:
         return None
     metadata = {}
