@@ -22,14 +22,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.errors import ErrorKind, PoolingError
-from engine.model_runner import ModelRunner
+from engine.jobs import Job
 from engine.tokenization import Encoding
+
+if TYPE_CHECKING:  # the runner's torch is needed only where a model runs
+    from engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -45,47 +48,6 @@ class BatchConfig:
     min_padding_efficiency: float = 0.8
     # How many of the oldest items a scheduling step looks at; bounds its cost.
     lookahead: int = 2048
-
-
-@dataclass
-class RequestTiming:
-    """When a request's items entered the queue, and the span of the batches that ran them."""
-
-    enqueued: float = 0.0
-    started: float | None = None
-    finished: float | None = None
-
-    def add_batch(self, started: float, finished: float) -> None:
-        self.started = started if self.started is None else min(self.started, started)
-        self.finished = finished if self.finished is None else max(self.finished, finished)
-
-
-@dataclass(eq=False, slots=True)
-class Job:
-    """One request's sequences (with whether every token's state is wanted) and its future.
-
-    `finish` runs on the worker thread that computes the last sequence; its return value
-    (or exception) resolves `future`. `raws`, `remaining` and `failed` change under the
-    queue's lock only.
-    """
-
-    work: Sequence[tuple[Encoding, bool]]
-    finish: Callable[[list[np.ndarray]], object]
-    future: asyncio.Future[Any]
-    deadline: float | None = None
-    timing: RequestTiming = field(default_factory=RequestTiming)
-    raws: list[np.ndarray] = field(init=False)
-    remaining: int = field(init=False)
-    failed: bool = False
-
-    def __post_init__(self) -> None:
-        self.raws = [None] * len(self.work)  # type: ignore[list-item]
-        self.remaining = len(self.work)
-
-    @property
-    def dead(self) -> bool:
-        """Nobody waits for its items any more: the caller went away, or one item failed."""
-        return self.failed or self.future.done()
 
 
 @dataclass(eq=False, slots=True)
@@ -108,6 +70,7 @@ class QueueStats:
     dropped_cancelled: int = 0
     dropped_expired: int = 0
     failed_batches: int = 0
+    mixed_batches: int = 0  # batches holding jobs of more than one front end
 
 
 @dataclass(frozen=True)
@@ -120,6 +83,7 @@ class BatchRecord:
     queue_wait_s: Sequence[float]
     forward_s: float
     error: BaseException | None
+    origins: int = 1  # how many front ends' jobs the batch held
 
 
 class BatchQueue:
@@ -321,6 +285,7 @@ class BatchQueue:
             [started - item.enqueued for item in batch],
             finished - started,
             error,
+            len({item.job.origin for item in batch}),
         )
         completed: list[Job] = []
         outcomes: list[tuple[Job, object]] = []
@@ -364,6 +329,7 @@ class BatchQueue:
         self.stats.tokens_computed += record.tokens
         self.stats.padded_tokens_computed += record.padded_tokens
         self.stats.failed_batches += record.error is not None
+        self.stats.mixed_batches += record.origins > 1
         for observe in self.observers:
             observe(self.runner.info.name, record)
 

@@ -18,12 +18,14 @@ from queue import Empty, SimpleQueue
 
 import numpy as np
 
-from engine.batch_queue import BatchConfig, BatchQueue, Job, RequestTiming
-from engine.loader import LoadedModel
+from engine.batch_queue import BatchConfig, BatchQueue
+from engine.client import EngineClient, LocalEngineClient
+from engine.jobs import Job, RequestTiming
 from engine.model_info import ModelInfo
 from engine.outputs import PoolResult
 from engine.plans import Plan, plan_request
 from engine.request import PoolRequest
+from engine.served import ServedModel
 from engine.validation import (
     Limits,
     check_model_name,
@@ -61,18 +63,20 @@ class Timings:
 class Engine:
     def __init__(
         self,
-        models: Sequence[LoadedModel],
+        models: Sequence[ServedModel],
         limits: Limits | None = None,
         batch_config: BatchConfig | None = None,
         tokenizer_threads: int = 1,
+        client: EngineClient | None = None,
     ) -> None:
+        """`client`: where jobs are computed; by default here, which needs LoadedModels."""
         if not models:
             raise ValueError("at least one model is required")
         self.limits = limits or Limits()
         self.batch_config = batch_config or BatchConfig()
         self._models = {model.info.name: model for model in models}
         self._default = models[0].info.name
-        self._queues: dict[str, BatchQueue] = {}
+        self.client = client or LocalEngineClient(models, self.batch_config)  # type: ignore[arg-type]
         # Requests to tokenize and queue; each thread has its own tokenizer (ModelTokenizer).
         self._intake: SimpleQueue[_Intake | None] = SimpleQueue()
         self._tokenizers = [
@@ -86,13 +90,11 @@ class Engine:
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
-        return self._queues
+        """The batching queues in this process (none when an engine process computes)."""
+        return self.client.queues
 
     async def start(self) -> None:
-        for name, model in self._models.items():
-            queue = BatchQueue(model.runner, self.batch_config)
-            self._queues[name] = queue
-            await queue.start()
+        await self.client.start()
         for thread in self._tokenizers:
             thread.start()
 
@@ -102,9 +104,9 @@ class Engine:
         for thread in self._tokenizers:
             if thread.is_alive():
                 await asyncio.to_thread(thread.join)
-        await asyncio.gather(*(queue.stop() for queue in self._queues.values()))
+        await self.client.stop()
 
-    def resolve(self, name: str) -> LoadedModel:
+    def resolve(self, name: str) -> ServedModel:
         check_model_name(name)
         model = self._models.get(name or self._default)
         if model is None:
@@ -120,8 +122,14 @@ class Engine:
         model = self.resolve(request.model)
         validate_request(request, model.info, self.limits)
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
-        self._intake.put(_Intake(request, model, deadline, timings, future, started))
-        result = await future  # a cancelled caller cancels the future: its items are dropped
+        intake = _Intake(request, model, deadline, timings, future, started)
+        self._intake.put(intake)
+        try:
+            result = await future  # a cancelled caller cancels the future: its items are dropped
+        except asyncio.CancelledError:
+            if intake.job is not None:
+                self.client.cancel(intake.job)
+            raise
         batches = timings.batches
         if batches.started is not None and batches.finished is not None:
             timings.queue_s = batches.started - batches.enqueued
@@ -145,12 +153,12 @@ class Engine:
                     entry.timings.tokenize_s = time.monotonic() - entry.started
                     finish = _finisher(request, model, plan)
                     batches = entry.timings.batches
-                    job = Job(plan.work, finish, entry.future, entry.deadline, batches)
+                    job = entry.job = Job(plan.work, finish, entry.future, entry.deadline, batches)
                     jobs.setdefault(model.info.name, []).append(job)
                 except Exception as exc:  # the request's own error, or a bug: the caller hears it
                     failed.append((entry, exc))
             for name, queued in jobs.items():
-                failed += self._queues[name].enqueue(queued)
+                failed += self.client.submit(name, queued)
             if failed:
                 loop = failed[0][0].future.get_loop()
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
@@ -184,19 +192,20 @@ class Engine:
         return model.info, await asyncio.to_thread(run)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Intake:
-    """A validated request on its way to a tokenizer thread."""
+    """A validated request on its way to a tokenizer thread, then its job once queued."""
 
     request: PoolRequest
-    model: LoadedModel
+    model: ServedModel
     deadline: float | None
     timings: Timings
     future: asyncio.Future[PoolResult]
     started: float
+    job: Job | None = None
 
 
-def _finisher(request: PoolRequest, model: LoadedModel, plan: Plan) -> Callable[..., PoolResult]:
+def _finisher(request: PoolRequest, model: ServedModel, plan: Plan) -> Callable[..., PoolResult]:
     """Raw outputs to the request's result (heads included), run where the last batch ran."""
     name, tokens = model.info.name, plan.prompt_tokens
 

@@ -36,7 +36,8 @@ from engine.model_info import (
 )
 from engine.model_runner import ModelRunner
 from engine.params import Task
-from engine.tokenization import ModelTokenizer
+from engine.served import ServedModel
+from engine.tokenization import ModelTokenizer, TokenizerSpec
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,7 @@ class SentenceTransformersConfig:
 
 
 @dataclass
-class LoadedModel:
-    info: ModelInfo
-    tokenizer: ModelTokenizer
+class LoadedModel(ServedModel):
     runner: ModelRunner
 
 
@@ -213,7 +212,7 @@ def load_model(
     head = head_kind(config)
     hf_tokenizer = AutoTokenizer.from_pretrained(path)
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
-    tokenizer = ModelTokenizer(hf_tokenizer, max_tokens)
+    tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
 
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
     if attn_implementation:
@@ -241,7 +240,7 @@ def load_model(
         tasks=tasks,
         hidden_size=int(config.hidden_size),
         max_input_tokens=max_tokens,
-        num_special_tokens=tokenizer.num_special_tokens(pair=cross_encoder),
+        num_special_tokens=hf_tokenizer.num_special_tokens_to_add(pair=cross_encoder),
         pooling_type=pooling_type,
         default_normalize=st.normalize if st else True,
         activation=classifier_activation(config),

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.heads import activate, cosine, normalize, truncate_dimensions
-from engine.loader import LoadedModel
 from engine.model_info import Activation, ModelInfo
 from engine.outputs import Classification, Embedding, ItemOutput, Score, TokenRows
 from engine.params import Task
 from engine.request import PoolRequest
+from engine.served import ServedModel
 from engine.tokenization import Encoding, special_edges
 from engine.validation import check_lengths
 
@@ -42,7 +42,7 @@ class _Text:
     parts: list[Encoding]
 
 
-def plan_request(request: PoolRequest, model: LoadedModel) -> Plan:
+def plan_request(request: PoolRequest, model: ServedModel) -> Plan:
     if request.task is Task.SCORE and model.info.is_cross_encoder:
         return _plan_cross_encoder(request, model)
     if request.task is Task.SCORE:
@@ -74,7 +74,7 @@ def _plan_texts(
 
 def _encode(
     request: PoolRequest,
-    model: LoadedModel,
+    model: ServedModel,
     texts: Sequence[str],
     path: str,
     pairs: Sequence[str] | None = None,
@@ -187,7 +187,7 @@ def _pair_index(request: PoolRequest) -> list[tuple[int, int]]:
     return [(0 if one else i, i) for i in range(len(request.text_2))]
 
 
-def _plan_cross_encoder(request: PoolRequest, model: LoadedModel) -> Plan:
+def _plan_cross_encoder(request: PoolRequest, model: ServedModel) -> Plan:
     pairs = _pair_index(request)
     texts = _encode(
         request,
@@ -204,7 +204,7 @@ def _plan_cross_encoder(request: PoolRequest, model: LoadedModel) -> Plan:
     return _plan_texts(texts, False, finish_one)
 
 
-def _plan_bi_encoder(request: PoolRequest, model: LoadedModel) -> Plan:
+def _plan_bi_encoder(request: PoolRequest, model: ServedModel) -> Plan:
     """Embed every text once, then the cosine similarity of each pair, in float32."""
     firsts = _encode(request, model, request.text_1, "score.text_1")
     seconds = _encode(request, model, request.text_2, "score.text_2")

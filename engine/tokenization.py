@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,27 @@ class Encoding:
         )
 
 
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Everything needed to tokenize as the model does, without transformers: the engine
+    process sends it to front ends, which then need neither torch nor transformers."""
+
+    source: str  # the Rust tokenizer's JSON
+    uses_token_type_ids: bool
+    pad_token_id: int
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase) -> TokenizerSpec:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError("the model needs a fast (Rust `tokenizers`) tokenizer")
+        return cls(
+            backend.to_str(),
+            "token_type_ids" in tokenizer.model_input_names,
+            _pad_token_id(tokenizer),
+        )
+
+
 class ModelTokenizer:
     """A model's tokenizer; each calling thread gets its own copy of the Rust tokenizer.
 
@@ -40,23 +64,20 @@ class ModelTokenizer:
     costs more Python per call than the tokenization of a short text itself.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_input_tokens: int) -> None:
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise ValueError("the model needs a fast (Rust `tokenizers`) tokenizer")
-        self._tokenizer = tokenizer
-        self._source = backend.to_str()
+    def __init__(self, spec: TokenizerSpec, max_input_tokens: int) -> None:
+        self.spec = spec
         self._local = threading.local()
+        self._shared = Tokenizer.from_str(spec.source)  # read-only uses: ids to tokens
         self.max_input_tokens = max_input_tokens
-        self.uses_token_type_ids = "token_type_ids" in tokenizer.model_input_names
-        self.pad_token_id = _pad_token_id(tokenizer)
+        self.uses_token_type_ids = spec.uses_token_type_ids
+        self.pad_token_id = spec.pad_token_id
 
     def _backend(self, max_length: int | None, side: str) -> Tokenizer:
         """This thread's tokenizer, set to truncate at `max_length` (None: never)."""
         local = self._local
         backend: Tokenizer | None = getattr(local, "backend", None)
         if backend is None:
-            backend = Tokenizer.from_str(self._source)
+            backend = Tokenizer.from_str(self.spec.source)
             backend.no_padding()
             local.backend, local.truncation = backend, ()
         if local.truncation != (max_length, side):
@@ -66,9 +87,6 @@ class ModelTokenizer:
                 backend.enable_truncation(max_length, strategy="longest_first", direction=side)
             local.truncation = (max_length, side)
         return backend
-
-    def num_special_tokens(self, pair: bool = False) -> int:
-        return self._tokenizer.num_special_tokens_to_add(pair=pair)
 
     def encode(
         self,
@@ -93,7 +111,8 @@ class ModelTokenizer:
         ]
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
-        return self._tokenizer.convert_ids_to_tokens(list(ids))
+        to_token = self._shared.id_to_token
+        return [to_token(i) for i in ids]
 
     def chunk(self, encoding: Encoding) -> list[Encoding]:
         """Split a too-long sequence into max-length windows, each with the special tokens."""

@@ -1,0 +1,59 @@
+"""A request's sequences on their way through a batching queue, and when they ran.
+
+Shared by the queue (which computes them) and the engine clients (which hand them over),
+so that neither needs the other, nor torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.tokenization import Encoding
+
+
+@dataclass
+class RequestTiming:
+    """When a request's items entered the queue, and the span of the batches that ran them."""
+
+    enqueued: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+
+    def add_batch(self, started: float, finished: float) -> None:
+        self.started = started if self.started is None else min(self.started, started)
+        self.finished = finished if self.finished is None else max(self.finished, finished)
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One request's sequences (with whether every token's state is wanted) and its future.
+
+    `finish` runs on the worker thread that computes the last sequence; its return value
+    (or exception) resolves `future`. `raws`, `remaining` and `failed` change under the
+    queue's lock only.
+    """
+
+    work: Sequence[tuple[Encoding, bool]]
+    finish: Callable[[list[np.ndarray]], object]
+    future: asyncio.Future[Any]
+    deadline: float | None = None
+    timing: RequestTiming = field(default_factory=RequestTiming)
+    origin: int = 0  # which front end sent it, in an engine process; 0 in-process
+    key: int = 0  # its id in an engine process, when one computes it
+    raws: list[np.ndarray] = field(init=False)
+    remaining: int = field(init=False)
+    failed: bool = False
+
+    def __post_init__(self) -> None:
+        self.raws = [None] * len(self.work)  # type: ignore[list-item]
+        self.remaining = len(self.work)
+
+    @property
+    def dead(self) -> bool:
+        """Nobody waits for its items any more: the caller went away, or one item failed."""
+        return self.failed or self.future.done()
