@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +35,13 @@ from engine.model_info import (
     PoolingType,
 )
 from engine.model_runner import ModelRunner
+from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.params import Task
 from engine.served import ServedModel
 from engine.tokenization import ModelTokenizer, TokenizerSpec
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 FALLBACK_MAX_TOKENS = 512
 
 _HEAD_CLASSES = {
@@ -55,31 +55,6 @@ _ST_POOLING_KEYS = {
     "pooling_mode_cls_token": PoolingType.CLS,
     "pooling_mode_lasttoken": PoolingType.LAST,
 }
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One `--model` and its per-model options."""
-
-    source: str
-    name: str | None = None
-    pooling_type: PoolingType | None = None
-    truncation_side: str = "right"
-    long_input: LongInput = LongInput.REJECT
-    max_input_chars: int | None = None  # None: derived from the maximum tokens
-    hf_overrides: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, value: str, **options: Any) -> ModelSpec:
-        """`PATH_OR_ID` or `NAME=PATH_OR_ID`."""
-        name, sep, source = value.partition("=")
-        if sep and name and source:
-            return cls(source=source, name=name, **options)
-        return cls(source=value, **options)
-
-    @property
-    def served_name(self) -> str:
-        return self.name or self.source
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,19 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from engine.batch_queue import BatchConfig
-from engine.loader import DEFAULT_MODEL, ModelSpec
 from engine.model_info import LongInput, PoolingType
+from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.validation import Limits
 from service import logs
 from service.auth import load_keys
-from service.processes import run_processes
-from service.server import ServerConfig, serve
+from service.server import FrontendRole, ServerConfig, serve
+from service.supervisor import Supervisor
 from service.transport import TlsConfig, TransportConfig
 
 PER_MODEL = "Give it once for every model, or once per --model in the same order."
@@ -244,14 +245,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     life = parser.add_argument_group("lifecycle")
     life.add_argument(
+        "--frontends",
+        type=int,
+        default=1,
+        help="front-end processes sharing --port (SO_REUSEPORT), beside one engine process per "
+        "device that batches for all of them; each front end parses, validates, tokenizes "
+        "and answers. 0: the whole server in this one process",
+    )
+    life.add_argument(
         "--processes",
+        dest="frontends",
+        type=int,
+        help="the former name of --frontends (it used to start whole servers; now the models "
+        "load once per engine whatever the count)",
+    )
+    life.add_argument(
+        "--data-parallel",
         type=positive_int,
         default=1,
-        help="whole server processes sharing --port (SO_REUSEPORT; each loads the models and "
-        "child k serves metrics on --metrics-port + k). One event loop serves about a "
-        "thousand small requests a second: use several with a fast GPU",
+        help="engine processes, one per device (cuda:0, cuda:1, ...; on CPU each gets a share "
+        "of the cores); each request goes to the one with the least outstanding work",
     )
-    life.add_argument("--process-index", type=int, default=None, help=argparse.SUPPRESS)
+    life.add_argument("--role", choices=["engine", "frontend"], help=argparse.SUPPRESS)
+    life.add_argument("--role-index", type=int, default=0, help=argparse.SUPPRESS)
+    life.add_argument("--run-dir", help=argparse.SUPPRESS)
+    life.add_argument("--alive-fds", default="", help=argparse.SUPPRESS)
     life.add_argument(
         "--drain-delay-s",
         type=float,
@@ -357,9 +375,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         shutdown_grace_s=args.shutdown_grace_s,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         metrics_host=args.metrics_host,
-        metrics_port=(
-            args.metrics_port + (args.process_index or 0) if args.metrics_port is not None else None
-        ),
+        metrics_port=None if args.role else args.metrics_port,  # a split server's: the parent's
         transport=TransportConfig(
             keepalive_time_s=args.keepalive_time_s,
             keepalive_timeout_s=args.keepalive_timeout_s,
@@ -369,13 +385,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_connection_age_s=args.max_connection_age_s,
             max_connection_age_grace_s=args.max_connection_age_grace_s,
             gzip_responses=args.gzip_responses,
-            reuse_port=args.process_index is not None,
+            reuse_port=args.role == "frontend" and args.frontends > 1,
         ),
         tls=tls_config(args),
         api_keys=api_keys(args),
         otlp_endpoint=args.otlp_endpoint,
         log_inputs=args.log_inputs,
         log_requests=args.log_requests,
+        frontends=args.frontends,
+        data_parallel=args.data_parallel,
     )
 
 
@@ -383,15 +401,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
-    if args.processes > 1:
-        if args.port == 0:
-            raise SystemExit("--processes needs a fixed --port: the processes share it")
-        return run_processes(argv, args.processes)
+    if args.frontends < 0:
+        raise SystemExit("--frontends must be 0 (one process) or more")
+    config = config_from_args(args)
+    if args.role is None and args.frontends > 0:
+        if args.frontends > 1 and args.port == 0:
+            raise SystemExit("--frontends above 1 needs a fixed --port: the front ends share it")
+        metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
+        return Supervisor(argv, args.frontends, args.data_parallel, metrics).run()
+    if args.role is not None:
+        _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
+    if args.role == "engine":
+        from service.engine_process import run_engine
 
-    hf_logging.disable_progress_bar()
-    return asyncio.run(serve(config_from_args(args)))
+        return asyncio.run(run_engine(config, args.role_index, args.run_dir))
+    frontend = None
+    if args.role == "frontend":
+        fds = [int(fd) for fd in args.alive_fds.split(",") if fd]
+        frontend = FrontendRole(args.role_index, args.run_dir, args.data_parallel, fds)
+    else:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return asyncio.run(serve(config, frontend))
+
+
+def _die_with_parent() -> None:
+    """A child of a split server gets SIGTERM if the supervisor dies, even by SIGKILL."""
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from engine.batch_queue import BatchRecord
+from engine.batch_queue import BatchQueue, BatchRecord
 from engine.engine import Engine, Timings
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -71,7 +72,11 @@ class _ModelChildren:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
+        """`multiprocess`: one process of a split server; values go to the shared files
+        (PROMETHEUS_MULTIPROC_DIR) that the supervisor's endpoint reads, and the queue's
+        state is copied into gauges by the engine process (EngineStats) instead of being
+        read at scrape time."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -139,7 +144,8 @@ class Metrics:
         self._requests: dict[tuple[str, str, str, str], Any] = {}
         self._by_model: dict[str, _ModelChildren] = {}
         self._engine_collector = _EngineCollector()
-        r.register(self._engine_collector)
+        if not multiprocess:
+            r.register(self._engine_collector)
 
     def attach(self, engine: Engine) -> None:
         self._engine_collector.engine = engine
@@ -191,3 +197,67 @@ class Metrics:
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)
+
+
+class EngineStats:
+    """In an engine process: the queues' state, copied into shared-file metrics.
+
+    A scrape reaches the supervisor, not this process, so what the in-process collector
+    reads at scrape time is copied here every `sync()` instead.
+    """
+
+    def __init__(self, metrics: Metrics, queues: dict[str, BatchQueue]) -> None:
+        r = metrics.registry
+        self.queues = queues
+        self.depth = Gauge(
+            "pooling_queue_depth",
+            "Items waiting in the queue",
+            ["model"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.dropped = Counter(
+            "pooling_dropped_items",
+            "Queued items dropped before computing: cancelled by the client or past the deadline",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.mixed = Counter(
+            "pooling_mixed_batches",
+            "Batches holding items sent by more than one front-end process",
+            ["model"],
+            registry=r,
+        )
+        self.loaded = Gauge(
+            "pooling_models_loaded",
+            "Models loaded and serving",
+            multiprocess_mode="livemax",
+            registry=r,
+        )
+        self._seen: dict[int, int] = {}
+        for queue in queues.values():
+            queue.observers.append(metrics.observe_batch)
+
+    def sync(self) -> None:
+        self.loaded.set(len(self.queues))
+        for name, queue in self.queues.items():
+            self.depth.labels(name).set(queue.depth)
+            stats = queue.stats
+            self._add(
+                self.dropped.labels(name, "cancelled"), name, "cancelled", stats.dropped_cancelled
+            )
+            self._add(self.dropped.labels(name, "expired"), name, "expired", stats.dropped_expired)
+            self._add(self.mixed.labels(name), name, "mixed", stats.mixed_batches)
+
+    def _add(self, counter: Any, model: str, key: str, total: int) -> None:
+        seen = self._seen.get((model, key), 0)
+        if total > seen:
+            counter.inc(total - seen)
+            self._seen[model, key] = total
+
+
+def serve_multiprocess(host: str, port: int, path: str) -> None:
+    """The one /metrics endpoint of a split server: every process's shared files, summed."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=path)
+    start_http_server(port, addr=host, registry=registry)

@@ -4,27 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import grpc
-import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from engine.batch_queue import BatchConfig
 from engine.engine import Engine
-from engine.loader import DEFAULT_MODEL, ModelSpec, load_model, resolve_device, resolve_dtype
-from engine.model_runner import ThreadShare
+from engine.model_spec import DEFAULT_MODEL, ModelSpec
+from engine.remote import RemoteEngineClient
 from engine.validation import Limits
 from pooling_client.v1 import pooling_pb2
 from service.auth import BearerTokenInterceptor
 from service.handlers import add_pooling_service
 from service.health import HealthServicer
 from service.metrics import Metrics
+from service.run_dir import frontend_address, read_ready
 from service.servicer import PoolingServicer
 from service.telemetry import Telemetry
 from service.telemetry import tracer_provider as make_tracer_provider
@@ -61,88 +60,50 @@ class ServerConfig:
     otlp_endpoint: str | None = None
     log_inputs: bool = False
     log_requests: bool = False
+    frontends: int = 0  # front-end processes beside engine processes; 0: all in this one
+    data_parallel: int = 1  # engine processes (one per device)
 
 
-def _cores(config: ServerConfig) -> int:
-    """The cores forward passes may use: --torch-threads, else every CPU this process may use
-    (in a container, pass --torch-threads: the CPU limit does not show in the affinity)."""
-    return config.torch_threads or len(os.sched_getaffinity(0))
+@dataclass
+class FrontendRole:
+    """This process is front end `index` of a split server (service/supervisor.py)."""
+
+    index: int
+    run_dir: str
+    engines: int
+    alive_fds: Sequence[int] = ()
+    on_engine_dead: Callable[[int], None] | None = None
 
 
-def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
-    """Fill in what depends on the device: batch size cap and forward workers."""
-    batch = config.batch
-    if not batch.max_batch_size:
-        batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
-    if not batch.workers:
-        batch = replace(batch, workers=2 if device.type == "cuda" else min(2, _cores(config)))
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    return batch
-
-
-# Below this hidden size a pass's operations are too small to split across cores: the
-# intra-op threads would spend more spinning between them than they save.
-MIN_HIDDEN_FOR_THREADS = 128
-
-
-def thread_share(
-    config: ServerConfig, device: torch.device, workers: int, hidden_size: int
-) -> ThreadShare | None:
-    """On CPU a lone forward pass takes every core, and concurrent ones split them."""
-    if device.type != "cpu":
-        return None
-    if hidden_size < MIN_HIDDEN_FOR_THREADS and not config.torch_threads:
-        return ThreadShare(alone=1, shared=1)
-    cores = _cores(config)
-    return ThreadShare(alone=cores, shared=max(1, cores // workers))
-
-
-def load_engine(config: ServerConfig) -> Engine:
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    batch = batch_config_for(config, device)
-    models = []
-    for index, spec in enumerate(config.models):
-        model = load_model(
-            spec,
-            device=device,
-            dtype=dtype,
-            attn_implementation=config.attn_implementation,
-            is_default=index == 0,
-        )
-        info = model.info
-        log.info(
-            "loaded model %s (%s) on %s/%s: tasks %s, max %d tokens, pooling %s",
-            info.name,
-            info.architecture,
-            device,
-            str(dtype).removeprefix("torch."),
-            ", ".join(info.tasks),
-            info.max_input_tokens,
-            info.pooling_type,
-        )
-        threads = thread_share(config, device, batch.workers, info.hidden_size)
-        model.runner.threads = threads
-        models.append(model)
-        log.info(
-            "model %s: %d forward worker(s), intra-op threads %s, batches of at most %d",
-            info.name,
-            batch.workers,
-            threads or torch.get_num_threads(),
-            batch.max_batch_size,
-        )
-    return Engine(models, config.limits, batch, config.tokenizer_threads)
+def connect_engine(config: ServerConfig, frontend: FrontendRole) -> Engine:
+    """A front end's engine: tokenizers from the engine processes' descriptions, and a
+    client that sends them the jobs. Loads no weights, and neither torch nor transformers."""
+    engines = [read_ready(frontend.run_dir, k) for k in range(frontend.engines)]
+    served = [description.served() for description in engines[0].models]
+    client = RemoteEngineClient(
+        engines,
+        frontend_address(frontend.run_dir, frontend.index),
+        origin=frontend.index,
+        alive_fds=frontend.alive_fds,
+        on_engine_dead=frontend.on_engine_dead,
+    )
+    return Engine(served, config.limits, tokenizer_threads=config.tokenizer_threads, client=client)
 
 
 class PoolingServer:
     """A gRPC server whose health turns SERVING only once every model is loaded and warm."""
 
     def __init__(
-        self, config: ServerConfig, tracer_provider: trace.TracerProvider | None = None
+        self,
+        config: ServerConfig,
+        tracer_provider: trace.TracerProvider | None = None,
+        frontend: FrontendRole | None = None,
     ) -> None:
         self.config = config
-        self.metrics = Metrics()
+        self.frontend = frontend
+        if frontend is not None:
+            frontend.on_engine_dead = self._engine_died
+        self.metrics = Metrics(multiprocess=frontend is not None)
         telemetry = Telemetry(
             self.metrics,
             tracer_provider or make_tracer_provider(config.otlp_endpoint),
@@ -173,7 +134,7 @@ class PoolingServer:
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.config.transport.reuse_port:
-            # One of several processes on the port (--processes): join it only once able
+            # One of several front ends on the port (--frontends): join it only once able
             # to serve, so the kernel never hands a connection to a process still loading.
             await self._load()
             await self._listen()
@@ -205,11 +166,22 @@ class PoolingServer:
         log.info("listening on %s:%d", self.config.host, self.port)
 
     async def _load(self) -> None:
-        engine = await asyncio.to_thread(load_engine, self.config)
+        if self.frontend is None:
+            from service.loading import load_engine  # torch and transformers: only here
+
+            engine = await asyncio.to_thread(load_engine, self.config)
+        else:
+            engine = connect_engine(self.config, self.frontend)
         await engine.start()
         self.metrics.attach(engine)
         self.servicer.engine = engine
         log.info("loaded %d model(s)", len(engine.model_infos))
+
+    def _engine_died(self, engine: int) -> None:
+        """Calls waiting on it have failed; the supervisor stops the server and exits non-zero."""
+        self._not_serving = asyncio.ensure_future(
+            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        )
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING first, then stop accepting and finish what was accepted."""
@@ -223,8 +195,8 @@ class PoolingServer:
         log.info("stopped")
 
 
-async def serve(config: ServerConfig) -> int:
-    server = PoolingServer(config)
+async def serve(config: ServerConfig, frontend: FrontendRole | None = None) -> int:
+    server = PoolingServer(config, frontend=frontend)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

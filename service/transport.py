@@ -24,7 +24,7 @@ class TransportConfig:
     max_connection_age_s: float = 1800.0  # 0: connections live forever
     max_connection_age_grace_s: float = 30.0
     gzip_responses: bool = False
-    # Several server processes share one port (--processes); otherwise a taken port is an error.
+    # Several server processes share one port (--frontends); otherwise a taken port is an error.
     reuse_port: bool = False
 
     def options(self, max_message_bytes: int) -> list[tuple[str, int]]:

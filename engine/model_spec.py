@@ -1,0 +1,35 @@
+"""What `--model` and its per-model options ask for, before anything is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.model_info import LongInput, PoolingType
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One `--model` and its per-model options."""
+
+    source: str
+    name: str | None = None
+    pooling_type: PoolingType | None = None
+    truncation_side: str = "right"
+    long_input: LongInput = LongInput.REJECT
+    max_input_chars: int | None = None  # None: derived from the maximum tokens
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, value: str, **options: Any) -> ModelSpec:
+        """`PATH_OR_ID` or `NAME=PATH_OR_ID`."""
+        name, sep, source = value.partition("=")
+        if sep and name and source:
+            return cls(source=source, name=name, **options)
+        return cls(source=value, **options)
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.source

@@ -1,0 +1,98 @@
+"""Loading the models onto a device: batch sizes, forward workers and threads for it.
+
+Only a process that runs models imports this (and with it torch and transformers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+
+import torch
+
+from engine.batch_queue import BatchConfig
+from engine.engine import Engine
+from engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
+from engine.model_runner import ThreadShare
+from service.server import ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+def _cores(config: ServerConfig) -> int:
+    """The cores forward passes may use: --torch-threads, else every CPU this process may use
+    (in a container, pass --torch-threads: the CPU limit does not show in the affinity)."""
+    return config.torch_threads or len(os.sched_getaffinity(0))
+
+
+def batch_config_for(config: ServerConfig, device: torch.device) -> BatchConfig:
+    """Fill in what depends on the device: batch size cap and forward workers."""
+    batch = config.batch
+    if not batch.max_batch_size:
+        batch = replace(batch, max_batch_size=256 if device.type == "cuda" else 32)
+    if not batch.workers:
+        batch = replace(batch, workers=2 if device.type == "cuda" else min(2, _cores(config)))
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    return batch
+
+
+# Below this hidden size a pass's operations are too small to split across cores: the
+# intra-op threads would spend more spinning between them than they save.
+MIN_HIDDEN_FOR_THREADS = 128
+
+
+def thread_share(
+    config: ServerConfig, device: torch.device, workers: int, hidden_size: int
+) -> ThreadShare | None:
+    """On CPU a lone forward pass takes every core, and concurrent ones split them."""
+    if device.type != "cpu":
+        return None
+    if hidden_size < MIN_HIDDEN_FOR_THREADS and not config.torch_threads:
+        return ThreadShare(alone=1, shared=1)
+    cores = _cores(config)
+    return ThreadShare(alone=cores, shared=max(1, cores // workers))
+
+
+def load_models(config: ServerConfig) -> tuple[list[LoadedModel], BatchConfig]:
+    """Every --model on the configured device, with the batch settings for that device."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    batch = batch_config_for(config, device)
+    models = []
+    for index, spec in enumerate(config.models):
+        model = load_model(
+            spec,
+            device=device,
+            dtype=dtype,
+            attn_implementation=config.attn_implementation,
+            is_default=index == 0,
+        )
+        info = model.info
+        log.info(
+            "loaded model %s (%s) on %s/%s: tasks %s, max %d tokens, pooling %s",
+            info.name,
+            info.architecture,
+            device,
+            str(dtype).removeprefix("torch."),
+            ", ".join(info.tasks),
+            info.max_input_tokens,
+            info.pooling_type,
+        )
+        threads = thread_share(config, device, batch.workers, info.hidden_size)
+        model.runner.threads = threads
+        models.append(model)
+        log.info(
+            "model %s: %d forward worker(s), intra-op threads %s, batches of at most %d",
+            info.name,
+            batch.workers,
+            threads or torch.get_num_threads(),
+            batch.max_batch_size,
+        )
+    return models, batch
+
+
+def load_engine(config: ServerConfig) -> Engine:
+    models, batch = load_models(config)
+    return Engine(models, config.limits, batch, config.tokenizer_threads)
