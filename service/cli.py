@@ -419,7 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     frontend = None
     if args.role == "frontend":
         fds = [int(fd) for fd in args.alive_fds.split(",") if fd]
-        frontend = FrontendRole(args.role_index, args.run_dir, args.data_parallel, fds)
+        frontend = FrontendRole(
+            args.role_index, args.frontends, args.run_dir, args.data_parallel, fds
+        )
     else:
         from transformers.utils import logging as hf_logging
 

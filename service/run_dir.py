@@ -1,7 +1,8 @@
 """The folder a split server's processes share: IPC endpoints, engines' ready files, metrics.
 
 The supervisor makes it and removes it; an engine writes its ready file (atomically) once
-its models are warm, and front ends read every one before they listen.
+its models are warm; front ends read every one, then mark themselves ready, and serve once
+all have.
 """
 
 from __future__ import annotations
@@ -43,3 +44,15 @@ def is_ready(run_dir: str, index: int) -> bool:
 
 def read_ready(run_dir: str, index: int) -> EngineReady:
     return msgspec.json.decode(_ready_path(run_dir, index).read_bytes(), type=EngineReady)
+
+
+def _frontend_ready_path(run_dir: str, index: int) -> Path:
+    return Path(run_dir) / f"frontend-{index}.ready"
+
+
+def mark_frontend_ready(run_dir: str, index: int) -> None:
+    _frontend_ready_path(run_dir, index).touch()
+
+
+def frontend_ready(run_dir: str, index: int) -> bool:
+    return _frontend_ready_path(run_dir, index).is_file()

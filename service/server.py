@@ -23,7 +23,13 @@ from service.auth import BearerTokenInterceptor
 from service.handlers import add_pooling_service
 from service.health import HealthServicer
 from service.metrics import Metrics
-from service.run_dir import frontend_address, read_ready
+from service.run_dir import (
+    frontend_address,
+    frontend_ready,
+    is_ready,
+    mark_frontend_ready,
+    read_ready,
+)
 from service.servicer import PoolingServicer
 from service.telemetry import Telemetry
 from service.telemetry import tracer_provider as make_tracer_provider
@@ -66,13 +72,30 @@ class ServerConfig:
 
 @dataclass
 class FrontendRole:
-    """This process is front end `index` of a split server (service/supervisor.py)."""
+    """This process is front end `index` of `frontends` in a split server (supervisor.py).
+
+    It listens at once (NOT_SERVING), connects once every engine is warm, and reports
+    SERVING only once every front end has connected.
+    """
 
     index: int
+    frontends: int
     run_dir: str
     engines: int
     alive_fds: Sequence[int] = ()
     on_engine_dead: Callable[[int], None] | None = None
+
+    async def engines_ready(self) -> None:
+        while not all(is_ready(self.run_dir, k) for k in range(self.engines)):
+            await asyncio.sleep(READY_POLL_S)
+
+    async def all_ready(self) -> None:
+        mark_frontend_ready(self.run_dir, self.index)
+        while not all(frontend_ready(self.run_dir, i) for i in range(self.frontends)):
+            await asyncio.sleep(READY_POLL_S)
+
+
+READY_POLL_S = 0.05
 
 
 def connect_engine(config: ServerConfig, frontend: FrontendRole) -> Engine:
@@ -133,14 +156,10 @@ class PoolingServer:
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self.config.transport.reuse_port:
-            # One of several front ends on the port (--frontends): join it only once able
-            # to serve, so the kernel never hands a connection to a process still loading.
-            await self._load()
-            await self._listen()
-        else:
-            await self._listen()
-            await self._load()
+        await self._listen()
+        await self._load()
+        if self.frontend is not None:
+            await self.frontend.all_ready()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on port %d", self.port)
 
@@ -171,6 +190,7 @@ class PoolingServer:
 
             engine = await asyncio.to_thread(load_engine, self.config)
         else:
+            await self.frontend.engines_ready()
             engine = connect_engine(self.config, self.frontend)
         await engine.start()
         self.metrics.attach(engine)

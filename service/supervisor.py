@@ -1,11 +1,11 @@
 """A split server: engine processes (one per device) and front-end processes on one port.
 
-Started by `pooling-server --frontends N`. It starts the engines first and the front ends
-once every engine is warm; front ends share the port with SO_REUSEPORT, as in gRPC's
-multiprocessing example. It serves the one /metrics endpoint (prometheus_client's
-multiprocess mode over the run folder). On SIGTERM or SIGINT the front ends drain first,
-then the engines stop. If any child dies, the others are stopped and the server exits
-non-zero so that an orchestrator restarts it.
+Started by `pooling-server --frontends N`. It starts the engines and the front ends
+together: front ends listen at once, wait for the engines (see FrontendRole) and share
+the port with SO_REUSEPORT, as in gRPC's multiprocessing example. It serves the one
+/metrics endpoint (prometheus_client's multiprocess mode over the run folder). On
+SIGTERM or SIGINT the front ends drain first, then the engines stop. If any child dies,
+the others are stopped and the server exits non-zero so that an orchestrator restarts it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Supervisor:
         self.children.append((f"{role} {index}", child))
 
     def run(self) -> int:
-        from service.run_dir import is_ready, metrics_dir
+        from service.run_dir import metrics_dir
 
         os.makedirs(metrics_dir(self.run_dir))
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,10 +69,8 @@ class Supervisor:
                 self._start("engine", k, [], [write])
                 os.close(write)
                 alive_reads.append(read)
-            while not all(is_ready(self.run_dir, k) for k in range(self.engines)):
-                if self.stopping or self._failed():
-                    return self._stop_all(failed=not self.stopping)
-                time.sleep(POLL_S)
+            # Front ends start beside the engines: they listen at once (NOT_SERVING) and
+            # connect once every engine has written its ready file.
             fds = ",".join(str(fd) for fd in alive_reads)
             for i in range(self.frontends):
                 self._start("frontend", i, ["--alive-fds", fds], alive_reads)
