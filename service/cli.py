@@ -412,21 +412,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role is not None:
         _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if args.role == "engine":
-        from service.engine_process import run_engine
-
-        return asyncio.run(run_engine(config, args.role_index, args.run_dir))
-    frontend = None
     if args.role == "frontend":
         fds = [int(fd) for fd in args.alive_fds.split(",") if fd]
         frontend = FrontendRole(
             args.role_index, args.frontends, args.run_dir, args.data_parallel, fds
         )
-    else:
-        from transformers.utils import logging as hf_logging
+        return asyncio.run(serve(config, frontend))
+    from transformers.utils import logging as hf_logging  # a process that loads models
 
-        hf_logging.disable_progress_bar()
-    return asyncio.run(serve(config, frontend))
+    hf_logging.disable_progress_bar()
+    if args.role == "engine":
+        from service.engine_process import run_engine
+
+        return asyncio.run(run_engine(config, args.role_index, args.run_dir))
+    return asyncio.run(serve(config))
 
 
 def _die_with_parent() -> None:
