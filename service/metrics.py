@@ -237,23 +237,31 @@ class EngineStats:
         self._seen: dict[int, int] = {}
         for queue in queues.values():
             queue.observers.append(metrics.observe_batch)
+            queue.observers.append(self._after_batch)
 
     def sync(self) -> None:
+        """Periodically: the depth (counted under the queue's lock) and the counters."""
         self.loaded.set(len(self.queues))
         for name, queue in self.queues.items():
             self.depth.labels(name).set(queue.depth)
-            stats = queue.stats
-            self._add(
-                self.dropped.labels(name, "cancelled"), name, "cancelled", stats.dropped_cancelled
-            )
-            self._add(self.dropped.labels(name, "expired"), name, "expired", stats.dropped_expired)
-            self._add(self.mixed.labels(name), name, "mixed", stats.mixed_batches)
+            self._sync_counters(name, queue)
 
-    def _add(self, counter: Any, model: str, key: str, total: int) -> None:
-        seen = self._seen.get((model, key), 0)
+    def _after_batch(self, model: str, _record: BatchRecord) -> None:
+        """Drops are counted as a batch is taken: they show before its callers' answers."""
+        self._sync_counters(model, self.queues[model])
+
+    def _sync_counters(self, name: str, queue: BatchQueue) -> None:
+        stats = queue.stats
+        self._add(self.dropped.labels(name, "cancelled"), stats.dropped_cancelled)
+        self._add(self.dropped.labels(name, "expired"), stats.dropped_expired)
+        self._add(self.mixed.labels(name), stats.mixed_batches)
+
+    def _add(self, counter: Any, total: int) -> None:
+        """Counters only go up: add what the queue counted since the last sync."""
+        seen = self._seen.get(id(counter), 0)
         if total > seen:
             counter.inc(total - seen)
-            self._seen[model, key] = total
+            self._seen[id(counter)] = total
 
 
 def serve_multiprocess(host: str, port: int, path: str) -> None:
