@@ -114,6 +114,11 @@ class BatchQueue:
         with self._lock:
             return sum(not item.job.dead for item in self._pending)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing queued at all, without counting (cheap enough for every batch)."""
+        return not self._pending
+
     def _has_room(self, count: int) -> bool:
         """Recount only near the bound: cancelled items stay queued until a batch drops them."""
         bound = self.config.max_queued_items

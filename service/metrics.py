@@ -247,8 +247,12 @@ class EngineStats:
             self._sync_counters(name, queue)
 
     def _after_batch(self, model: str, _record: BatchRecord) -> None:
-        """Drops are counted as a batch is taken: they show before its callers' answers."""
-        self._sync_counters(model, self.queues[model])
+        """Drops are counted as a batch is taken: they show before its callers' answers.
+        An emptied queue shows at once too; a deeper one waits for the periodic count."""
+        queue = self.queues[model]
+        self._sync_counters(model, queue)
+        if queue.empty:
+            self.depth.labels(model).set(0)
 
     def _sync_counters(self, name: str, queue: BatchQueue) -> None:
         stats = queue.stats
