@@ -55,6 +55,11 @@ class PoolingServiceStub:
                 request_serializer=pooling_dot_v1_dot_pooling__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=pooling_dot_v1_dot_pooling__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/pooling.v1.PoolingService/Rerank',
+                request_serializer=pooling_dot_v1_dot_pooling__pb2.RerankRequest.SerializeToString,
+                response_deserializer=pooling_dot_v1_dot_pooling__pb2.RerankResponse.FromString,
+                _registered_method=True)
 
 
 class PoolingServiceServicer:
@@ -90,6 +95,13 @@ class PoolingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rerank(self, request, context):
+        """Rerank scores documents against a query and returns them by relevance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PoolingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +124,11 @@ def add_PoolingServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=pooling_dot_v1_dot_pooling__pb2.TokenizeRequest.FromString,
                     response_serializer=pooling_dot_v1_dot_pooling__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=pooling_dot_v1_dot_pooling__pb2.RerankRequest.FromString,
+                    response_serializer=pooling_dot_v1_dot_pooling__pb2.RerankResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +240,33 @@ class PoolingService:
             '/pooling.v1.PoolingService/Tokenize',
             pooling_dot_v1_dot_pooling__pb2.TokenizeRequest.SerializeToString,
             pooling_dot_v1_dot_pooling__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pooling.v1.PoolingService/Rerank',
+            pooling_dot_v1_dot_pooling__pb2.RerankRequest.SerializeToString,
+            pooling_dot_v1_dot_pooling__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,
