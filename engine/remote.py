@@ -149,7 +149,12 @@ class RemoteEngineClient:
         return frames
 
     def cancel(self, job: Job) -> None:
-        sent = self._sent.get(job.key)
+        # The engine answers nothing for a cancelled job: forget it here, or its items stay
+        # outstanding (steering later jobs away from that engine) and its entry stays kept.
+        with self._lock:
+            sent = self._sent.pop(job.key, None)
+            if sent is not None:
+                self._outstanding[sent.engine] -= sent.items
         if sent is None or sent.engine in self.dead:
             return
         message = encoder.encode(Cancel(self.reply_address, [job.key]))

@@ -15,7 +15,7 @@ COUNTS = [
     "--forward-workers",
     "--max-queued-items",
     "--max-stream-inflight",
-    "--processes",
+    "--data-parallel",
 ]
 
 
@@ -32,3 +32,14 @@ def test_counts_must_be_positive(flag: str, value: str, capsys: pytest.CaptureFi
 def test_a_positive_count_is_taken(flag: str) -> None:
     args = build_parser().parse_args([flag, "3"])
     assert getattr(args, flag.removeprefix("--").replace("-", "_")) == 3
+
+
+@pytest.mark.parametrize("flag", ["--frontends", "--processes"])
+@pytest.mark.parametrize("value", [0, 3])
+def test_frontends_may_be_zero_and_processes_is_its_former_name(flag: str, value: int) -> None:
+    """0: the whole server in one process; N: N front ends (checked below 0 by main)."""
+    assert build_parser().parse_args([flag, str(value)]).frontends == value
+
+
+def test_one_front_end_by_default() -> None:
+    assert build_parser().parse_args([]).frontends == 1
