@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from engine.params import Task
@@ -15,6 +15,7 @@ class PoolingType(StrEnum):
     CLS = "cls"
     LAST = "last"
     ALL = "all"
+    SPLADE = "splade"  # max over tokens of log(1 + relu(MLM logits))
 
 
 class HeadKind(StrEnum):
@@ -23,6 +24,7 @@ class HeadKind(StrEnum):
     HIDDEN = "hidden"  # AutoModel: token states; embed, token_embed, score by cosine
     SEQUENCE = "sequence"  # AutoModelForSequenceClassification: one logit row per text
     TOKEN = "token"  # AutoModelForTokenClassification: one logit row per token
+    SPARSE = "sparse"  # AutoModelForMaskedLM with SPLADE pooling: one vocabulary row per text
 
 
 class Activation(StrEnum):
@@ -34,12 +36,14 @@ class Activation(StrEnum):
 class LongInput(StrEnum):
     REJECT = "reject"
     CHUNK = "chunk"
+    TRUNCATE = "truncate"
 
 
 TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
     HeadKind.HIDDEN: (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
     HeadKind.SEQUENCE: (Task.CLASSIFY,),
     HeadKind.TOKEN: (Task.TOKEN_CLASSIFY,),
+    HeadKind.SPARSE: (Task.EMBED_SPARSE,),
 }
 
 
@@ -68,6 +72,15 @@ class ModelInfo:
     long_input: LongInput = LongInput.REJECT
     max_input_chars: int | None = None  # None: derived, see char_limit
     is_default: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)  # name -> text prepended
+    default_prompt_name: str | None = None
+    # Whether prompt tokens count in the pooling (sentence-transformers' include_prompt).
+    include_prompt: bool = True
+    dtype: str = ""
+    device: str = ""
+    revision: str = ""
+    # int8/uint8 encodings: per-dimension [minimums, maximums] shipped with the model.
+    calibration_ranges: list[list[float]] | None = None
 
     @property
     def is_cross_encoder(self) -> bool:

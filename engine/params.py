@@ -12,6 +12,20 @@ class Task(StrEnum):
     SCORE = "score"
     TOKEN_EMBED = "token_embed"
     TOKEN_CLASSIFY = "token_classify"
+    EMBED_SPARSE = "embed_sparse"
+
+
+class OutputEncoding(StrEnum):
+    """How embed and token_embed values travel (see EmbeddingEncoding in the schema)."""
+
+    FLOAT = "float"  # repeated float, the default
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    BINARY = "binary"
+    UBINARY = "ubinary"
+    INT8 = "int8"
+    UINT8 = "uint8"
 
 
 @dataclass(frozen=True)
@@ -33,4 +47,5 @@ TASK_PARAMS: dict[Task, frozenset[str]] = {
     Task.CLASSIFY: frozenset({"use_activation", "truncate_prompt_tokens"}),
     Task.SCORE: frozenset({"use_activation", "truncate_prompt_tokens"}),
     Task.TOKEN_CLASSIFY: frozenset({"use_activation", "truncate_prompt_tokens"}),
+    Task.EMBED_SPARSE: frozenset({"use_activation", "truncate_prompt_tokens"}),
 }

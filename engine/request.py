@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.params import PoolingParams, Task
+from engine.params import OutputEncoding, PoolingParams, Task
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class PoolRequest:
     texts: tuple[str, ...] = ()
     text_1: tuple[str, ...] = ()
     text_2: tuple[str, ...] = ()
+    prompt_name: str | None = None  # a prompt of the model's, prepended to every text
+    prompt: str | None = None  # or a raw one (not both)
+    encoding: OutputEncoding = OutputEncoding.FLOAT  # embed and token_embed outputs
+    sparse_top_k: int = 0  # embed_sparse: keep the k largest weights (0: all non-zero)
+    sparse_tokens: bool = False  # embed_sparse: also return each index's token
 
     @property
     def num_items(self) -> int:
