@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import grpc
@@ -180,14 +181,31 @@ class Telemetry:
 
 
 def tracer_provider(otlp_endpoint: str | None) -> trace.TracerProvider:
-    """OTLP export when an endpoint is set; otherwise the API's no-op provider."""
-    if not otlp_endpoint:
+    """OTLP export when an endpoint is set (--otlp-endpoint, or OpenTelemetry's own
+    OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT); otherwise the API's no-op provider.
+
+    The standard variables hold as the SDK defines them: OTEL_SDK_DISABLED,
+    OTEL_TRACES_EXPORTER=none, OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (the service
+    is named pooling-server only when they name it nothing), the sampler, headers and TLS.
+    """
+    env = os.environ
+    from_env = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    disabled = env.get("OTEL_SDK_DISABLED", "").lower() == "true"
+    if disabled or env.get("OTEL_TRACES_EXPORTER", "").lower() == "none":
+        return trace.NoOpTracerProvider()
+    if not (otlp_endpoint or from_env):
         return trace.NoOpTracerProvider()
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": "pooling-server"}))
+    resource = Resource.create()  # reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "pooling-server"}))
+    provider = TracerProvider(resource=resource)
+    # Without --otlp-endpoint the exporter reads its endpoint (and headers) from the variables.
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
     return provider

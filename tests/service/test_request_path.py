@@ -669,3 +669,37 @@ def test_otlp_endpoint_exports_the_server_span(exporting: Exporting) -> None:
     assert pool.parent_span_id.hex() == PARENT_SPAN_ID
     assert resource.get("service.name") == "pooling-server"
     assert spans["otlp-2"][1].name == "pooling.v1.PoolingService/PoolStream"
+
+
+def test_standard_otel_variables_configure_export(
+    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No --otlp-endpoint: OTEL_EXPORTER_OTLP_ENDPOINT turns export on, and OTEL_SERVICE_NAME
+    names the service (a hard-coded name used to override it)."""
+    collector = Collector()
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, grpc_server)
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+            env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+            env.setenv("OTEL_SERVICE_NAME", "search-embedder")
+            env.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
+            process = start_server(args, tmp_path_factory.mktemp("otel-env"), "otel-env")
+        try:
+            with grpc.insecure_channel(process.address) as channel:
+                Stub(channel).Pool(text_request("embed", "env-1", ["export me"]), timeout=30)
+
+            def resources() -> list[dict[str, str]]:
+                return [resource for resource, _ in collector.spans()]
+
+            resource = wait_for(resources, "a span exported by the variables", timeout=20)[0]
+            assert resource.get("service.name") == "search-embedder"
+            assert resource.get("deployment.environment") == "test"
+        finally:
+            process.stop(signal.SIGTERM)
+    finally:
+        grpc_server.stop(0)
