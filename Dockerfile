@@ -76,6 +76,8 @@ WORKDIR /home/pooling
 # 50051: gRPC (PoolingService, grpc.health.v1.Health, reflection); 9090: Prometheus metrics.
 EXPOSE 50051 9090
 
-# Exec form: pooling-server is PID 1 and gets SIGTERM itself, which starts its drain.
-ENTRYPOINT ["pooling-server"]
-CMD ["--host", "0.0.0.0", "--port", "50051", "--metrics-host", "0.0.0.0", "--metrics-port", "9090"]
+# Exec form: pooling-server is PID 1 and gets SIGTERM itself, which starts its drain. The
+# defaults live in the ENTRYPOINT, so `docker run IMAGE --model X` appends to them and still
+# listens on every interface; a later flag overrides an earlier one (`--port 6000`).
+ENTRYPOINT ["pooling-server", "--host", "0.0.0.0", "--port", "50051", "--metrics-host", "0.0.0.0", "--metrics-port", "9090"]
+CMD []

@@ -631,7 +631,7 @@ def test_ports_entrypoint_and_env(instructions: list[Instruction]) -> None:
     exposed = {port.split("/")[0] for i in of(instructions, "EXPOSE") for port in i.value.split()}
     assert {"50051", "9090"} <= exposed
     [entrypoint] = of(instructions, "ENTRYPOINT")
-    assert json.loads(entrypoint.value) == ["pooling-server"]
+    assert json.loads(entrypoint.value)[0] == "pooling-server"
     env = {}
     for instruction in of(instructions, "ENV"):
         for pair in shlex.split(instruction.value):
@@ -641,12 +641,20 @@ def test_ports_entrypoint_and_env(instructions: list[Instruction]) -> None:
     assert env["HF_HOME"].startswith("/tmp/"), "caches must sit on the writable /tmp"
 
 
-def test_image_cmd_parses_with_the_cli(instructions: list[Instruction]) -> None:
+def test_docker_run_arguments_keep_the_image_defaults(instructions: list[Instruction]) -> None:
+    """`docker run IMAGE --model X` appends to the ENTRYPOINT: it must still listen on every
+    interface (a CMD of defaults would be replaced, leaving the server on loopback)."""
+    [entrypoint] = of(instructions, "ENTRYPOINT")
     [cmd] = of(instructions, "CMD")
-    args = parse_server_args(json.loads(cmd.value))
+    assert json.loads(cmd.value) == []
+    defaults = json.loads(entrypoint.value)[1:]
+    args = parse_server_args([*defaults, "--model", "/models/e5"])
     assert args.host == "0.0.0.0"
     assert args.port == 50051
+    assert args.metrics_host == "0.0.0.0"
     assert args.metrics_port == 9090
+    assert args.model == ["/models/e5"]
+    assert parse_server_args([*defaults, "--port", "6000"]).port == 6000
 
 
 def requirement_pins() -> dict[str, str]:
