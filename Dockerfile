@@ -30,9 +30,9 @@ WORKDIR /src
 COPY requirements.txt constraints.txt ./
 # torch 2.13.0 as requirements.txt pins it, CPU build (its version reads 2.13.0+cpu, which
 # satisfies torch==2.13.0, so the next step keeps it). The test tools pinned in
-# requirements.txt (pytest, pytest-timeout, ruff, py-spy, h2) stay out of the image.
+# requirements.txt (pytest, pytest-timeout, ruff, py-spy, h2, openai) stay out of the image.
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
- && grep -vE '^(pytest|pytest-timeout|ruff|py-spy|h2)==' requirements.txt > /tmp/requirements-runtime.txt \
+ && grep -vE '^(pytest|pytest-timeout|ruff|py-spy|h2|openai)==' requirements.txt > /tmp/requirements-runtime.txt \
  && pip install --no-cache-dir -r /tmp/requirements-runtime.txt -c constraints.txt
 
 # The client package (generated gRPC code) and the server itself, as the Makefile does.
