@@ -468,6 +468,16 @@ def test_envoy_listener(envoy: dict[str, Any]) -> None:
         assert route["route"]["cluster"] == "pooling_server"
 
 
+def test_envoy_ends_rapid_reset_connections(envoy: dict[str, Any]) -> None:
+    """Envoy's premature-reset check is pinned in the static runtime layer (the server's gRPC
+    core has no GOAWAY for a rapid-reset flood; tests/reliability/test_attacks_envoy.py
+    measures Envoy's). Looser values would let a flooding connection start more calls."""
+    [layer] = envoy["layered_runtime"]["layers"]
+    runtime = layer["static_layer"]
+    assert 1 <= runtime["overload.premature_reset_min_stream_lifetime_seconds"] <= 5
+    assert 0 < runtime["overload.premature_reset_total_stream_count"] <= 500
+
+
 def test_envoy_retries_unavailable(envoy: dict[str, Any]) -> None:
     unary = [r for r in envoy_routes(envoy) if r["match"].get("prefix") == "/"]
     assert len(unary) == 1, "one catch-all route for unary calls"

@@ -2,11 +2,12 @@
 
 Compressed messages that inflate to megabytes of text, keyless floods against an
 authenticated server, garbage and repeated ids inside a stream, oversized identifiers,
-reset streams and bodiless calls sent over a bare HTTP/2 connection (h2). While each
-attack runs, a bystander on its own connection makes one short Pool call every 100 ms
-and a sampler reads the server's resident memory every 10 ms. Each test prints one
-`RELIABILITY <name>:` line with the time to answer, the extra RSS in MB and what the
-bystander saw.
+reset streams, messages flagged compressed without an encoding and bodiless calls sent
+over a bare HTTP/2 connection (h2). While each attack runs, a bystander on its own
+connection makes one short Pool call every 100 ms and a sampler reads the resident memory
+of every server process every 10 ms. Each test prints one `RELIABILITY <name>:` line with
+the time to answer, the extra RSS in MB and what the bystander saw. A rapid-reset flood is
+in test_attacks_envoy.py: the server's gRPC core does not end such a connection; Envoy does.
 
 The inflated-text tests run last: a server that tokenizes an 8 MB text before refusing
 it stays busy for many seconds, and nothing else should run on it afterwards.
@@ -60,6 +61,8 @@ ANSWER_TIMEOUT_S = 3.0  # how long an attack call may take before it counts as u
 INFLATED_WORDS = 4_000_000  # "a " repeated: 8 MB of text, a few KB gzip-compressed
 FLOOD_WORDS = 30_000_000  # 60 MB of text: over any message limit
 FLOOD_CALLS = 10
+# The issue asks for 20,000; measured once on the 2-core machine, that takes 23-24 s (all
+# answered, +64 MB, bystander never failed but waited up to 1.3 s), too long for the suite.
 BODILESS_CALLS = 2000
 MAX_INPUT_CHARS = 1000
 MAX_REQUEST_CHARS = 5000
@@ -170,20 +173,28 @@ class Bystander:
 
 
 class PeakRss:
-    """The server's resident memory, sampled every 10 ms: the peak above the first sample."""
+    """The server's resident memory, sampled every 10 ms: the peak above the first sample.
+
+    The server by default is a supervisor with front-end and engine processes under it, so
+    this is the sum over the process and every descendant it has when the sampling starts.
+    """
 
     def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.baseline = self.peak = self.process.memory_info().rss
+        process = psutil.Process(pid)
+        self.processes = [process, *process.children(recursive=True)]
+        self.baseline = self.peak = self._total()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
         self._thread.start()
 
+    def _total(self) -> int:
+        return sum(process.memory_info().rss for process in self.processes)
+
     def _run(self) -> None:
         while not self._stop.wait(0.01):
             try:
-                self.peak = max(self.peak, self.process.memory_info().rss)
-            except psutil.Error:  # the server died: the test says so
+                self.peak = max(self.peak, self._total())
+            except psutil.Error:  # a server process died: the test says so
                 return
 
     def stop(self) -> None:
@@ -440,6 +451,41 @@ def test_inflating_payload_is_a_pool_request() -> None:
     for words in (1, 5, MB // 2, MB // 2 + 3):
         expected = pb.PoolRequest(embed=pb.TextInput(texts=["a " * words])).SerializeToString()
         assert zlib.decompress(gzip_pool_request(words), 31) == expected
+
+
+# --------------------------------------------------------------------------- compressed flag
+
+
+@pytest.mark.parametrize("encoding", [None, "identity"])
+def test_compressed_flag_without_an_encoding_is_internal(
+    attacked: ServerProcess, encoding: str | None, record_property
+) -> None:
+    """A message whose Compressed-Flag is 1 on a call with no grpc-encoding (or identity).
+
+    INTERNAL is the answer the gRPC spec requires, not a server fault: doc/compression.md in
+    grpc/grpc, test case 6, says such an ill-constructed message MUST fail with INTERNAL
+    and a description of the invalid Compressed-Flag. gRPC core answers it before the
+    servicer runs, so this is the one INTERNAL a client can provoke on purpose."""
+    body = grpc_frame(embed_request(["flagged"]).SerializeToString(), compressed=True)
+    metadata = (("grpc-encoding", encoding),) if encoding else ()
+    with watching(attacked) as watch, raw_connection(attacked) as raw:
+        started = time.monotonic()
+        stream_id = raw.start("Pool", body, metadata=metadata)
+        raw.wait([stream_id], timeout=ANSWER_TIMEOUT_S)
+        watch.answer_s = time.monotonic() - started
+        call = raw.calls[stream_id]
+    report(
+        record_property,
+        f"attacks_compressed_flag_{encoding or 'no'}_encoding",
+        outcome=call.outcome(),
+        message=call.headers.get("grpc-message", ""),
+        **watch.figures(),
+    )
+    assert call.grpc_status == grpc.StatusCode.INTERNAL.value[0], call.outcome()
+    assert "compress" in call.headers.get("grpc-message", "").lower(), call.headers
+    assert watch.answer_s < 1.0
+    watch.assert_unharmed()
+    assert_alive(attacked)
 
 
 # --------------------------------------------------------------------------- auth before parsing
