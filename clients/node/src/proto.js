@@ -1,8 +1,9 @@
 // Loading the service contract (pooling.proto) and the google.rpc error detail types.
 //
-// pooling.proto is read from the repository's protos/ folder at run time, never copied. The
-// google/rpc and google/protobuf files it imports come from the pinned `google-proto-files`
-// npm package, so no third-party .proto file lives in this repository.
+// An installed package carries its .proto files in proto/ (bundled by `npm pack`, see
+// scripts/bundle-protos.js). In the repository, where proto/ is not committed, pooling.proto
+// is read from protos/ and the google/rpc and google/protobuf files from the pinned
+// `google-proto-files` dev dependency, so no copy lives in the repository.
 
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -16,8 +17,12 @@ import protobuf from 'protobufjs';
 const require = createRequire(import.meta.url);
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
-/** The repository's pooling.proto, resolved relative to this module. */
-export const DEFAULT_PROTO_PATH = path.resolve(HERE, '..', '..', '..', 'protos', 'pooling', 'v1', 'pooling.proto');
+const BUNDLED = path.resolve(HERE, '..', 'proto');
+
+/** The packaged pooling.proto, or else the repository's, resolved relative to this module. */
+export const DEFAULT_PROTO_PATH = existsSync(path.join(BUNDLED, 'pooling', 'v1', 'pooling.proto'))
+  ? path.join(BUNDLED, 'pooling', 'v1', 'pooling.proto')
+  : path.resolve(HERE, '..', '..', '..', 'protos', 'pooling', 'v1', 'pooling.proto');
 
 /** proto-loader options; keep them in sync with the README. */
 export const LOADER_OPTIONS = Object.freeze({
@@ -29,11 +34,14 @@ export const LOADER_OPTIONS = Object.freeze({
 });
 
 /**
- * The folder holding google/rpc/*.proto and google/protobuf/*.proto (the google-proto-files
- * package).
+ * The folder holding google/rpc/*.proto and google/protobuf/*.proto: the packaged proto/,
+ * or else the google-proto-files package.
  * @returns {string}
  */
 export function googleProtosDir() {
+  if (existsSync(path.join(BUNDLED, 'google', 'rpc', 'status.proto'))) {
+    return BUNDLED;
+  }
   const dir = path.dirname(require.resolve('google-proto-files/package.json'));
   if (!existsSync(path.join(dir, 'google', 'rpc', 'status.proto'))) {
     throw new Error(`google-proto-files at ${dir} has no google/rpc/status.proto`);
