@@ -1,8 +1,10 @@
-"""Generate the Python protobuf and gRPC modules from protos/ into the client package.
+"""Generate the Python protobuf and gRPC modules from protos/ into each package that uses them.
 
-The generated modules live in `pooling_client.v1`, so the gRPC module's absolute
-import of `pooling.v1.pooling_pb2` is rewritten to a relative one. The drift test
-runs this same script into a temporary folder and compares.
+The server (`service.proto`) and the client (`pooling_client.v1`) each carry their own
+copy, so that neither imports the other and each installs alone; both are generated from
+the one .proto, and the drift test runs this same script into a temporary folder and
+compares both copies. Python's protobuf gives both copies the same message classes. The
+gRPC module's absolute import of `pooling.v1.pooling_pb2` is rewritten to a relative one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 PROTO = "pooling/v1/pooling.proto"
-DEFAULT_OUT = ROOT / "clients" / "python" / "pooling_client" / "v1"
+# Every home of the generated modules: the client's and the server's.
+HOMES = (ROOT / "clients" / "python" / "pooling_client" / "v1", ROOT / "service" / "proto")
 
 
 def include_paths() -> list[str]:
@@ -71,14 +74,17 @@ def descriptor_set(out_file: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the modules")
+    parser.add_argument(
+        "--out", type=Path, help="one folder for the modules (default: every home in HOMES)"
+    )
     parser.add_argument("--descriptor-set", type=Path, help="write a descriptor set here instead")
     args = parser.parse_args(argv)
     if args.descriptor_set:
         descriptor_set(args.descriptor_set)
     else:
-        args.out.mkdir(parents=True, exist_ok=True)
-        generate(args.out)
+        for out in [args.out] if args.out else HOMES:
+            out.mkdir(parents=True, exist_ok=True)
+            generate(out)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ import grpc
 from google.protobuf.message import Message
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError
-from pooling_client.v1 import pooling_pb2 as pb
 from service.errors import to_grpc_status
+from service.proto import pooling_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 

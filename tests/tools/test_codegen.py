@@ -11,19 +11,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "clients" / "python" / "pooling_client" / "v1"
+HOMES = (ROOT / "clients" / "python" / "pooling_client" / "v1", ROOT / "service" / "proto")
 BUF = ROOT / "tools" / "node_modules" / ".bin" / "buf"
 
 
-def test_generated_code_matches_the_schema(tmp_path: Path) -> None:
+@pytest.mark.parametrize("home", HOMES, ids=lambda home: home.relative_to(ROOT).as_posix())
+def test_generated_code_matches_the_schema(tmp_path: Path, home: Path) -> None:
+    """The client's copy and the server's: each package carries its own, from one .proto."""
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--out", str(tmp_path)],
         check=True,
     )
     names = ["pooling_pb2.py", "pooling_pb2.pyi", "pooling_pb2_grpc.py"]
-    match, mismatch, errors = filecmp.cmpfiles(tmp_path, GENERATED, names, shallow=False)
+    match, mismatch, errors = filecmp.cmpfiles(tmp_path, home, names, shallow=False)
     assert not mismatch and not errors, f"regenerate with `make proto`: {mismatch + errors} differ"
     assert sorted(match) == sorted(names)
+
+
+def test_both_copies_share_message_classes() -> None:
+    """A message built with the client's module is the server's message class too."""
+    from pooling_client.v1 import pooling_pb2 as client_pb
+    from service.proto import pooling_pb2 as server_pb
+
+    assert client_pb.PoolRequest is server_pb.PoolRequest
+    assert client_pb.DESCRIPTOR is server_pb.DESCRIPTOR
 
 
 def test_buf_lint_is_clean(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""The generated protobuf and gRPC modules of pooling.proto (scripts/gen_proto.py)."""

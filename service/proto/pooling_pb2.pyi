@@ -1,0 +1,405 @@
+from google.rpc import status_pb2 as _status_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PoolingTask(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POOLING_TASK_UNSPECIFIED: _ClassVar[PoolingTask]
+    POOLING_TASK_EMBED: _ClassVar[PoolingTask]
+    POOLING_TASK_CLASSIFY: _ClassVar[PoolingTask]
+    POOLING_TASK_SCORE: _ClassVar[PoolingTask]
+    POOLING_TASK_TOKEN_EMBED: _ClassVar[PoolingTask]
+    POOLING_TASK_TOKEN_CLASSIFY: _ClassVar[PoolingTask]
+    POOLING_TASK_EMBED_SPARSE: _ClassVar[PoolingTask]
+
+class PoolingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POOLING_TYPE_UNSPECIFIED: _ClassVar[PoolingType]
+    POOLING_TYPE_MEAN: _ClassVar[PoolingType]
+    POOLING_TYPE_CLS: _ClassVar[PoolingType]
+    POOLING_TYPE_LAST: _ClassVar[PoolingType]
+    POOLING_TYPE_ALL: _ClassVar[PoolingType]
+    POOLING_TYPE_SPLADE: _ClassVar[PoolingType]
+
+class EmbeddingEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EMBEDDING_ENCODING_UNSPECIFIED: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_FLOAT32: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_FLOAT16: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_BFLOAT16: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_BINARY: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_UBINARY: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_INT8: _ClassVar[EmbeddingEncoding]
+    EMBEDDING_ENCODING_UINT8: _ClassVar[EmbeddingEncoding]
+POOLING_TASK_UNSPECIFIED: PoolingTask
+POOLING_TASK_EMBED: PoolingTask
+POOLING_TASK_CLASSIFY: PoolingTask
+POOLING_TASK_SCORE: PoolingTask
+POOLING_TASK_TOKEN_EMBED: PoolingTask
+POOLING_TASK_TOKEN_CLASSIFY: PoolingTask
+POOLING_TASK_EMBED_SPARSE: PoolingTask
+POOLING_TYPE_UNSPECIFIED: PoolingType
+POOLING_TYPE_MEAN: PoolingType
+POOLING_TYPE_CLS: PoolingType
+POOLING_TYPE_LAST: PoolingType
+POOLING_TYPE_ALL: PoolingType
+POOLING_TYPE_SPLADE: PoolingType
+EMBEDDING_ENCODING_UNSPECIFIED: EmbeddingEncoding
+EMBEDDING_ENCODING_FLOAT32: EmbeddingEncoding
+EMBEDDING_ENCODING_FLOAT16: EmbeddingEncoding
+EMBEDDING_ENCODING_BFLOAT16: EmbeddingEncoding
+EMBEDDING_ENCODING_BINARY: EmbeddingEncoding
+EMBEDDING_ENCODING_UBINARY: EmbeddingEncoding
+EMBEDDING_ENCODING_INT8: EmbeddingEncoding
+EMBEDDING_ENCODING_UINT8: EmbeddingEncoding
+
+class PoolingParams(_message.Message):
+    __slots__ = ("use_activation", "dimensions", "task", "truncate_prompt_tokens")
+    USE_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    use_activation: bool
+    dimensions: int
+    task: PoolingTask
+    truncate_prompt_tokens: int
+    def __init__(self, use_activation: _Optional[bool] = ..., dimensions: _Optional[int] = ..., task: _Optional[_Union[PoolingTask, str]] = ..., truncate_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class TextInput(_message.Message):
+    __slots__ = ("texts",)
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, texts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SparseInput(_message.Message):
+    __slots__ = ("texts", "top_k", "return_tokens")
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    top_k: int
+    return_tokens: bool
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., top_k: _Optional[int] = ..., return_tokens: _Optional[bool] = ...) -> None: ...
+
+class ScoreInput(_message.Message):
+    __slots__ = ("text_1", "text_2")
+    TEXT_1_FIELD_NUMBER: _ClassVar[int]
+    TEXT_2_FIELD_NUMBER: _ClassVar[int]
+    text_1: _containers.RepeatedScalarFieldContainer[str]
+    text_2: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PoolRequest(_message.Message):
+    __slots__ = ("request_id", "model", "params", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "prompt_name", "prompt", "encoding")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    EMBED_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_EMBED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_CLASSIFY_FIELD_NUMBER: _ClassVar[int]
+    EMBED_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    params: PoolingParams
+    embed: TextInput
+    classify: TextInput
+    score: ScoreInput
+    token_embed: TextInput
+    token_classify: TextInput
+    embed_sparse: SparseInput
+    prompt_name: str
+    prompt: str
+    encoding: EmbeddingEncoding
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., embed: _Optional[_Union[TextInput, _Mapping]] = ..., classify: _Optional[_Union[TextInput, _Mapping]] = ..., score: _Optional[_Union[ScoreInput, _Mapping]] = ..., token_embed: _Optional[_Union[TextInput, _Mapping]] = ..., token_classify: _Optional[_Union[TextInput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseInput, _Mapping]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "total_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    total_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("values", "data", "dimensions", "encoding")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    data: bytes
+    dimensions: int
+    encoding: EmbeddingEncoding
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., data: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+
+class EmbedOutput(_message.Message):
+    __slots__ = ("embeddings",)
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ...) -> None: ...
+
+class Classification(_message.Message):
+    __slots__ = ("probs", "label_id", "label")
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    label_id: int
+    label: str
+    def __init__(self, probs: _Optional[_Iterable[float]] = ..., label_id: _Optional[int] = ..., label: _Optional[str] = ...) -> None: ...
+
+class ClassifyOutput(_message.Message):
+    __slots__ = ("classifications",)
+    CLASSIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    classifications: _containers.RepeatedCompositeFieldContainer[Classification]
+    def __init__(self, classifications: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ...) -> None: ...
+
+class ScoreOutput(_message.Message):
+    __slots__ = ("scores",)
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    scores: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, scores: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class TokenSpan(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class TokenMatrix(_message.Message):
+    __slots__ = ("rows", "cols", "values", "token_ids", "offsets", "special_tokens_mask", "label_ids", "labels", "data", "encoding")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_TOKENS_MASK_FIELD_NUMBER: _ClassVar[int]
+    LABEL_IDS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    cols: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[TokenSpan]
+    special_tokens_mask: _containers.RepeatedScalarFieldContainer[bool]
+    label_ids: _containers.RepeatedScalarFieldContainer[int]
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    data: bytes
+    encoding: EmbeddingEncoding
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ..., token_ids: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[_Union[TokenSpan, _Mapping]]] = ..., special_tokens_mask: _Optional[_Iterable[bool]] = ..., label_ids: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., data: _Optional[bytes] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+
+class TokenEmbedOutput(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[TokenMatrix]
+    def __init__(self, items: _Optional[_Iterable[_Union[TokenMatrix, _Mapping]]] = ...) -> None: ...
+
+class TokenClassifyOutput(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[TokenMatrix]
+    def __init__(self, items: _Optional[_Iterable[_Union[TokenMatrix, _Mapping]]] = ...) -> None: ...
+
+class SparseEmbedding(_message.Message):
+    __slots__ = ("indices", "values", "tokens")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    tokens: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SparseEmbedOutput(_message.Message):
+    __slots__ = ("embeddings",)
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    embeddings: _containers.RepeatedCompositeFieldContainer[SparseEmbedding]
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[SparseEmbedding, _Mapping]]] = ...) -> None: ...
+
+class PoolResponse(_message.Message):
+    __slots__ = ("request_id", "model", "usage", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    EMBED_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_EMBED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_CLASSIFY_FIELD_NUMBER: _ClassVar[int]
+    EMBED_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    usage: Usage
+    embed: EmbedOutput
+    classify: ClassifyOutput
+    score: ScoreOutput
+    token_embed: TokenEmbedOutput
+    token_classify: TokenClassifyOutput
+    embed_sparse: SparseEmbedOutput
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., embed: _Optional[_Union[EmbedOutput, _Mapping]] = ..., classify: _Optional[_Union[ClassifyOutput, _Mapping]] = ..., score: _Optional[_Union[ScoreOutput, _Mapping]] = ..., token_embed: _Optional[_Union[TokenEmbedOutput, _Mapping]] = ..., token_classify: _Optional[_Union[TokenClassifyOutput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseEmbedOutput, _Mapping]] = ...) -> None: ...
+
+class PoolStreamRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: PoolRequest
+    def __init__(self, request: _Optional[_Union[PoolRequest, _Mapping]] = ...) -> None: ...
+
+class PoolStreamResponse(_message.Message):
+    __slots__ = ("request_id", "response", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    response: PoolResponse
+    error: _status_pb2.Status
+    def __init__(self, request_id: _Optional[str] = ..., response: _Optional[_Union[PoolResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelCard(_message.Message):
+    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges")
+    class PromptsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IS_MATRYOSHKA_FIELD_NUMBER: _ClassVar[int]
+    MATRYOSHKA_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_USE_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_SIDE_FIELD_NUMBER: _ClassVar[int]
+    LONG_INPUT_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    HAS_CALIBRATION_RANGES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tasks: _containers.RepeatedScalarFieldContainer[PoolingTask]
+    hidden_size: int
+    max_input_tokens: int
+    is_matryoshka: bool
+    matryoshka_dimensions: _containers.RepeatedScalarFieldContainer[int]
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    pooling_type: PoolingType
+    default_use_activation: bool
+    is_default: bool
+    architecture: str
+    truncation_side: str
+    long_input: str
+    prompts: _containers.ScalarMap[str, str]
+    default_prompt_name: str
+    dtype: str
+    device: str
+    revision: str
+    has_calibration_ranges: bool
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models", "max_client_batch_size", "max_stream_inflight", "server_version")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CLIENT_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STREAM_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelCard]
+    max_client_batch_size: int
+    max_stream_inflight: int
+    server_version: str
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ..., max_client_batch_size: _Optional[int] = ..., max_stream_inflight: _Optional[int] = ..., server_version: _Optional[str] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("model", "texts", "add_special_tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    add_special_tokens: bool
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+
+class TokenizedText(_message.Message):
+    __slots__ = ("token_ids", "tokens", "offsets")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    tokens: _containers.RepeatedScalarFieldContainer[str]
+    offsets: _containers.RepeatedCompositeFieldContainer[TokenSpan]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[str]] = ..., offsets: _Optional[_Iterable[_Union[TokenSpan, _Mapping]]] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("model", "items", "max_input_tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    items: _containers.RepeatedCompositeFieldContainer[TokenizedText]
+    max_input_tokens: int
+    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[TokenizedText, _Mapping]]] = ..., max_input_tokens: _Optional[int] = ...) -> None: ...
+
+class RerankRequest(_message.Message):
+    __slots__ = ("request_id", "model", "query", "documents", "top_n", "return_documents", "params")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    query: str
+    documents: _containers.RepeatedScalarFieldContainer[str]
+    top_n: int
+    return_documents: bool
+    params: PoolingParams
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ...) -> None: ...
+
+class RerankResult(_message.Message):
+    __slots__ = ("index", "relevance_score", "document")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    RELEVANCE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    relevance_score: float
+    document: str
+    def __init__(self, index: _Optional[int] = ..., relevance_score: _Optional[float] = ..., document: _Optional[str] = ...) -> None: ...
+
+class RerankResponse(_message.Message):
+    __slots__ = ("request_id", "model", "results", "usage")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    results: _containers.RepeatedCompositeFieldContainer[RerankResult]
+    usage: Usage
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
