@@ -16,6 +16,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
@@ -33,6 +34,8 @@ from engine.model_info import (
     LongInput,
     ModelInfo,
     PoolingType,
+    SpladeActivation,
+    SpladeStrategy,
 )
 from engine.model_runner import ModelRunner
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
@@ -48,6 +51,7 @@ _HEAD_CLASSES = {
     HeadKind.HIDDEN: AutoModel,
     HeadKind.SEQUENCE: AutoModelForSequenceClassification,
     HeadKind.TOKEN: AutoModelForTokenClassification,
+    HeadKind.SPARSE: AutoModelForMaskedLM,
 }
 
 _ST_POOLING_KEYS = {
@@ -62,6 +66,8 @@ class SentenceTransformersConfig:
     pooling_type: PoolingType | None
     normalize: bool
     max_seq_length: int | None
+    # SpladePooling's pooling_strategy and activation_function (a SparseEncoder folder).
+    splade: tuple[SpladeStrategy, SpladeActivation] | None = None
 
 
 @dataclass
@@ -104,13 +110,17 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     modules = json.loads(modules_file.read_text())
     pooling_type = None
     normalize = False
+    splade = None
     for module in modules:
         kind = module.get("type", "").rsplit(".", 1)[-1]
         if kind == "Pooling":
             pooling_type = _st_pooling_type(path / module.get("path", ""))
+        elif kind == "SpladePooling":
+            pooling_type = PoolingType.SPLADE
+            splade = _st_splade(path / module.get("path", ""))
         elif kind == "Normalize":
             normalize = True
-        elif kind not in ("Transformer", "Pooling"):
+        elif kind not in ("Transformer", "MLMTransformer"):
             raise ValueError(
                 f"{path}: sentence-transformers module {module.get('type')} is not supported"
             )
@@ -118,7 +128,23 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     max_seq_length = None
     if st_config.is_file():
         max_seq_length = json.loads(st_config.read_text()).get("max_seq_length")
-    return SentenceTransformersConfig(pooling_type, normalize, max_seq_length)
+    return SentenceTransformersConfig(pooling_type, normalize, max_seq_length, splade=splade)
+
+
+def _st_splade(folder: Path) -> tuple[SpladeStrategy, SpladeActivation]:
+    """A SpladePooling module's config (its defaults when the file is absent)."""
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    strategy = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    try:
+        return SpladeStrategy(strategy), SpladeActivation(activation)
+    except ValueError:
+        raise ValueError(
+            f"{folder}: SpladePooling with pooling_strategy {strategy!r} and "
+            f"activation_function {activation!r} is not supported (max or sum; relu or "
+            "log1p_relu)"
+        ) from None
 
 
 def _st_pooling_type(folder: Path) -> PoolingType | None:
@@ -135,8 +161,18 @@ def _st_pooling_type(folder: Path) -> PoolingType | None:
     return chosen[0]
 
 
-def head_kind(config: PretrainedConfig) -> HeadKind:
-    for arch in config.architectures or []:
+def head_kind(config: PretrainedConfig, pooling_type: PoolingType | None = None) -> HeadKind:
+    """SPLADE pooling needs the masked-LM head; otherwise the architecture decides."""
+    architectures = config.architectures or []
+    if pooling_type is PoolingType.SPLADE:
+        if not any(arch.endswith("ForMaskedLM") for arch in architectures):
+            found = ", ".join(architectures) or "none"
+            raise ValueError(
+                f"splade pooling needs a masked-LM model (a *ForMaskedLM architecture in "
+                f"config.json); this one has: {found}"
+            )
+        return HeadKind.SPARSE
+    for arch in architectures:
         if arch.endswith("ForSequenceClassification"):
             return HeadKind.SEQUENCE
         if arch.endswith("ForTokenClassification"):
@@ -184,7 +220,7 @@ def load_model(
     for key, value in spec.hf_overrides.items():
         setattr(config, key, value)
     st = read_sentence_transformers(path)
-    head = head_kind(config)
+    head = head_kind(config, spec.pooling_type or (st.pooling_type if st else None))
     hf_tokenizer = AutoTokenizer.from_pretrained(path)
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
     tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
@@ -204,10 +240,12 @@ def load_model(
     if head is HeadKind.SEQUENCE and config.num_labels == 1:
         tasks = (*tasks, Task.SCORE)
     labels: tuple[str, ...] = ()
-    if head is not HeadKind.HIDDEN:
+    if head in (HeadKind.SEQUENCE, HeadKind.TOKEN):
         labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
     dims = tuple(getattr(config, "matryoshka_dimensions", None) or ())
     cross_encoder = head is HeadKind.SEQUENCE and Task.SCORE in tasks
+    # --pooling-type splade without a SparseEncoder config: SPLADE v2's max over relu.
+    splade = (st.splade if st else None) or (SpladeStrategy.MAX, SpladeActivation.RELU)
     info = ModelInfo(
         name=spec.served_name,
         architecture=(config.architectures or [type(module).__name__])[0],
@@ -217,7 +255,8 @@ def load_model(
         max_input_tokens=max_tokens,
         num_special_tokens=hf_tokenizer.num_special_tokens_to_add(pair=cross_encoder),
         pooling_type=pooling_type,
-        default_normalize=st.normalize if st else True,
+        # embed_sparse: use_activation (SPLADE's log saturation) is on by default.
+        default_normalize=head is HeadKind.SPARSE or (st.normalize if st else True),
         activation=classifier_activation(config),
         labels=labels,
         is_matryoshka=bool(getattr(config, "is_matryoshka", False) or dims),
@@ -226,6 +265,8 @@ def load_model(
         long_input=spec.long_input,
         max_input_chars=spec.max_input_chars,
         is_default=is_default,
+        splade_strategy=splade[0],
+        splade_activation=splade[1],
     )
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
         log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)

@@ -18,6 +18,20 @@ class PoolingType(StrEnum):
     SPLADE = "splade"  # max over tokens of log(1 + relu(MLM logits))
 
 
+class SpladeStrategy(StrEnum):
+    """How SPLADE pools token weights (sentence-transformers' SpladePooling.pooling_strategy)."""
+
+    MAX = "max"  # SPLADE v2 and later
+    SUM = "sum"  # the original SPLADE
+
+
+class SpladeActivation(StrEnum):
+    """SpladePooling.activation_function: relu, then log1p once (relu) or twice (log1p_relu)."""
+
+    RELU = "relu"
+    LOG1P_RELU = "log1p_relu"
+
+
 class HeadKind(StrEnum):
     """What the loaded transformers module returns."""
 
@@ -81,6 +95,9 @@ class ModelInfo:
     revision: str = ""
     # int8/uint8 encodings: per-dimension [minimums, maximums] shipped with the model.
     calibration_ranges: list[list[float]] | None = None
+    # embed_sparse (HeadKind.SPARSE): how token weights pool into one vocabulary vector.
+    splade_strategy: SpladeStrategy = SpladeStrategy.MAX
+    splade_activation: SpladeActivation = SpladeActivation.RELU
 
     @property
     def is_cross_encoder(self) -> bool:

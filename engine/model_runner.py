@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from engine.model_info import HeadKind, ModelInfo
-from engine.pooling import pool
+from engine.pooling import pool, splade
 from engine.tokenization import Encoding
 
 
@@ -32,7 +32,8 @@ class ModelRunner:
     """Runs a transformers module; the queue's worker threads may call it at once.
 
     Per sequence it returns: HIDDEN head, the pooled vector (or every token's state
-    when `keep_tokens`); SEQUENCE head, the logits; TOKEN head, the logits per token.
+    when `keep_tokens`); SEQUENCE head, the logits; TOKEN head, the logits per token;
+    SPARSE head, the SPLADE-pooled vocabulary vector (see pooling.splade).
     """
 
     def __init__(
@@ -99,6 +100,12 @@ class ModelRunner:
         if self.info.head is HeadKind.TOKEN:
             logits = output.logits.float().cpu().numpy()
             return [logits[i, :n] for i, n in enumerate(lengths)]
+        if self.info.head is HeadKind.SPARSE:
+            info = self.info
+            mask = inputs["attention_mask"]
+            weights = splade(output.logits, mask, info.splade_strategy, info.splade_activation)
+            vocab = weights.cpu().numpy()
+            return [vocab[i] for i in range(len(batch))]
         hidden = output.last_hidden_state.float()
         pooled = pool(hidden, inputs["attention_mask"], self.info.pooling_type).cpu().numpy()
         tokens = hidden.cpu().numpy() if any(keep_tokens) else None

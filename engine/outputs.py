@@ -38,7 +38,17 @@ class TokenRows:
     labels: list[str] = field(default_factory=list)
 
 
-ItemOutput = Embedding | Classification | Score | TokenRows
+@dataclass(frozen=True)
+class SparseEmbedding:
+    """embed_sparse: the non-zero vocabulary weights of one text, by decreasing weight (ties
+    by index); `tokens` (each index's token) only when the request asked for them."""
+
+    indices: np.ndarray  # int32
+    values: np.ndarray  # float32
+    tokens: list[str] = field(default_factory=list)
+
+
+ItemOutput = Embedding | Classification | Score | TokenRows | SparseEmbedding
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.heads import activate, cosine, normalize, truncate_dimensions
-from engine.model_info import Activation, ModelInfo
-from engine.outputs import Classification, Embedding, ItemOutput, Score, TokenRows
+from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
+from engine.model_info import Activation, ModelInfo, SpladeStrategy
+from engine.outputs import (
+    Classification,
+    Embedding,
+    ItemOutput,
+    Score,
+    SparseEmbedding,
+    TokenRows,
+)
 from engine.params import Task
 from engine.request import PoolRequest
 from engine.served import ServedModel
@@ -47,6 +54,8 @@ def plan_request(request: PoolRequest, model: ServedModel) -> Plan:
         return _plan_cross_encoder(request, model)
     if request.task is Task.SCORE:
         return _plan_bi_encoder(request, model)
+    if request.task is Task.EMBED_SPARSE:
+        return _plan_sparse(request, model)
     texts = _encode(request, model, request.texts, f"{request.task}.texts")
     keep_tokens = request.task in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
     finish_one = _FINISHERS[request.task]
@@ -179,6 +188,39 @@ _FINISHERS = {
     Task.CLASSIFY: _finish_classify,
     Task.TOKEN_CLASSIFY: _finish_token_classify,
 }
+
+
+def _plan_sparse(request: PoolRequest, model: ServedModel) -> Plan:
+    texts = _encode(request, model, request.texts, "embed_sparse.texts")
+    return _plan_texts(texts, False, lambda text, raws: _finish_sparse(request, model, raws))
+
+
+def _sparse_weights(info: ModelInfo, raws: list[np.ndarray]) -> np.ndarray:
+    """One chunk: its vocabulary vector. Several: for max pooling their elementwise max (the
+    max over every token of the text, each token seen in its own window); for sum pooling
+    their sum (each chunk's special tokens counted once per chunk)."""
+    if len(raws) == 1:
+        return raws[0]
+    stacked = np.stack(raws)
+    return stacked.max(axis=0) if info.splade_strategy is SpladeStrategy.MAX else stacked.sum(0)
+
+
+def _finish_sparse(
+    request: PoolRequest, model: ServedModel, raws: list[np.ndarray]
+) -> SparseEmbedding:
+    """The non-zero weights by decreasing weight (ties by index), the first top_k of them.
+
+    use_activation (default true) is SPLADE's log saturation: false keeps the max over
+    tokens of relu(logits) (max pooling only; validation refuses it for sum pooling)."""
+    info = model.info
+    weights = _sparse_weights(info, raws)
+    if info.splade_strategy is SpladeStrategy.MAX and _use_activation(request, True):
+        weights = saturate(weights, info.splade_activation)
+    indices = np.flatnonzero(weights)
+    order = np.argsort(-weights[indices], kind="stable")
+    indices = indices[order[: request.sparse_top_k or None]]
+    tokens = model.tokenizer.tokens(indices.tolist()) if request.sparse_tokens else []
+    return SparseEmbedding(indices.astype(np.int32), weights[indices].astype(np.float32), tokens)
 
 
 def _pair_index(request: PoolRequest) -> list[tuple[int, int]]:

@@ -1,10 +1,11 @@
-"""Pooling methods: token states of a padded batch -> one vector per sequence."""
+"""Pooling methods: token states (or masked-LM logits) of a padded batch -> one vector per
+sequence."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.model_info import PoolingType
+from engine.model_info import PoolingType, SpladeActivation, SpladeStrategy
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, method: PoolingType) -> torch.Tensor:
@@ -20,3 +21,26 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, method: PoolingType) -> torch
         last = torch.where(mask.bool(), positions, -1).max(dim=1).values
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     raise ValueError(f"{method} pooling gives one vector per token, not per sequence")
+
+
+def splade(
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+    strategy: SpladeStrategy,
+    activation: SpladeActivation,
+) -> torch.Tensor:
+    """SPLADE pooling of masked-LM `logits` (batch, tokens, vocab) into (batch, vocab), in place.
+
+    Max: max over real tokens of relu(logits), *before* the log saturation. log1p is
+    monotonic, so max then saturate (`heads.saturate`, per request, which lets
+    use_activation=false skip it) equals sentence-transformers' saturate then max. Sum: the
+    saturation does not commute with a sum, so the weights come back saturated, as
+    SpladePooling computes them. Padding weighs 0, as in SpladePooling (weights are >= 0).
+    """
+    weights = logits.masked_fill_(mask.unsqueeze(-1) == 0, 0).relu_()
+    if strategy is SpladeStrategy.MAX:
+        return weights.amax(dim=1).float()
+    weights = weights.float().log1p_()
+    if activation is SpladeActivation.LOG1P_RELU:
+        weights = weights.log1p_()
+    return weights.sum(dim=1)

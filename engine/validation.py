@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from engine.model_info import ModelInfo
+from engine.model_info import ModelInfo, SpladeStrategy
 from engine.params import TASK_PARAMS, Task
 from engine.request import PoolRequest
 
@@ -219,6 +219,36 @@ def _truncate(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator
     )
 
 
+def _sparse_top_k(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    if request.task is Task.EMBED_SPARSE and request.sparse_top_k < 0:
+        yield FieldViolation(
+            "embed_sparse.top_k",
+            f"top_k must be 0 (every non-zero weight) or a positive count, "
+            f"got {request.sparse_top_k}",
+            "TOP_K_INVALID",
+        )
+
+
+def _sparse_activation(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    """use_activation=false skips SPLADE's log saturation after max pooling; sum pooling
+    saturates each token before summing, so it has no unsaturated form to return."""
+    if (
+        request.task is Task.EMBED_SPARSE
+        and request.params.use_activation is False
+        and info.splade_strategy is SpladeStrategy.SUM
+    ):
+        yield FieldViolation(
+            "params.use_activation",
+            f'model "{info.name}" sums saturated SPLADE weights over tokens, so its weights '
+            "cannot be returned unsaturated; leave use_activation unset",
+            "USE_ACTIVATION_NOT_SUPPORTED",
+        )
+
+
 @dataclass(frozen=True)
 class Stage:
     kind: ErrorKind
@@ -236,10 +266,13 @@ RULES: tuple[Stage, ...] = (
             _task_agrees,
             _request_id,
             _characters,
+            _sparse_top_k,
         ),
     ),
     Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported,)),
-    Stage(ErrorKind.INVALID_ARGUMENT, (_params_for_task, _dimensions, _truncate)),
+    Stage(
+        ErrorKind.INVALID_ARGUMENT, (_params_for_task, _dimensions, _truncate, _sparse_activation)
+    ),
 )
 
 

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pooling-server",
         description="Serve vLLM-style pooling (embed, classify, score, token_embed, "
-        "token_classify) for Hugging Face encoder models over gRPC.",
+        "token_classify, embed_sparse) for Hugging Face encoder models over gRPC.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     net = parser.add_argument_group("network")
@@ -138,9 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument(
         "--pooling-type",
         action="append",
-        choices=["auto", PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST],
+        choices=["auto", PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST, PoolingType.SPLADE],
         help="the pooling method for embed; auto: the sentence-transformers config, else CLS "
-        "for encoders and LAST for decoders. " + PER_MODEL,
+        "for encoders and LAST for decoders. splade: embed_sparse on a *ForMaskedLM model "
+        "(max over tokens of log(1 + relu(logits))). " + PER_MODEL,
     )
     models.add_argument(
         "--truncation-side",

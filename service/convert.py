@@ -9,7 +9,14 @@ import numpy as np
 from engine.engine import TokenizedText
 from engine.errors import FieldViolation, PoolingError
 from engine.model_info import ModelInfo, PoolingType
-from engine.outputs import Classification, Embedding, PoolResult, Score, TokenRows
+from engine.outputs import (
+    Classification,
+    Embedding,
+    PoolResult,
+    Score,
+    SparseEmbedding,
+    TokenRows,
+)
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest
 from pooling_client.v1 import pooling_pb2 as pb
@@ -20,6 +27,7 @@ TASK_FROM_PROTO: dict[int, Task] = {
     pb.POOLING_TASK_SCORE: Task.SCORE,
     pb.POOLING_TASK_TOKEN_EMBED: Task.TOKEN_EMBED,
     pb.POOLING_TASK_TOKEN_CLASSIFY: Task.TOKEN_CLASSIFY,
+    pb.POOLING_TASK_EMBED_SPARSE: Task.EMBED_SPARSE,
 }
 TASK_TO_PROTO = {task: value for value, task in TASK_FROM_PROTO.items()}
 POOLING_TYPE_TO_PROTO = {
@@ -27,6 +35,7 @@ POOLING_TYPE_TO_PROTO = {
     PoolingType.CLS: pb.POOLING_TYPE_CLS,
     PoolingType.LAST: pb.POOLING_TYPE_LAST,
     PoolingType.ALL: pb.POOLING_TYPE_ALL,
+    PoolingType.SPLADE: pb.POOLING_TYPE_SPLADE,
 }
 
 
@@ -66,6 +75,9 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         request_id=request.request_id,
         model=request.model,
         declared_task=declared,
+        # Read from an unset input case these are 0 and False.
+        sparse_top_k=request.embed_sparse.top_k,
+        sparse_tokens=request.embed_sparse.return_tokens,
         **inputs,
     )
 
@@ -124,6 +136,12 @@ def response_to_proto(result: PoolResult) -> pb.PoolResponse:
                 item.MergeFromString(_packed_floats(1, o.probs))
     elif result.task is Task.SCORE:
         response.score.scores.extend(o.value for o in outputs if isinstance(o, Score))
+    elif result.task is Task.EMBED_SPARSE:
+        sparse = response.embed_sparse.embeddings
+        for o in outputs:
+            if isinstance(o, SparseEmbedding):
+                item = sparse.add(indices=o.indices.tolist(), tokens=o.tokens)
+                item.MergeFromString(_packed_floats(2, o.values))
     else:
         target = (
             response.token_embed if result.task is Task.TOKEN_EMBED else response.token_classify
