@@ -10,9 +10,10 @@ Only speaks the wire protocol (no torch, no model code), so it installs anywhere
     )
     outputs[0].outputs.embedding
 
-``classify``, ``score``, ``encode`` (token_embed / token_classify), ``models`` and ``tokenize``
-work the same way; :class:`AsyncPoolingClient` offers them as coroutines. Failed calls raise
-:class:`PoolingError`, whose ``reason`` and ``field_violations`` say what to fix.
+``classify``, ``score``, ``encode`` (token_embed / token_classify), ``embed_sparse``, ``models``
+and ``tokenize`` work the same way; :class:`AsyncPoolingClient` offers them as coroutines.
+Failed calls raise :class:`PoolingError`, whose ``reason`` and ``field_violations`` say what to
+fix.
 """
 
 from pooling_client.async_client import AsyncPoolingClient
@@ -28,6 +29,8 @@ from pooling_client.outputs import (
     PoolingRequestOutput,
     ScoringOutput,
     ScoringRequestOutput,
+    SparseEmbeddingOutput,
+    SparseEmbeddingRequestOutput,
     TokenizeOutput,
 )
 from pooling_client.params import PoolingParams
@@ -47,5 +50,7 @@ __all__ = [
     "PoolingRequestOutput",
     "ScoringOutput",
     "ScoringRequestOutput",
+    "SparseEmbeddingOutput",
+    "SparseEmbeddingRequestOutput",
     "TokenizeOutput",
 ]

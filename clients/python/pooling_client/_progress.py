@@ -18,6 +18,7 @@ _DESCRIPTIONS = {
     "score": "Scoring",
     "token_embed": "Encoding",
     "token_classify": "Encoding",
+    "embed_sparse": "Embedding",
 }
 
 

@@ -17,6 +17,7 @@ from pooling_client.outputs import (
     embedding_request_outputs,
     pooling_request_outputs,
     scoring_request_outputs,
+    sparse_embedding_request_outputs,
 )
 from pooling_client.params import PoolingParams, check_task
 from pooling_client.v1 import pooling_pb2
@@ -35,6 +36,7 @@ _CONVERTERS: dict[str, Callable[[pooling_pb2.PoolResponse], list[Any]]] = {
     "score": scoring_request_outputs,
     "token_embed": pooling_request_outputs,
     "token_classify": pooling_request_outputs,
+    "embed_sparse": sparse_embedding_request_outputs,
 }
 
 
@@ -112,10 +114,13 @@ def pool_request(
     truncate_prompt_tokens: int | None = None,
     model: str | None = None,
     request_id: str | None = None,
+    input_options: dict[str, Any] | None = None,
 ) -> pooling_pb2.PoolRequest:
     """Build a verified PoolRequest whose input case is named by ``task``.
 
     ``inputs`` is a list of texts, or for score a (text_1, text_2) pair of lists.
+    ``input_options`` are fields of the input case message besides its inputs (embed_sparse's
+    ``top_k`` and ``return_tokens``, see :func:`sparse_options`).
     """
     check_task(task)
     params = resolve_params(task, pooling_params, truncate_prompt_tokens)
@@ -124,8 +129,21 @@ def pool_request(
         model=model or "",
         params=params.to_proto(task),
     )
+    for name, value in (input_options or {}).items():
+        setattr(getattr(request, task), name, value)
     set_inputs(request, task, inputs)
     return request
+
+
+def sparse_options(top_k: int | None, return_tokens: bool) -> dict[str, Any]:
+    """embed_sparse's SparseInput fields, checked: top_k None or 0 keeps every weight."""
+    if top_k is None:
+        top_k = 0
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k must be an int or None, got {type(top_k).__name__}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 or None: every non-zero weight), got {top_k}")
+    return {"top_k": top_k, "return_tokens": bool(return_tokens)}
 
 
 def set_inputs(

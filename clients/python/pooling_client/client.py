@@ -29,6 +29,7 @@ from pooling_client.outputs import (
     ModelInfo,
     PoolingRequestOutput,
     ScoringRequestOutput,
+    SparseEmbeddingRequestOutput,
     TokenizeOutput,
     model_infos,
     tokenize_outputs,
@@ -217,6 +218,41 @@ class PoolingClient:
             use_tqdm,
         )
 
+    def embed_sparse(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        top_k: int | None = None,
+        return_tokens: bool = False,
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        use_tqdm: UseTqdm = False,
+    ) -> list[SparseEmbeddingRequestOutput]:
+        """One sparse (SPLADE) embedding per text, in input order, on a model serving
+        embed_sparse (sentence-transformers' ``SparseEncoder.encode``).
+
+        Each output holds the vocabulary ``indices`` with a non-zero weight, by decreasing
+        weight, and their ``values``; ``top_k`` keeps only the k largest (None or 0: all, as
+        ``max_active_dims``); ``return_tokens`` adds each index's token string.
+        ``pooling_params.use_activation=False`` skips SPLADE's log saturation.
+        """
+        texts = _requests.as_texts(prompts)
+        options = _requests.sparse_options(top_k, return_tokens)
+        return self._pool(
+            "embed_sparse",
+            texts,
+            pooling_params,
+            truncate_prompt_tokens,
+            model,
+            timeout,
+            request_id,
+            use_tqdm,
+            input_options=options,
+        )
+
     def models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """Every served model and what it can do, the default model first."""
         response = self._call(self._stub.ListModels, pooling_pb2.ListModelsRequest(), timeout)
@@ -262,6 +298,8 @@ class PoolingClient:
         timeout: float | None,
         request_id: str | None,
         use_tqdm: UseTqdm,
+        *,
+        input_options: dict[str, Any] | None = None,
     ) -> list[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
         template = _requests.pool_request(
@@ -271,6 +309,7 @@ class PoolingClient:
             truncate_prompt_tokens=truncate_prompt_tokens,
             model=self._config.model_for(model),
             request_id=request_id,
+            input_options=input_options,
         )
         count = _chunking.input_count(task, inputs)
         if count is not None and _chunking.needs_limits(count, self._batch_size):

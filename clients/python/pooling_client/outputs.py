@@ -102,6 +102,36 @@ class PoolingRequestOutput:
     outputs: PoolingOutput
 
 
+@dataclass
+class SparseEmbeddingOutput:
+    """One text's sparse (SPLADE) embedding: the vocabulary indices with a non-zero weight,
+    by decreasing weight, and their weights; ``tokens`` (each index's token string) only
+    when ``return_tokens`` was asked for."""
+
+    indices: list[int]
+    values: list[float]
+    tokens: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[int, float]:
+        """{vocabulary index: weight}."""
+        return dict(zip(self.indices, self.values, strict=True))
+
+    def decode(self) -> list[tuple[str, float]]:
+        """(token, weight) pairs by decreasing weight, as sentence-transformers'
+        ``SparseEncoder.decode`` gives them; needs ``return_tokens=True``."""
+        if len(self.tokens) != len(self.indices):
+            raise ValueError("this output has no tokens: call embed_sparse(return_tokens=True)")
+        return list(zip(self.tokens, self.values, strict=True))
+
+
+@dataclass
+class SparseEmbeddingRequestOutput:
+    """The sparse embedding of one input text."""
+
+    request_id: str
+    outputs: SparseEmbeddingOutput
+
+
 def _enum_suffix(enum: Any, value: int, prefix: str) -> str:
     """Lower-case short name of an enum value ("POOLING_TASK_EMBED" -> "embed").
 
@@ -253,6 +283,25 @@ def pooling_request_outputs(response: pooling_pb2.PoolResponse) -> list[PoolingR
         )
         for i, matrix in enumerate(output.items)
     ]
+
+
+def sparse_embedding_request_outputs(
+    response: pooling_pb2.PoolResponse,
+) -> list[SparseEmbeddingRequestOutput]:
+    """One SparseEmbeddingRequestOutput per text of an embed_sparse response."""
+    rid = response.request_id
+    output = _output_of(response, "embed_sparse")
+    results = []
+    for i, item in enumerate(output.embeddings):
+        count = len(item.indices)
+        if len(item.values) != count or len(item.tokens) not in (0, count):
+            raise ValueError(
+                f"SparseEmbedding {i} has {count} indices, {len(item.values)} values and "
+                f"{len(item.tokens)} tokens"
+            )
+        sparse = SparseEmbeddingOutput(list(item.indices), list(item.values), list(item.tokens))
+        results.append(SparseEmbeddingRequestOutput(f"{rid}-{i}", sparse))
+    return results
 
 
 def model_infos(response: pooling_pb2.ListModelsResponse) -> list[ModelInfo]:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pooling_client.v1 import pooling_pb2
 
 #: The tasks a request can run, by the names vLLM uses.
-TASKS: tuple[str, ...] = ("embed", "classify", "score", "token_embed", "token_classify")
+TASKS: tuple[str, ...] = (
+    "embed",
+    "classify",
+    "score",
+    "token_embed",
+    "token_classify",
+    "embed_sparse",
+)
 
 _EMBED_PARAMS = frozenset({"use_activation", "dimensions", "truncate_prompt_tokens"})
 _CLASSIFY_PARAMS = frozenset({"use_activation", "truncate_prompt_tokens"})
@@ -24,6 +31,7 @@ TASK_PARAMS: dict[str, frozenset[str]] = {
     "classify": _CLASSIFY_PARAMS,
     "score": _CLASSIFY_PARAMS,
     "token_classify": _CLASSIFY_PARAMS,
+    "embed_sparse": _CLASSIFY_PARAMS,
 }
 
 #: Task name -> wire enum value.
@@ -33,6 +41,7 @@ TASK_ENUM: dict[str, pooling_pb2.PoolingTask] = {
     "score": pooling_pb2.POOLING_TASK_SCORE,
     "token_embed": pooling_pb2.POOLING_TASK_TOKEN_EMBED,
     "token_classify": pooling_pb2.POOLING_TASK_TOKEN_CLASSIFY,
+    "embed_sparse": pooling_pb2.POOLING_TASK_EMBED_SPARSE,
 }
 
 _OPTIONAL_FIELDS = ("use_activation", "dimensions", "truncate_prompt_tokens")
@@ -50,7 +59,8 @@ class PoolingParams:
 
     Attributes:
         use_activation: embed/token_embed: L2-normalise; classify/score/token_classify:
-            apply the model's activation (softmax or sigmoid).
+            apply the model's activation (softmax or sigmoid); embed_sparse: SPLADE's
+            log(1 + w) saturation (False: max over tokens of relu(logits)).
         dimensions: embed/token_embed on matryoshka models: keep this many leading dimensions.
         task: optional; when set it must equal the task being run.
         truncate_prompt_tokens: keep this many tokens per text (-1: the model's maximum).
