@@ -20,17 +20,20 @@ import numpy as np
 
 from engine.batch_queue import BatchConfig, BatchQueue
 from engine.client import EngineClient, LocalEngineClient
+from engine.errors import PoolingError
 from engine.jobs import Job, RequestTiming
 from engine.model_info import ModelInfo
-from engine.outputs import PoolResult
+from engine.outputs import PoolResult, Ranked, RerankResult, Score
 from engine.plans import Plan, plan_request
-from engine.request import PoolRequest
+from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
 from engine.validation import (
     Limits,
     check_model_name,
+    rerank_error,
     unknown_model,
     validate_request,
+    validate_rerank,
     validate_tokenize,
 )
 
@@ -118,9 +121,38 @@ class Engine:
     ) -> PoolResult:
         """Run a request; `deadline` is on time.monotonic()'s clock."""
         started = time.monotonic()
-        timings = timings if timings is not None else Timings()
         model = self.resolve(request.model)
         validate_request(request, model.info, self.limits)
+        return await self._run(request, model, deadline, timings, started)
+
+    async def rerank(
+        self,
+        request: RerankRequest,
+        *,
+        deadline: float | None = None,
+        timings: Timings | None = None,
+    ) -> RerankResult:
+        """Score every document against the query (score's 1:N path: pairs through a
+        cross-encoder, or cosine similarity of embeddings), then rank them, best first."""
+        started = time.monotonic()
+        model = self.resolve(request.model)
+        validate_rerank(request, model.info, self.limits)
+        try:
+            result = await self._run(request.score, model, deadline, timings, started)
+        except PoolingError as error:
+            raise rerank_error(error) from None
+        return _ranking(request, result)
+
+    async def _run(
+        self,
+        request: PoolRequest,
+        model: ServedModel,
+        deadline: float | None,
+        timings: Timings | None,
+        started: float,
+    ) -> PoolResult:
+        """Tokenize, queue and compute a validated request."""
+        timings = timings if timings is not None else Timings()
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
         intake = _Intake(request, model, deadline, timings, future, started)
         self._intake.put(intake)
@@ -213,6 +245,14 @@ def _finisher(request: PoolRequest, model: ServedModel, plan: Plan) -> Callable[
         return PoolResult(request.request_id, name, request.task, tokens, plan.finish(raws))
 
     return finish
+
+
+def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
+    """Documents by decreasing score, ties in input order; the best top_n (0: all)."""
+    scores = np.array([o.value for o in result.outputs if isinstance(o, Score)], dtype=np.float32)
+    order = np.argsort(-scores, kind="stable")[: request.top_n or None]
+    ranking = [Ranked(int(i), float(scores[i])) for i in order]
+    return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)
 
 
 def _fail(failed: list[tuple[Job | _Intake, BaseException]]) -> None:

@@ -58,3 +58,19 @@ class PoolResult:
     task: Task
     prompt_tokens: int
     outputs: list[ItemOutput]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One document's place in a rerank: its index in the request and its score."""
+
+    index: int
+    score: float
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    request_id: str
+    model: str
+    prompt_tokens: int
+    ranking: list[Ranked]  # best first, at most top_n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from engine.params import OutputEncoding, PoolingParams, Task
 
@@ -35,3 +36,29 @@ class PoolRequest:
         if self.task is Task.SCORE:
             return max(len(self.text_1), len(self.text_2))
         return len(self.texts)
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """Documents ranked against one query: computed as the 1:N score request `score`."""
+
+    query: str
+    documents: tuple[str, ...]
+    params: PoolingParams = field(default_factory=PoolingParams)
+    request_id: str = ""
+    model: str = ""
+    declared_task: Task | None = None
+    top_n: int = 0  # the best top_n results; 0 (or more than there are documents): all
+
+    @cached_property
+    def score(self) -> PoolRequest:
+        """The score request whose scores rank the documents."""
+        return PoolRequest(
+            task=Task.SCORE,
+            params=self.params,
+            request_id=self.request_id,
+            model=self.model,
+            declared_task=self.declared_task,
+            text_1=(self.query,),
+            text_2=self.documents,
+        )

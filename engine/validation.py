@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.model_info import ModelInfo, SpladeStrategy
 from engine.params import TASK_PARAMS, Task
-from engine.request import PoolRequest
+from engine.request import PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
 
@@ -252,7 +252,7 @@ def _sparse_activation(
 @dataclass(frozen=True)
 class Stage:
     kind: ErrorKind
-    checks: tuple[Check, ...]
+    checks: tuple[Callable[..., Iterator[FieldViolation]], ...]  # Check, or RerankCheck
 
 
 RULES: tuple[Stage, ...] = (
@@ -276,14 +276,77 @@ RULES: tuple[Stage, ...] = (
 )
 
 
-def validate_request(request: PoolRequest, info: ModelInfo, limits: Limits) -> None:
-    """Raise PoolingError for the first stage of RULES that finds violations."""
-    for stage in RULES:
+def validate_request(
+    request: PoolRequest | RerankRequest,
+    info: ModelInfo,
+    limits: Limits,
+    rules: tuple[Stage, ...] = RULES,
+) -> None:
+    """Raise PoolingError for the first stage of `rules` that finds violations."""
+    for stage in rules:
         violations = [v for check in stage.checks for v in check(request, info, limits)]
         if violations:
             error = PoolingError.invalid(violations)
             error.kind = stage.kind
             raise error
+
+
+# Rerank is a 1:N score request (the query against every document), so it runs every
+# rule of RULES on that request, with the paths renamed as RerankRequest names its fields,
+# plus its own rule for top_n.
+
+RerankCheck = Callable[[RerankRequest, ModelInfo, Limits], Iterator[FieldViolation]]
+
+
+def rerank_violation(violation: FieldViolation) -> FieldViolation:
+    """A violation of the score request that computes a rerank, as RerankRequest names it:
+    `score.text_1[0]` is `query`, `score.text_2[i]` is `documents[i]`, and the model is
+    what lacks a task it does not support."""
+    path, description = violation.field, violation.description
+    head, bracket, rest = path.partition("[")
+    if violation.reason == "TASK_NOT_SUPPORTED":
+        path, description = "model", f"rerank needs the score task; {description}"
+    elif head == "score.text_1":
+        path = "query"
+    elif head in ("score.text_2", "score"):  # "score": all the texts together
+        path = f"documents{bracket}{rest}"
+    return FieldViolation(path, description, violation.reason)
+
+
+def rerank_error(error: PoolingError) -> PoolingError:
+    """`error` of the score request that computes a rerank, with its paths renamed."""
+    if not error.violations:
+        return error
+    renamed = PoolingError.invalid([rerank_violation(v) for v in error.violations])
+    renamed.kind, renamed.metadata = error.kind, error.metadata
+    return renamed
+
+
+def _for_rerank(check: Check) -> RerankCheck:
+    def run(request: RerankRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+        return (rerank_violation(v) for v in check(request.score, info, limits))
+
+    return run
+
+
+def _top_n(request: RerankRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    if request.top_n < 0:
+        yield FieldViolation(
+            "top_n",
+            f"top_n must be 0 (every document) or a positive count, got {request.top_n}",
+            "TOP_N_INVALID",
+        )
+
+
+RERANK_RULES: tuple[Stage, ...] = tuple(
+    Stage(stage.kind, ((_top_n,) if k == 0 else ()) + tuple(map(_for_rerank, stage.checks)))
+    for k, stage in enumerate(RULES)
+)
+
+
+def validate_rerank(request: RerankRequest, info: ModelInfo, limits: Limits) -> None:
+    """Raise PoolingError for the first stage of RERANK_RULES that finds violations."""
+    validate_request(request, info, limits, RERANK_RULES)
 
 
 def check_model_name(name: str) -> None:

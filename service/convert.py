@@ -13,12 +13,13 @@ from engine.outputs import (
     Classification,
     Embedding,
     PoolResult,
+    RerankResult,
     Score,
     SparseEmbedding,
     TokenRows,
 )
 from engine.params import PoolingParams, Task
-from engine.request import PoolRequest
+from engine.request import PoolRequest, RerankRequest
 from pooling_client.v1 import pooling_pb2 as pb
 
 TASK_FROM_PROTO: dict[int, Task] = {
@@ -80,6 +81,33 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         sparse_tokens=request.embed_sparse.return_tokens,
         **inputs,
     )
+
+
+def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
+    params, declared = params_from_proto(request.params)
+    return RerankRequest(
+        query=request.query,
+        documents=tuple(request.documents),
+        params=params,
+        request_id=request.request_id,
+        model=request.model,
+        declared_task=declared,
+        top_n=request.top_n,
+    )
+
+
+def rerank_response_to_proto(result: RerankResult, request: pb.RerankRequest) -> pb.RerankResponse:
+    response = pb.RerankResponse(
+        request_id=result.request_id,
+        model=result.model,
+        usage=pb.Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
+    )
+    results = response.results
+    for ranked in result.ranking:
+        item = results.add(index=ranked.index, relevance_score=ranked.score)
+        if request.return_documents:
+            item.document = request.documents[ranked.index]
+    return response
 
 
 def _packed_floats(field_number: int, values: np.ndarray) -> bytes:

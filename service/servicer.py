@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from google.rpc import status_pb2
@@ -22,6 +23,9 @@ from service.stream_limit import InflightLimit
 from service.telemetry import RequestRecord, Telemetry
 
 log = logging.getLogger(__name__)
+
+_Request = TypeVar("_Request", pb.PoolRequest, pb.RerankRequest)
+_Response = TypeVar("_Response", pb.PoolResponse, pb.RerankResponse)
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -40,18 +44,47 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             raise unavailable("the models are still loading; retry shortly")
         return self.engine
 
-    async def _pool(
+    async def run_pool(
         self, request: pb.PoolRequest, record: RequestRecord, deadline: float | None
     ) -> pb.PoolResponse:
         """Run one request; every failure comes out as a PoolingError."""
-        code, reason, items, tokens, model = "OK", "", 0, 0, ""
-        try:
-            engine = self._ready_engine()
+
+        async def run(engine: Engine) -> tuple[pb.PoolResponse, int, int, str]:
             result = await engine.pool(
                 convert.request_from_proto(request), deadline=deadline, timings=record.timings
             )
-            items, tokens, model = len(result.outputs), result.prompt_tokens, result.model
-            return convert.response_to_proto(result)
+            response = convert.response_to_proto(result)
+            return response, len(result.outputs), result.prompt_tokens, result.model
+
+        return await self._observed(request, record, run)
+
+    async def run_rerank(
+        self, request: pb.RerankRequest, record: RequestRecord, deadline: float | None
+    ) -> pb.RerankResponse:
+        """Rank the documents; every failure comes out as a PoolingError."""
+
+        async def run(engine: Engine) -> tuple[pb.RerankResponse, int, int, str]:
+            result = await engine.rerank(
+                convert.rerank_request_from_proto(request),
+                deadline=deadline,
+                timings=record.timings,
+            )
+            response = convert.rerank_response_to_proto(result, request)
+            return response, len(request.documents), result.prompt_tokens, result.model
+
+        return await self._observed(request, record, run)
+
+    async def _observed(
+        self,
+        request: pb.PoolRequest | pb.RerankRequest,
+        record: RequestRecord,
+        run: Callable[[Engine], Awaitable[tuple[_Response, int, int, str]]],
+    ) -> _Response:
+        """`run` on the engine, its outcome recorded: (response, items, tokens, model)."""
+        code, reason, items, tokens, model = "OK", "", 0, 0, ""
+        try:
+            response, items, tokens, model = await run(self._ready_engine())
+            return response
         except PoolingError as error:
             code, reason = GRPC_CODES[error.kind].name, error.reason
             raise
@@ -77,15 +110,31 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
     async def Pool(
         self, request: pb.PoolRequest | Malformed, context: grpc.aio.ServicerContext
     ) -> pb.PoolResponse:
+        return await self._unary("Pool", request, context, self.run_pool)
+
+    async def Rerank(
+        self, request: pb.RerankRequest | Malformed, context: grpc.aio.ServicerContext
+    ) -> pb.RerankResponse:
+        return await self._unary("Rerank", request, context, self.run_rerank)
+
+    async def _unary(
+        self,
+        rpc: str,
+        request: _Request | Malformed,
+        context: grpc.aio.ServicerContext,
+        run: Callable[[_Request, RequestRecord, float | None], Awaitable[_Response]],
+    ) -> _Response:
+        """A recorded unary call: errors as rich statuses, timings in the trailers."""
         try:
             if type(request) is Malformed:
                 raise request.error()
-            record = self.telemetry.begin("Pool", request, context)
-            response = await self._pool(request, record, _deadline(context))
+            record = self.telemetry.begin(rpc, request, context)  # type: ignore[arg-type]
+            response = await run(request, record, _deadline(context))  # type: ignore[arg-type]
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise  # unreachable: abort raises
-        context.set_trailing_metadata(record.trailing_metadata(response.usage.prompt_tokens))
+        prompt_tokens = response.usage.prompt_tokens  # type: ignore[attr-defined]
+        context.set_trailing_metadata(record.trailing_metadata(prompt_tokens))
         return response
 
     async def PoolStream(
@@ -109,7 +158,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             try:
                 response = pb.PoolStreamResponse(
                     request_id=request.request_id,
-                    response=await self._pool(request, record, deadline),
+                    response=await self.run_pool(request, record, deadline),
                 )
             except PoolingError as error:
                 response = pb.PoolStreamResponse(

@@ -38,14 +38,14 @@ class RequestRecord:
         self,
         telemetry: Telemetry,
         rpc: str,
-        request: pb.PoolRequest,
+        request: pb.PoolRequest | pb.RerankRequest,
         context: grpc.aio.ServicerContext,
     ) -> None:
         self.telemetry = telemetry
         self.context = context
         self.rpc = rpc
         self.request = request
-        self.task = request.WhichOneof("input") or "none"
+        self.task = _task(request)
         self.timings = Timings()
         self.started = time.monotonic()
         self.span: trace.Span | None = None
@@ -126,8 +126,11 @@ class RequestRecord:
         span = self.span or trace.get_current_span(self._caller_trace())
         fields["trace_id"] = format(span.get_span_context().trace_id, "032x")
         if self.telemetry.log_inputs:
-            case = self.request.WhichOneof("input")
-            if case == "score":
+            case = _input_case(self.request)
+            if case == "rerank":
+                fields["query"] = self.request.query  # type: ignore[union-attr]
+                fields["documents"] = list(self.request.documents)  # type: ignore[union-attr]
+            elif case == "score":
                 fields["text_1"] = list(self.request.score.text_1)
                 fields["text_2"] = list(self.request.score.text_2)
             elif case:
@@ -175,9 +178,24 @@ class Telemetry:
         self.request_log_level = logging.INFO if log_requests else logging.DEBUG
 
     def begin(
-        self, rpc: str, request: pb.PoolRequest, context: grpc.aio.ServicerContext
+        self,
+        rpc: str,
+        request: pb.PoolRequest | pb.RerankRequest,
+        context: grpc.aio.ServicerContext,
     ) -> RequestRecord:
         return RequestRecord(self, rpc, request, context)
+
+
+def _input_case(request: pb.PoolRequest | pb.RerankRequest) -> str | None:
+    if isinstance(request, pb.RerankRequest):
+        return "rerank"
+    return request.WhichOneof("input")
+
+
+def _task(request: pb.PoolRequest | pb.RerankRequest) -> str:
+    """The task label: a rerank is counted as the score task that computes it."""
+    case = _input_case(request)
+    return "score" if case == "rerank" else case or "none"
 
 
 def tracer_provider(otlp_endpoint: str | None) -> trace.TracerProvider:
