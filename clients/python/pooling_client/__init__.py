@@ -10,10 +10,10 @@ Only speaks the wire protocol (no torch, no model code), so it installs anywhere
     )
     outputs[0].outputs.embedding
 
-``classify``, ``score``, ``encode`` (token_embed / token_classify), ``embed_sparse``, ``models``
-and ``tokenize`` work the same way; :class:`AsyncPoolingClient` offers them as coroutines.
-Failed calls raise :class:`PoolingError`, whose ``reason`` and ``field_violations`` say what to
-fix.
+``classify``, ``score``, ``encode`` (token_embed / token_classify), ``embed_sparse``,
+``rerank``, ``models`` and ``tokenize`` work the same way; :class:`AsyncPoolingClient` offers
+them as coroutines. Failed calls raise :class:`PoolingError`, whose ``reason`` and
+``field_violations`` say what to fix.
 """
 
 from pooling_client.async_client import AsyncPoolingClient
@@ -27,11 +27,14 @@ from pooling_client.outputs import (
     ModelInfo,
     PoolingOutput,
     PoolingRequestOutput,
+    RerankOutput,
+    RerankRequestOutput,
     ScoringOutput,
     ScoringRequestOutput,
     SparseEmbeddingOutput,
     SparseEmbeddingRequestOutput,
     TokenizeOutput,
+    Usage,
 )
 from pooling_client.params import PoolingParams
 
@@ -48,9 +51,12 @@ __all__ = [
     "PoolingOutput",
     "PoolingParams",
     "PoolingRequestOutput",
+    "RerankOutput",
+    "RerankRequestOutput",
     "ScoringOutput",
     "ScoringRequestOutput",
     "SparseEmbeddingOutput",
     "SparseEmbeddingRequestOutput",
     "TokenizeOutput",
+    "Usage",
 ]

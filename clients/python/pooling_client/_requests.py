@@ -195,6 +195,38 @@ def check_encode_task(pooling_task: str) -> None:
         )
 
 
+def rerank_request(
+    query: str,
+    documents: str | Sequence[str],
+    *,
+    top_n: int | None = None,
+    return_documents: bool = False,
+    pooling_params: PoolingParams | None = None,
+    truncate_prompt_tokens: int | None = None,
+    model: str | None = None,
+    request_id: str | None = None,
+) -> pooling_pb2.RerankRequest:
+    """Build a verified RerankRequest; its params are score's (rerank runs score 1:N)."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str, got {type(query).__name__}")
+    if top_n is None:
+        top_n = 0
+    if isinstance(top_n, bool) or not isinstance(top_n, int):
+        raise TypeError(f"top_n must be an int or None, got {type(top_n).__name__}")
+    if top_n < 0:
+        raise ValueError(f"top_n must be >= 0 (0 or None: every document), got {top_n}")
+    params = resolve_params("score", pooling_params, truncate_prompt_tokens)
+    return pooling_pb2.RerankRequest(
+        request_id=request_id if request_id is not None else new_request_id(),
+        model=model or "",
+        query=query,
+        documents=as_texts(documents, "documents"),
+        top_n=top_n,
+        return_documents=bool(return_documents),
+        params=params.to_proto("score"),
+    )
+
+
 def tokenize_request(
     prompts: str | Sequence[str], *, model: str | None, add_special_tokens: bool | None
 ) -> pooling_pb2.TokenizeRequest:

@@ -28,10 +28,12 @@ from pooling_client.outputs import (
     EmbeddingRequestOutput,
     ModelInfo,
     PoolingRequestOutput,
+    RerankRequestOutput,
     ScoringRequestOutput,
     SparseEmbeddingRequestOutput,
     TokenizeOutput,
     model_infos,
+    rerank_request_output,
     tokenize_outputs,
 )
 from pooling_client.params import PoolingParams
@@ -252,6 +254,39 @@ class PoolingClient:
             use_tqdm,
             input_options=options,
         )
+
+    def rerank(
+        self,
+        query: str,
+        documents: str | Sequence[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = False,
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> RerankRequestOutput:
+        """The documents ranked by relevance to ``query``, most relevant first.
+
+        A cross-encoder scores each (query, document) pair; an embedding model ranks by
+        cosine similarity, as :meth:`score` does. ``top_n`` keeps the best few (None or 0:
+        every document); ``return_documents`` adds each document's text to its result.
+        One Rerank call: at most the server's max_client_batch_size documents.
+        """
+        request = _requests.rerank_request(
+            query,
+            documents,
+            top_n=top_n,
+            return_documents=return_documents,
+            pooling_params=pooling_params,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            model=self._config.model_for(model),
+            request_id=request_id,
+        )
+        response = self._call(self._stub.Rerank, request, timeout)
+        return rerank_request_output(response, len(request.documents), request.top_n)
 
     def models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """Every served model and what it can do, the default model first."""

@@ -8,7 +8,7 @@ extra) and plain row lists otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +68,51 @@ class PoolingOutput:
     special_tokens_mask: list[bool] = field(default_factory=list)
     label_ids: list[int] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Usage:
+    """The tokens a request used: prompt tokens only, as pooling generates none."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def from_proto(cls, usage: pooling_pb2.Usage) -> Usage:
+        """Convert a Usage message."""
+        return cls(usage.prompt_tokens, usage.total_tokens)
+
+
+@dataclass
+class RerankOutput:
+    """One document's place in a ranking: its position in the documents sent, its score
+    (higher is more relevant) and, when asked for, its text."""
+
+    index: int
+    relevance_score: float
+    document: str | None = None
+
+
+@dataclass
+class RerankRequestOutput:
+    """A rerank's results, most relevant first (at most top_n), and the tokens it used.
+
+    Iterating over it, indexing it and ``len`` go to ``results``.
+    """
+
+    request_id: str
+    model: str
+    results: list[RerankOutput]
+    usage: Usage
+
+    def __iter__(self) -> Iterator[RerankOutput]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, position: int) -> RerankOutput:
+        return self.results[position]
 
 
 @dataclass
@@ -302,6 +347,31 @@ def sparse_embedding_request_outputs(
         sparse = SparseEmbeddingOutput(list(item.indices), list(item.values), list(item.tokens))
         results.append(SparseEmbeddingRequestOutput(f"{rid}-{i}", sparse))
     return results
+
+
+def rerank_request_output(
+    response: pooling_pb2.RerankResponse, documents: int, top_n: int
+) -> RerankRequestOutput:
+    """Convert a RerankResponse to a request of ``documents`` documents, checking it holds
+    min(top_n, documents) distinct indices in range (top_n 0: every document)."""
+    expected = min(top_n, documents) if top_n > 0 else documents
+    results = [
+        RerankOutput(
+            item.index,
+            item.relevance_score,
+            item.document if item.HasField("document") else None,
+        )
+        for item in response.results
+    ]
+    indices = {result.index for result in results}
+    if len(results) != expected or len(indices) != expected or not indices <= set(range(documents)):
+        raise ValueError(
+            f"RerankResponse {response.request_id!r} does not rank {expected} distinct "
+            f"documents of {documents}: indices {[result.index for result in results]}"
+        )
+    return RerankRequestOutput(
+        response.request_id, response.model, results, Usage.from_proto(response.usage)
+    )
 
 
 def model_infos(response: pooling_pb2.ListModelsResponse) -> list[ModelInfo]:
