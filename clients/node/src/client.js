@@ -1,5 +1,5 @@
 // PoolingClient: a promise-based client whose methods mirror the Python client (and vLLM's
-// LLM pooling API): embed, classify, score, encode, models, tokenize.
+// LLM pooling API): embed, classify, score, encode, rerank, models, tokenize.
 
 import { isIP } from 'node:net';
 
@@ -7,7 +7,7 @@ import * as grpc from '@grpc/grpc-js';
 
 import { ChunkedJob, checkBatchSize, chunkSize, chunksInFlight, needsLimits } from './chunking.js';
 import { PoolingError } from './errors.js';
-import { convertOutputs, modelInfos, tokenizeOutputs } from './outputs.js';
+import { convertOutputs, modelInfos, rerankOutput, tokenizeOutputs } from './outputs.js';
 import { loadPoolingService } from './proto.js';
 import {
   asTexts,
@@ -15,6 +15,7 @@ import {
   expectedOutputs,
   inputCount,
   requestTemplate,
+  rerankRequest,
   scoreTexts,
   withInputs,
 } from './requests.js';
@@ -212,6 +213,26 @@ export class PoolingClient {
   }
 
   /**
+   * The documents ranked by relevance to the query, most relevant first: a cross-encoder scores
+   * each (query, document) pair, an embedding model ranks by cosine similarity (as score()).
+   * One Rerank call: at most the server's max_client_batch_size documents.
+   * @param {string} query
+   * @param {string|string[]} documents
+   * @param {PoolCallOptions & {topN?: number|null, returnDocuments?: boolean}} [options] topN
+   *   keeps the best few (unset or 0: every document); returnDocuments adds each text
+   * @returns {Promise<import('./outputs.js').RerankOutput>}
+   */
+  async rerank(query, documents, options = {}) {
+    const request = rerankRequest(query, documents, {
+      ...options,
+      model: this.#modelFor(options.model),
+      validate: options.validate !== false,
+    });
+    const response = await this.rawCall('Rerank', request, options);
+    return rerankOutput(response, request.documents.length, request.top_n);
+  }
+
+  /**
    * Every served model and what it can do, the default model first.
    * @param {{timeout?: number|null}} [options]
    * @returns {Promise<import('./outputs.js').ModelInfo[]>}
@@ -239,10 +260,10 @@ export class PoolingClient {
   }
 
   /**
-   * Invoke a unary method ("Pool", "ListModels", "Tokenize") with a wire-shaped request
+   * Invoke a unary method ("Pool", "Rerank", "ListModels", "Tokenize") with a wire-shaped request
    * (snake_case fields, enum names as strings) and this client's metadata and deadline; returns
    * the wire response. Nothing is validated locally.
-   * @param {'Pool'|'ListModels'|'Tokenize'} method
+   * @param {'Pool'|'Rerank'|'ListModels'|'Tokenize'} method
    * @param {Record<string, unknown>} request
    * @param {{timeout?: number|null}} [options]
    * @returns {Promise<any>}

@@ -44,6 +44,17 @@
  * @property {string} truncationSide
  * @property {string} longInput
  *
+ * @typedef {object} RerankResult One document's place in a ranking.
+ * @property {number} index its position in the documents sent
+ * @property {number} relevanceScore higher is more relevant
+ * @property {string|null} document its text, when returnDocuments was set
+ *
+ * @typedef {object} RerankOutput A rerank's results, most relevant first.
+ * @property {string} requestId
+ * @property {string} model
+ * @property {RerankResult[]} results
+ * @property {{promptTokens: number, totalTokens: number}} usage
+ *
  * @typedef {object} TokenizeOutput
  * @property {number[]} tokenIds
  * @property {string[]} tokens
@@ -184,4 +195,34 @@ export function tokenizeOutputs(response) {
     tokens: [...item.tokens],
     offsets: spans(item.offsets),
   }));
+}
+
+/**
+ * Convert a RerankResponse to a request of `documents` documents, checking it holds
+ * min(topN, documents) distinct indices in range (topN 0: every document).
+ * @param {any} response a RerankResponse
+ * @param {number} documents
+ * @param {number} topN
+ * @returns {RerankOutput}
+ */
+export function rerankOutput(response, documents, topN) {
+  const expected = topN > 0 ? Math.min(topN, documents) : documents;
+  const results = response.results.map((/** @type {any} */ item) => ({
+    index: item.index,
+    relevanceScore: item.relevance_score,
+    document: item.document ?? null,
+  }));
+  const indices = new Set(results.map((/** @type {RerankResult} */ r) => r.index));
+  const inRange = [...indices].every((i) => Number.isInteger(i) && i >= 0 && i < documents);
+  if (results.length !== expected || indices.size !== expected || !inRange) {
+    throw new Error(
+      `RerankResponse ${JSON.stringify(response.request_id)} does not rank ${expected} distinct documents of ${documents}: indices ${JSON.stringify(results.map((/** @type {RerankResult} */ r) => r.index))}`,
+    );
+  }
+  return {
+    requestId: response.request_id,
+    model: response.model,
+    results,
+    usage: { promptTokens: response.usage?.prompt_tokens ?? 0, totalTokens: response.usage?.total_tokens ?? 0 },
+  };
 }

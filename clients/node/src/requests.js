@@ -178,6 +178,45 @@ export function withInputs(template, task, inputs, requestId) {
 }
 
 /**
+ * A RerankRequest: the documents to rank against the query. Its params are score's (rerank
+ * runs score 1:N), verified unless `validate` is false.
+ * @param {string} query
+ * @param {string|Iterable<string>} documents
+ * @param {object} [options]
+ * @param {number|null} [options.topN] keep the best topN; unset or 0: every document
+ * @param {boolean} [options.returnDocuments] add each document's text to its result
+ * @param {import('./params.js').PoolingParams} [options.poolingParams]
+ * @param {number} [options.truncatePromptTokens]
+ * @param {string|null} [options.model]
+ * @param {string} [options.requestId]
+ * @param {boolean} [options.validate]
+ */
+export function rerankRequest(query, documents, options = {}) {
+  if (typeof query !== 'string') throw new TypeError(`query must be a string, got ${typeof query}`);
+  const texts = asTexts(documents, 'documents');
+  const topN = options.topN ?? 0;
+  if (!Number.isInteger(topN) || topN < 0) {
+    throw new RangeError(`topN must be a non-negative integer (0 or unset: every document), got ${topN}`);
+  }
+  const { request_id: requestId, model, params } = requestTemplate('score', {
+    poolingParams: options.poolingParams,
+    truncatePromptTokens: options.truncatePromptTokens,
+    model: options.model,
+    requestId: options.requestId,
+    validate: options.validate,
+  });
+  return {
+    request_id: requestId,
+    model,
+    query,
+    documents: texts,
+    top_n: topN,
+    return_documents: Boolean(options.returnDocuments),
+    params,
+  };
+}
+
+/**
  * Throw unless encode() can run `poolingTask`.
  * @param {unknown} poolingTask
  */
