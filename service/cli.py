@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
     net.add_argument("--metrics-host", default="127.0.0.1", help="address for the metrics port")
+    net.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="also serve the HTTP API on this port (--host): OpenAI /v1/embeddings, "
+        "/v1/rerank, /v1/score, /pooling, /classify, /v1/models, /health",
+    )
 
     net.add_argument("--keepalive-time-s", type=float, default=60.0, help="server ping interval")
     net.add_argument(
@@ -377,6 +384,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         metrics_host=args.metrics_host,
         metrics_port=None if args.role else args.metrics_port,  # a split server's: the parent's
+        http_port=args.http_port,
         transport=TransportConfig(
             keepalive_time_s=args.keepalive_time_s,
             keepalive_timeout_s=args.keepalive_timeout_s,
@@ -408,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role is None and args.frontends > 0:
         if args.frontends > 1 and args.port == 0:
             raise SystemExit("--frontends above 1 needs a fixed --port: the front ends share it")
+        if args.frontends > 1 and args.http_port == 0:
+            raise SystemExit("--frontends above 1 needs a fixed --http-port: they share it")
         metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
         return Supervisor(argv, args.frontends, args.data_parallel, metrics).run()
     if args.role is not None:

@@ -18,9 +18,9 @@ from engine.outputs import (
     SparseEmbedding,
     TokenRows,
 )
-from engine.params import PoolingParams, Task
+from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
-from pooling_client.v1 import pooling_pb2 as pb
+from service.proto import pooling_pb2 as pb
 
 TASK_FROM_PROTO: dict[int, Task] = {
     pb.POOLING_TASK_EMBED: Task.EMBED,

@@ -81,8 +81,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "pooling_requests",
-            "Requests by RPC, task, model and status code",
-            ["rpc", "task", "model", "code"],
+            "Requests by RPC, task, model, status code and protocol (grpc or http)",
+            ["rpc", "task", "model", "code", "protocol"],
             registry=r,
         )
         self.items = Counter(
@@ -141,7 +141,7 @@ class Metrics:
         self.failed_batches = Counter(
             "pooling_failed_batches", "Batches whose forward pass failed", ["model"], registry=r
         )
-        self._requests: dict[tuple[str, str, str, str], Any] = {}
+        self._requests: dict[tuple[str, str, str, str, str], Any] = {}
         self._by_model: dict[str, _ModelChildren] = {}
         self._engine_collector = _EngineCollector()
         if not multiprocess:
@@ -175,10 +175,11 @@ class Metrics:
         timings: Timings,
         items: int = 0,
         tokens: int = 0,
+        protocol: str = "grpc",
     ) -> None:
-        key = (rpc, task, model, code)
+        key = (rpc, task, model, code, protocol)
         count = self._requests.get(key)
-        if count is None:  # label sets are few (RPCs x tasks x served models x codes)
+        if count is None:  # label sets are few (RPCs x tasks x models x codes x protocols)
             count = self._requests[key] = self.requests.labels(*key)
         count.inc()
         c = self._children(model)

@@ -18,11 +18,12 @@ from engine.engine import Engine
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.remote import RemoteEngineClient
 from engine.validation import Limits
-from pooling_client.v1 import pooling_pb2
 from service.auth import BearerTokenInterceptor
 from service.handlers import add_pooling_service
 from service.health import HealthServicer
+from service.http_api import HttpApi
 from service.metrics import Metrics
+from service.proto import pooling_pb2
 from service.run_dir import (
     frontend_address,
     frontend_ready,
@@ -60,6 +61,7 @@ class ServerConfig:
     max_message_bytes: int = 16 * 1024 * 1024
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    http_port: int | None = None  # the HTTP API (service/http_api.py) on --host; None: off
     transport: TransportConfig = field(default_factory=TransportConfig)
     tls: TlsConfig | None = None
     api_keys: Sequence[str] = ()
@@ -149,8 +151,14 @@ class PoolingServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
         self.port = 0
+        self.http: HttpApi | None = None
+        self.http_port = 0
+        if config.http_port is not None:
+            self.http = HttpApi(self.servicer, config.api_keys)
 
     async def _set_health(self, status: int) -> None:
+        if self.http is not None:
+            self.http.serving = status == health_pb2.HealthCheckResponse.SERVING
         for name in HEALTH_NAMES:
             await self.health.set(name, status)
 
@@ -183,6 +191,14 @@ class PoolingServer:
                 self.config.metrics_port,
             )
         log.info("listening on %s:%d", self.config.host, self.port)
+        if self.http is not None and self.config.http_port is not None:
+            self.http_port = await self.http.start(
+                self.config.host,
+                self.config.http_port,
+                self.config.transport.reuse_port,
+                self.config.max_message_bytes,
+            )
+            log.info("HTTP API on http://%s:%d", self.config.host, self.http_port)
 
     async def _load(self) -> None:
         if self.frontend is None:
@@ -209,7 +225,10 @@ class PoolingServer:
         if self.config.drain_delay_s:
             await asyncio.sleep(self.config.drain_delay_s)
         self.health.close_watches()
-        await self.server.stop(self.config.shutdown_grace_s)
+        stopping = [self.server.stop(self.config.shutdown_grace_s)]
+        if self.http is not None:
+            stopping.append(self.http.stop())
+        await asyncio.gather(*stopping)
         if self.servicer.engine is not None:
             await self.servicer.engine.stop()
         log.info("stopped")

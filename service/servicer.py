@@ -19,8 +19,11 @@ from pooling_client.v1 import pooling_pb2_grpc
 from service import convert
 from service.errors import GRPC_CODES, internal_error, to_grpc_status, to_status_proto, unavailable
 from service.handlers import Malformed
+from service.proto import pooling_pb2 as pb
+from service.proto import pooling_pb2_grpc
 from service.stream_limit import InflightLimit
 from service.telemetry import RequestRecord, Telemetry
+from service.version import server_version
 
 log = logging.getLogger(__name__)
 

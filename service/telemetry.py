@@ -13,9 +13,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from engine.engine import Timings
 from engine.errors import clip
-from pooling_client.v1 import pooling_pb2 as pb
 from service.logs import FIELDS_ATTR
 from service.metrics import Metrics
+from service.proto import pooling_pb2 as pb
 
 request_log = logging.getLogger("pooling.requests")
 LOGGED_ID_CHARS = 64  # ids and names are cut to this in logs
@@ -32,7 +32,17 @@ class RequestRecord:
     configured, and a log line only for failures or when request logging is on.
     """
 
-    __slots__ = ("context", "request", "rpc", "span", "started", "task", "telemetry", "timings")
+    __slots__ = (
+        "context",
+        "protocol",
+        "request",
+        "rpc",
+        "span",
+        "started",
+        "task",
+        "telemetry",
+        "timings",
+    )
 
     def __init__(
         self,
@@ -40,9 +50,11 @@ class RequestRecord:
         rpc: str,
         request: pb.PoolRequest | pb.RerankRequest,
         context: grpc.aio.ServicerContext,
+        protocol: str = "grpc",
     ) -> None:
         self.telemetry = telemetry
         self.context = context
+        self.protocol = protocol
         self.rpc = rpc
         self.request = request
         self.task = _task(request)
@@ -63,6 +75,7 @@ class RequestRecord:
             context=self._caller_trace(),
             kind=SpanKind.SERVER,
             attributes={
+                "pooling.protocol": self.protocol,
                 "rpc.system": "grpc",
                 "rpc.service": "pooling.v1.PoolingService",
                 "rpc.method": self.rpc,
@@ -88,7 +101,9 @@ class RequestRecord:
         t = self.timings
         t.total_s = time.monotonic() - self.started
         telemetry = self.telemetry
-        telemetry.metrics.observe_request(self.rpc, self.task, model, code, t, items, tokens)
+        telemetry.metrics.observe_request(
+            self.rpc, self.task, model, code, t, items, tokens, self.protocol
+        )
         if self.span is not None:
             self._end_span(self.span, code, model, items, tokens, reason)
         if code != "OK" or request_log.isEnabledFor(telemetry.request_log_level):
@@ -111,6 +126,7 @@ class RequestRecord:
         fields = {
             "request_id": clip(self.request.request_id, LOGGED_ID_CHARS),
             "rpc": self.rpc,
+            "protocol": self.protocol,
             "model": clip(model, LOGGED_ID_CHARS),
             "task": self.task,
             "items": items,
@@ -182,8 +198,10 @@ class Telemetry:
         rpc: str,
         request: pb.PoolRequest | pb.RerankRequest,
         context: grpc.aio.ServicerContext,
+        protocol: str = "grpc",
     ) -> RequestRecord:
-        return RequestRecord(self, rpc, request, context)
+        """`context`: the gRPC context, or anything with invocation_metadata() (HTTP)."""
+        return RequestRecord(self, rpc, request, context, protocol)
 
 
 def _input_case(request: pb.PoolRequest | pb.RerankRequest) -> str | None:

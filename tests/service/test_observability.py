@@ -122,23 +122,38 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workload]:
 
 def test_requests_total_by_rpc_task_model_and_code(workload: Workload) -> None:
     assert workload.series("pooling_requests_total") == {
-        (("code", "OK"), ("model", DEFAULT_MODEL), ("rpc", "Pool"), ("task", "embed")): 3.0,
-        (
-            ("code", "FAILED_PRECONDITION"),
-            ("model", DEFAULT_MODEL),
-            ("rpc", "Pool"),
-            ("task", "classify"),
-        ): 1.0,
-        (("code", "NOT_FOUND"), ("model", "unknown"), ("rpc", "Pool"), ("task", "embed")): 1.0,
         (
             ("code", "OK"),
             ("model", DEFAULT_MODEL),
+            ("protocol", "grpc"),
+            ("rpc", "Pool"),
+            ("task", "embed"),
+        ): 3.0,
+        (
+            ("code", "FAILED_PRECONDITION"),
+            ("model", DEFAULT_MODEL),
+            ("protocol", "grpc"),
+            ("rpc", "Pool"),
+            ("task", "classify"),
+        ): 1.0,
+        (
+            ("code", "NOT_FOUND"),
+            ("model", "unknown"),
+            ("protocol", "grpc"),
+            ("rpc", "Pool"),
+            ("task", "embed"),
+        ): 1.0,
+        (
+            ("code", "OK"),
+            ("model", DEFAULT_MODEL),
+            ("protocol", "grpc"),
             ("rpc", "PoolStream"),
             ("task", "embed"),
         ): 1.0,
         (
             ("code", "NOT_FOUND"),
             ("model", "unknown"),
+            ("protocol", "grpc"),
             ("rpc", "PoolStream"),
             ("task", "embed"),
         ): 1.0,

@@ -1,0 +1,430 @@
+"""The HTTP surface: OpenAI-, Cohere/Jina- and vLLM-shaped JSON over the same engine.
+
+Each route turns its JSON into the PoolRequest the gRPC API would receive and runs it
+through the same servicer path, so validation, error reasons, field paths, metrics and
+spans are the gRPC ones; only the envelope differs. aiohttp serves it on the front end's
+own event loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from engine.errors import ErrorKind, FieldViolation, PoolingError
+from service.errors import internal_error
+from service.proto import pooling_pb2 as pb
+from service.servicer import PoolingServicer
+
+log = logging.getLogger(__name__)
+
+HTTP_STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.FAILED_PRECONDITION: 412,
+    ErrorKind.RESOURCE_EXHAUSTED: 429,
+    ErrorKind.DEADLINE_EXCEEDED: 504,
+    ErrorKind.CANCELLED: 499,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.INTERNAL: 500,
+}
+# OpenAI's error `type` values, which its SDK and the tools built on it read.
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+UNPROTECTED = frozenset({"/health"})
+_json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BodyError(Exception):
+    """A body that is JSON but not of the route's shape: 422, with the field at fault."""
+
+    def __init__(self, field: str, description: str) -> None:
+        super().__init__(description)
+        self.violation = FieldViolation(field, description, "INVALID_BODY")
+
+
+class HttpApi:
+    def __init__(self, servicer: PoolingServicer, api_keys: Sequence[str] = ()) -> None:
+        self.servicer = servicer
+        self._keys = [key.encode() for key in api_keys]
+        self._created = int(time.time())
+        self._runner: web.AppRunner | None = None
+        self.serving = False  # follows the gRPC health status
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard], client_max_size=16 * 1024 * 1024)
+        post = [
+            ("/v1/embeddings", self.embeddings),
+            ("/v1/rerank", self.rerank),
+            ("/rerank", self.rerank),
+            ("/v1/score", self.score),
+            ("/score", self.score),
+            ("/pooling", self.pooling),
+            ("/classify", self.classify),
+        ]
+        app.add_routes([web.post(path, handler) for path, handler in post])
+        app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health)])
+        return app
+
+    async def start(self, host: str, port: int, reuse_port: bool, max_body: int) -> int:
+        app = self.app()
+        app._client_max_size = max_body  # the --max-message-mb ceiling, as for gRPC
+        # A client that goes away cancels its handler, which drops its queued items.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_port=reuse_port or None)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        return sockets[0].getsockname()[1] if sockets else port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # ----------------------------------------------------------------- middleware
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Bearer keys before anything is read; every failure as one JSON error shape."""
+        if self._keys and request.path not in UNPROTECTED and not self._authorized(request):
+            return _error_response(401, "UNAUTHENTICATED", "missing or invalid credentials")
+        try:
+            return await handler(request)
+        except PoolingError as error:
+            return _pooling_error(error)
+        except BodyError as error:
+            v = error.violation
+            return _error_response(422, v.reason, f"{v.field}: {v.description}", [v])
+        except web.HTTPException as exc:
+            return _error_response(exc.status, exc.reason.upper().replace(" ", "_"), exc.text)
+        except Exception:
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            return _pooling_error(internal_error())
+
+    def _authorized(self, request: web.Request) -> bool:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return any(hmac.compare_digest(token.encode(), key) for key in self._keys)
+
+    # --------------------------------------------------------------------- routes
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """OpenAI's POST /v1/embeddings."""
+        body = await _body(request)
+        texts = _texts(body, "input")
+        fmt = _string(body, "encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise _invalid("encoding_format", "must be float or base64", "ENCODING_UNKNOWN")
+        params = pb.PoolingParams()
+        if body.get("dimensions") is not None:
+            params.dimensions = _int(body, "dimensions")
+        message = pb.PoolRequest(
+            request_id=_request_id(request, "embd"),
+            model=_string(body, "model", ""),
+            params=params,
+            embed=pb.TextInput(texts=texts),
+        )
+        response = await self._pool(request, message)
+        data = []
+        for index, embedding in enumerate(response.embed.embeddings):
+            values: Any = list(embedding.values)
+            if fmt == "base64":
+                raw = np.asarray(embedding.values, dtype="<f4").tobytes()
+                values = base64.b64encode(raw).decode()
+            data.append({"object": "embedding", "index": index, "embedding": values})
+        return _ok(
+            {"object": "list", "data": data, "model": response.model, "usage": _usage(response)}
+        )
+
+    async def score(self, request: web.Request) -> web.Response:
+        """vLLM's POST /v1/score: text_1 and text_2, each a string or a list."""
+        body = await _body(request)
+        message = pb.PoolRequest(
+            request_id=_request_id(request, "score"),
+            model=_string(body, "model", ""),
+            params=_params(body),
+            score=pb.ScoreInput(text_1=_texts(body, "text_1"), text_2=_texts(body, "text_2")),
+        )
+        response = await self._pool(request, message)
+        data = [
+            {"index": i, "object": "score", "score": score}
+            for i, score in enumerate(response.score.scores)
+        ]
+        return _ok(_listing(message.request_id, response, data))
+
+    async def classify(self, request: web.Request) -> web.Response:
+        """vLLM's POST /classify."""
+        body = await _body(request)
+        message = pb.PoolRequest(
+            request_id=_request_id(request, "classify"),
+            model=_string(body, "model", ""),
+            params=_params(body),
+            classify=pb.TextInput(texts=_texts(body, "input")),
+        )
+        response = await self._pool(request, message)
+        data = [
+            {
+                "index": i,
+                "label": item.label,
+                "probs": list(item.probs),
+                "num_classes": len(item.probs),
+            }
+            for i, item in enumerate(response.classify.classifications)
+        ]
+        return _ok(_listing(message.request_id, response, data))
+
+    async def pooling(self, request: web.Request) -> web.Response:
+        """vLLM's POST /pooling: any task; `data` is a vector (or a row per token)."""
+        body = await _body(request)
+        task = _string(body, "task", "embed")
+        if task not in ("embed", "classify", "token_embed", "token_classify"):
+            raise _invalid(
+                "task", "must be embed, classify, token_embed or token_classify", "TASK_UNKNOWN"
+            )
+        params = _params(body)
+        if body.get("dimensions") is not None:
+            params.dimensions = _int(body, "dimensions")
+        message = pb.PoolRequest(
+            request_id=_request_id(request, "pool"), model=_string(body, "model", ""), params=params
+        )
+        getattr(message, task).texts.extend(_texts(body, "input"))
+        response = await self._pool(request, message)
+        rows: list[Any]
+        if task == "embed":
+            rows = [list(e.values) for e in response.embed.embeddings]
+        elif task == "classify":
+            rows = [list(c.probs) for c in response.classify.classifications]
+        else:
+            items = getattr(response, task).items
+            rows = [
+                np.asarray(m.values, dtype=np.float32).reshape(m.rows, m.cols).tolist()
+                for m in items
+            ]
+        data = [{"index": i, "object": "pooling", "data": row} for i, row in enumerate(rows)]
+        return _ok(_listing(message.request_id, response, data))
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank."""
+        body = await _body(request)
+        documents = body.get("documents")
+        if not isinstance(documents, list):
+            raise BodyError("documents", "must be a list of strings (or of {text} objects)")
+        texts = []
+        for i, document in enumerate(documents):
+            if isinstance(document, dict):
+                document = document.get("text")
+            if not isinstance(document, str):
+                raise BodyError(f"documents[{i}]", "must be a string or an object with text")
+            texts.append(document)
+        query = body.get("query")
+        if not isinstance(query, str):
+            raise BodyError("query", "must be a string")
+        top_n = _int(body, "top_n") if body.get("top_n") is not None else 0
+        return_documents = body.get("return_documents", False)  # Cohere's and Infinity's default
+        if not isinstance(return_documents, bool):
+            raise BodyError("return_documents", "must be true or false")
+        message = pb.RerankRequest(
+            request_id=_request_id(request, "rerank"),
+            model=_string(body, "model", ""),
+            query=query,
+            documents=texts,
+            top_n=top_n,
+            return_documents=return_documents,
+            params=_params(body),
+        )
+        record = self.servicer.telemetry.begin("Rerank", message, _Caller(request), "http")
+        response = await self.servicer.run_rerank(message, record, None)
+        results = []
+        for result in response.results:
+            item: dict[str, Any] = {
+                "index": result.index,
+                "relevance_score": result.relevance_score,
+            }
+            if result.HasField("document"):
+                item["document"] = {"text": result.document}
+            results.append(item)
+        return _ok(
+            {
+                "id": message.request_id,
+                "model": response.model,
+                "results": results,
+                "usage": _usage(response),
+            }
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        engine = self.servicer._ready_engine()
+        data = [
+            {
+                "id": info.name,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "pooling-server",
+                "max_model_len": info.max_input_tokens,
+                "tasks": [str(task) for task in info.tasks],
+            }
+            for info in engine.model_infos
+        ]
+        return _ok({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.serving:
+            return _ok({"status": "SERVING"})
+        return _ok({"status": "NOT_SERVING"}, status=503)
+
+    async def _pool(self, request: web.Request, message: pb.PoolRequest) -> pb.PoolResponse:
+        record = self.servicer.telemetry.begin("Pool", message, _Caller(request), "http")
+        return await self.servicer.run_pool(message, record, None)
+
+
+class _Caller:
+    """What telemetry reads from a gRPC context, from an HTTP request: its headers (the
+    caller's W3C traceparent among them)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._headers = request.headers
+
+    def invocation_metadata(self) -> Iterable[tuple[str, str]]:
+        return [(key.lower(), value) for key, value in self._headers.items()]
+
+
+# ------------------------------------------------------------------ body helpers
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = _decode.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise PoolingError(
+            ErrorKind.INVALID_ARGUMENT, "MALFORMED_REQUEST", f"the body is not valid JSON: {exc}"
+        ) from None
+    if not isinstance(body, dict):
+        raise BodyError("body", "must be a JSON object")
+    return body
+
+
+def _texts(body: dict[str, Any], field: str) -> list[str]:
+    value = body.get(field)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, (int, list)) for v in value):
+        raise _invalid(
+            field,
+            "token-id input is not supported: token ids of another tokenizer would be "
+            "meaningless to this model; send the texts",
+            "TOKEN_INPUT_NOT_SUPPORTED",
+        )
+    raise BodyError(field, "must be a string or a list of strings")
+
+
+def _string(body: dict[str, Any], field: str, default: str) -> str:
+    value = body.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise BodyError(field, "must be a string")
+    return value
+
+
+def _int(body: dict[str, Any], field: str) -> int:
+    value = body.get(field)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BodyError(field, "must be an integer")
+    return value
+
+
+def _params(body: dict[str, Any]) -> pb.PoolingParams:
+    """vLLM's request-level pooling fields: use_activation (or its older name softmax /
+    normalize) and truncate_prompt_tokens."""
+    params = pb.PoolingParams()
+    for name in ("use_activation", "softmax", "normalize", "activation"):
+        value = body.get(name)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise BodyError(name, "must be true or false")
+            params.use_activation = value
+            break
+    if body.get("truncate_prompt_tokens") is not None:
+        params.truncate_prompt_tokens = _int(body, "truncate_prompt_tokens")
+    return params
+
+
+def _request_id(request: web.Request, prefix: str) -> str:
+    return request.headers.get("X-Request-Id") or f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _invalid(field: str, description: str, reason: str) -> PoolingError:
+    return PoolingError.invalid([FieldViolation(field, description, reason)])
+
+
+def _usage(response: pb.PoolResponse | pb.RerankResponse) -> dict[str, int]:
+    tokens = response.usage.prompt_tokens
+    return {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def _listing(request_id: str, response: pb.PoolResponse, data: list[Any]) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": response.model,
+        "data": data,
+        "usage": _usage(response),
+    }
+
+
+def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(body=_json.encode(payload), status=status, content_type="application/json")
+
+
+def _pooling_error(error: PoolingError) -> web.Response:
+    status = HTTP_STATUS[error.kind]
+    response = _error_response(
+        status, error.reason, error.message, error.violations, error.metadata, error.retry_after_s
+    )
+    if error.retry_after_s is not None and status in (429, 503):
+        response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return response
+
+
+def _error_response(
+    status: int,
+    reason: str,
+    message: str,
+    violations: Sequence[FieldViolation] = (),
+    metadata: dict[str, str] | None = None,
+    retry_after_s: float | None = None,
+) -> web.Response:
+    """OpenAI's error envelope (message, type, param, code), plus the gRPC details:
+    the reason, every field violation and the retry delay."""
+    error: dict[str, Any] = {
+        "message": message,
+        "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request"),
+        "param": violations[0].field if violations else None,
+        "code": reason,
+        "reason": reason,
+        "field_violations": [
+            {"field": v.field, "description": v.description, "reason": v.reason} for v in violations
+        ],
+    }
+    if metadata:
+        error["metadata"] = metadata
+    if retry_after_s is not None:
+        error["retry_after_s"] = retry_after_s
+    return _ok({"error": error}, status=status)
