@@ -27,6 +27,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
+from engine.encodings import read_calibration_ranges
 from engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
@@ -207,6 +208,16 @@ def max_input_tokens(config: PretrainedConfig, tokenizer: Any, st_max: int | Non
     return min(known) if known else FALLBACK_MAX_TOKENS
 
 
+def _calibration_ranges(
+    path: Path, tasks: tuple[Task, ...], width: int
+) -> list[list[float]] | None:
+    """int8/uint8 calibration ranges shipped with an embedding model's folder (see
+    engine/encodings.py); a malformed file stops the load with a message naming it."""
+    if Task.EMBED not in tasks and Task.TOKEN_EMBED not in tasks:
+        return None
+    return read_calibration_ranges(path, width)
+
+
 def load_model(
     spec: ModelSpec,
     *,
@@ -267,6 +278,7 @@ def load_model(
         is_default=is_default,
         splade_strategy=splade[0],
         splade_activation=splade[1],
+        calibration_ranges=_calibration_ranges(path, tasks, int(config.hidden_size)),
     )
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
         log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)

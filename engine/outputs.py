@@ -6,12 +6,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.params import Task
+from engine.params import OutputEncoding, Task
 
 
 @dataclass(frozen=True)
 class Embedding:
+    """`values` in float32; with an encoding other than FLOAT, `data` holds them packed as
+    it says (engine/encodings.py)."""
+
     values: np.ndarray
+    encoding: OutputEncoding = OutputEncoding.FLOAT
+    data: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,8 @@ class Score:
 
 @dataclass(frozen=True)
 class TokenRows:
-    """One row per token; `label_ids`/`labels` only for token_classify."""
+    """One row per token; `label_ids`/`labels` only for token_classify; `encoding`/`data`
+    as in Embedding (token_embed only), each row packed on its own."""
 
     values: np.ndarray
     token_ids: list[int]
@@ -36,6 +42,8 @@ class TokenRows:
     special_tokens_mask: list[bool]
     label_ids: list[int] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
+    encoding: OutputEncoding = OutputEncoding.FLOAT
+    data: bytes = b""
 
 
 @dataclass(frozen=True)

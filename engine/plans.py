@@ -8,10 +8,11 @@ can mix requests with different parameters.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
 from engine.model_info import Activation, ModelInfo, SpladeStrategy
 from engine.outputs import (
@@ -22,7 +23,7 @@ from engine.outputs import (
     SparseEmbedding,
     TokenRows,
 )
-from engine.params import Task
+from engine.params import OutputEncoding, Task
 from engine.request import PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import Encoding, special_edges
@@ -132,7 +133,10 @@ def _finish_embed(
     values = truncate_dimensions(_pooled_vector(text, raws), request.params.dimensions)
     if _use_activation(request, info.default_normalize):
         values = normalize(values)
-    return Embedding(values.astype(np.float32))
+    values = values.astype(np.float32)
+    if request.encoding is OutputEncoding.FLOAT:
+        return Embedding(values)
+    return Embedding(values, request.encoding, _encoded(request, info, values))
 
 
 def _finish_token_embed(
@@ -141,7 +145,17 @@ def _finish_token_embed(
     values = truncate_dimensions(_token_rows(text, raws), request.params.dimensions)
     if _use_activation(request, info.default_normalize):
         values = normalize(values)
-    return _rows(text, values)
+    rows = _rows(text, values)
+    if request.encoding is OutputEncoding.FLOAT:
+        return rows
+    return replace(rows, encoding=request.encoding, data=_encoded(request, info, rows.values))
+
+
+def _encoded(request: PoolRequest, info: ModelInfo, values: np.ndarray) -> bytes:
+    """The finished values packed in the request's encoding (after dimensions and
+    normalisation, as sentence-transformers quantizes what encode returned)."""
+    ranges = ranges_array(info.calibration_ranges) if request.encoding in NEEDS_RANGES else None
+    return encode(values, request.encoding, ranges)
 
 
 def _class_values(request: PoolRequest, info: ModelInfo, logits: np.ndarray) -> np.ndarray:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.model_info import ModelInfo, SpladeStrategy
-from engine.params import TASK_PARAMS, Task
+from engine.params import TASK_PARAMS, OutputEncoding, Task
 from engine.request import PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
@@ -249,6 +250,44 @@ def _sparse_activation(
         )
 
 
+# Which tasks take an output encoding other than the default `repeated float`.
+ENCODING_TASKS = frozenset({Task.EMBED, Task.TOKEN_EMBED})
+
+
+def _encoding(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    encoding = request.encoding
+    if encoding is OutputEncoding.FLOAT:
+        return
+    if request.task not in ENCODING_TASKS:
+        yield FieldViolation(
+            "encoding",
+            f"encoding {encoding} is only for embed and token_embed, not {request.task}; "
+            "leave it unset",
+            "ENCODING_NOT_SUPPORTED_FOR_TASK",
+        )
+        return
+    ranges = info.calibration_ranges
+    dims = request.params.dimensions
+    if encoding in NEEDS_RANGES and ranges is not None and dims not in (None, len(ranges[0])):
+        yield FieldViolation(
+            "encoding",
+            f'the calibration ranges of model "{info.name}" cover {len(ranges[0])} dimensions; '
+            f"{encoding} cannot encode {dims}. Leave params.dimensions unset",
+            "CALIBRATION_RANGES_DIMENSIONS",
+        )
+
+
+def _calibration(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    if request.encoding in NEEDS_RANGES and info.calibration_ranges is None:
+        files = " or ".join(CALIBRATION_FILES)
+        yield FieldViolation(
+            "encoding",
+            f'{request.encoding} needs calibration ranges, and model "{info.name}" has none '
+            f"(ship {files} in its folder); use binary, ubinary, float16 or bfloat16 instead",
+            "CALIBRATION_RANGES_MISSING",
+        )
+
+
 @dataclass(frozen=True)
 class Stage:
     kind: ErrorKind
@@ -271,8 +310,10 @@ RULES: tuple[Stage, ...] = (
     ),
     Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported,)),
     Stage(
-        ErrorKind.INVALID_ARGUMENT, (_params_for_task, _dimensions, _truncate, _sparse_activation)
+        ErrorKind.INVALID_ARGUMENT,
+        (_params_for_task, _dimensions, _truncate, _encoding, _sparse_activation),
     ),
+    Stage(ErrorKind.FAILED_PRECONDITION, (_calibration,)),
 )
 
 

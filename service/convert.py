@@ -40,6 +40,28 @@ POOLING_TYPE_TO_PROTO = {
 }
 
 
+ENCODING_FROM_PROTO: dict[int, OutputEncoding] = {
+    pb.EMBEDDING_ENCODING_UNSPECIFIED: OutputEncoding.FLOAT,
+    pb.EMBEDDING_ENCODING_FLOAT32: OutputEncoding.FLOAT32,
+    pb.EMBEDDING_ENCODING_FLOAT16: OutputEncoding.FLOAT16,
+    pb.EMBEDDING_ENCODING_BFLOAT16: OutputEncoding.BFLOAT16,
+    pb.EMBEDDING_ENCODING_BINARY: OutputEncoding.BINARY,
+    pb.EMBEDDING_ENCODING_UBINARY: OutputEncoding.UBINARY,
+    pb.EMBEDDING_ENCODING_INT8: OutputEncoding.INT8,
+    pb.EMBEDDING_ENCODING_UINT8: OutputEncoding.UINT8,
+}
+ENCODING_TO_PROTO = {encoding: value for value, encoding in ENCODING_FROM_PROTO.items()}
+
+
+def encoding_from_proto(value: int) -> OutputEncoding:
+    encoding = ENCODING_FROM_PROTO.get(value)
+    if encoding is None:
+        raise PoolingError.invalid(
+            [FieldViolation("encoding", f"unknown encoding value {value}", "ENCODING_UNKNOWN")]
+        )
+    return encoding
+
+
 def params_from_proto(params: pb.PoolingParams) -> tuple[PoolingParams, Task | None]:
     """The params and the declared task (None when unspecified)."""
     declared = None
@@ -76,6 +98,7 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         request_id=request.request_id,
         model=request.model,
         declared_task=declared,
+        encoding=encoding_from_proto(request.encoding),
         # Read from an unset input case these are 0 and False.
         sparse_top_k=request.embed_sparse.top_k,
         sparse_tokens=request.embed_sparse.return_tokens,
@@ -140,7 +163,11 @@ def _token_matrix(rows: TokenRows) -> pb.TokenMatrix:
         label_ids=rows.label_ids,
         labels=rows.labels,
     )
-    matrix.MergeFromString(_packed_floats(3, values))
+    if rows.encoding is OutputEncoding.FLOAT:
+        matrix.MergeFromString(_packed_floats(3, values))
+    else:
+        matrix.data = rows.data
+        matrix.encoding = ENCODING_TO_PROTO[rows.encoding]
     return matrix
 
 
@@ -154,8 +181,16 @@ def response_to_proto(result: PoolResult) -> pb.PoolResponse:
     if result.task is Task.EMBED:
         embeddings = response.embed.embeddings
         for o in outputs:
-            if isinstance(o, Embedding):
+            if not isinstance(o, Embedding):
+                continue
+            if o.encoding is OutputEncoding.FLOAT:
                 embeddings.add().MergeFromString(_packed_floats(1, o.values))
+            else:
+                embeddings.add(
+                    data=o.data,
+                    dimensions=o.values.shape[-1],
+                    encoding=ENCODING_TO_PROTO[o.encoding],
+                )
     elif result.task is Task.CLASSIFY:
         classifications = response.classify.classifications
         for o in outputs:
@@ -193,6 +228,7 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         architecture=info.architecture,
         truncation_side=info.truncation_side,
         long_input=str(info.long_input),
+        has_calibration_ranges=info.calibration_ranges is not None,
     )
 
 
