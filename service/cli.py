@@ -8,7 +8,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.batch_queue import BatchConfig
@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve vLLM-style pooling (embed, classify, score, token_embed, "
         "token_classify, embed_sparse) for Hugging Face encoder models over gRPC.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Every flag can also come from the environment: POOLING_ and the flag's name in "
+        "capitals with underscores (POOLING_MODEL, POOLING_PORT, POOLING_MAX_BATCH_SIZE). A "
+        "flag given on the command line wins; a repeatable flag takes a comma-separated list; "
+        "a switch is on for 1, true, yes or on.",
     )
     net = parser.add_argument_group("network")
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
@@ -406,9 +410,49 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
+ENV_PREFIX = "POOLING_"
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+
+
+def environment_arguments(
+    parser: argparse.ArgumentParser, argv: Sequence[str], environ: Mapping[str, str]
+) -> list[str]:
+    """Flags from the environment, as TEI and Infinity read them: `--max-batch-size` from
+    POOLING_MAX_BATCH_SIZE. A flag on the command line wins over its variable. A repeatable
+    flag (`--model`) takes a comma-separated list; a switch is on for 1, true, yes or on."""
+    given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    tokens: list[str] = []
+    for action in parser._actions:
+        flags = [flag for flag in action.option_strings if flag.startswith("--")]
+        if not flags or action.help == argparse.SUPPRESS or action.dest == "help":
+            continue
+        if given & set(action.option_strings):
+            continue
+        flag = max(flags, key=len)
+        value = environ.get(ENV_PREFIX + flag[2:].upper().replace("-", "_"))
+        if value is None:
+            continue
+        if action.nargs == 0:  # a switch
+            if value.strip().lower() in TRUE_WORDS:
+                tokens.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            for item in value.split(","):
+                if item.strip():
+                    tokens += [flag, item.strip()]
+        else:
+            tokens += [flag, value]
+    return tokens
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    extra = environment_arguments(parser, argv, os.environ if environ is None else environ)
+    return parser.parse_args([*extra, *argv])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logs.configure(args.log_level, args.log_format)
     if args.frontends < 0:
         raise SystemExit("--frontends must be 0 (one process) or more")

@@ -43,3 +43,32 @@ def test_frontends_may_be_zero_and_processes_is_its_former_name(flag: str, value
 
 def test_one_front_end_by_default() -> None:
     assert build_parser().parse_args([]).frontends == 1
+
+
+def test_settings_come_from_the_environment_and_flags_win() -> None:
+    from service.cli import config_from_args, parse_args
+
+    environ = {
+        "POOLING_PORT": "6001",
+        "POOLING_MODEL": "a=/models/a, b=/models/b",
+        "POOLING_MAX_BATCH_SIZE": "64",
+        "POOLING_LOG_REQUESTS": "true",
+        "POOLING_GZIP_RESPONSES": "no",
+        "POOLING_HOST": "0.0.0.0",
+        "UNRELATED": "1",
+    }
+    args = parse_args([], environ)
+    assert (args.port, args.host, args.max_batch_size) == (6001, "0.0.0.0", 64)
+    assert args.model == ["a=/models/a", "b=/models/b"]
+    assert args.log_requests is True and args.gzip_responses is False
+    assert [spec.served_name for spec in config_from_args(args).models] == ["a", "b"]
+    flags = parse_args(["--port", "7000", "--model", "c=/models/c"], environ)
+    assert (flags.port, flags.model) == (7000, ["c=/models/c"])
+    assert parse_args(["--port=7001"], environ).port == 7001
+    assert parse_args([], {}).port == 50051
+    with pytest.raises(SystemExit):
+        parse_args([], {"POOLING_PORT": "not-a-number"})
+
+
+def test_every_documented_flag_has_its_variable_in_the_help() -> None:
+    assert "POOLING_MODEL" in build_parser().format_help()
