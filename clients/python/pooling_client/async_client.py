@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from pooling_client import _chunking, _requests
+from pooling_client import _chunking, _encodings, _requests
 from pooling_client._channel import (
     ClientConfig,
     MetadataArg,
@@ -29,6 +29,7 @@ from pooling_client.outputs import (
     EmbeddingRequestOutput,
     ModelInfo,
     PoolingRequestOutput,
+    PoolingResults,
     RerankRequestOutput,
     ScoringRequestOutput,
     SparseEmbeddingRequestOutput,
@@ -39,6 +40,9 @@ from pooling_client.outputs import (
 )
 from pooling_client.params import PoolingParams
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _Response = TypeVar("_Response")
 
@@ -108,13 +112,26 @@ class AsyncPoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
-    ) -> list[EmbeddingRequestOutput]:
+        encoding: str | None = None,
+        output: str = "list",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+    ) -> PoolingResults[EmbeddingRequestOutput] | np.ndarray:
         """One embedding per text, in input order (async vLLM ``LLM.embed``).
 
         ``use_tqdm=True`` shows a tqdm progress bar counting inputs (when tqdm is installed).
+        ``encoding`` packs the vectors on the wire: "float32", "float16", "bfloat16",
+        "binary", "ubinary", "int8" or "uint8" (the last two only on a model that ships
+        calibration ranges); None sends repeated floats. ``output="numpy"`` returns one
+        (N, D) array instead of the list (numpy needed), as sentence-transformers'
+        ``convert_to_numpy``; the list carries ``usage`` and the server's ``timing``.
+        ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
+        text) is prepended to every text, as sentence-transformers' ``encode`` does; with
+        neither the model's default prompt applies, and ``prompt=""`` sends none.
         """
         texts = _requests.as_texts(prompts)
-        return await self._pool(
+        _encodings.check_output(output)
+        results = await self._pool(
             "embed",
             texts,
             pooling_params,
@@ -123,7 +140,11 @@ class AsyncPoolingClient:
             timeout,
             request_id,
             use_tqdm,
+            encoding=encoding,
+            prompt_name=prompt_name,
+            prompt=prompt,
         )
+        return results.numpy() if output == "numpy" else results
 
     async def classify(
         self,
@@ -189,16 +210,24 @@ class AsyncPoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
+        encoding: str | None = None,
+        output: str = "list",
     ) -> (
-        list[PoolingRequestOutput]
-        | list[EmbeddingRequestOutput]
-        | list[ClassificationRequestOutput]
+        PoolingResults[PoolingRequestOutput]
+        | PoolingResults[EmbeddingRequestOutput]
+        | PoolingResults[ClassificationRequestOutput]
+        | np.ndarray
+        | list[np.ndarray]
     ):
         """Per-token outputs for "token_embed"/"token_classify" (async vLLM ``LLM.encode``).
 
         "embed" and "classify" are forwarded to :meth:`embed` and :meth:`classify`.
+        ``encoding`` (token_embed and embed) and ``output`` are as for :meth:`embed`; with
+        ``output="numpy"`` token outputs come back as a list of (tokens, D) arrays.
         """
         _requests.check_encode_task(pooling_task)
+        _encodings.check_encoding(encoding, pooling_task)
+        _encodings.check_output(output)
         kwargs: dict[str, Any] = {
             "pooling_params": pooling_params,
             "truncate_prompt_tokens": truncate_prompt_tokens,
@@ -208,11 +237,12 @@ class AsyncPoolingClient:
             "use_tqdm": use_tqdm,
         }
         if pooling_task == "embed":
-            return await self.embed(prompts, **kwargs)
+            return await self.embed(prompts, encoding=encoding, output=output, **kwargs)
         if pooling_task == "classify":
-            return await self.classify(prompts, **kwargs)
+            results = await self.classify(prompts, **kwargs)
+            return results.numpy() if output == "numpy" else results
         texts = _requests.as_texts(prompts)
-        return await self._pool(
+        results = await self._pool(
             pooling_task,
             texts,
             pooling_params,
@@ -221,7 +251,9 @@ class AsyncPoolingClient:
             timeout,
             request_id,
             use_tqdm,
+            encoding=encoding,
         )
+        return results.numpy() if output == "numpy" else results
 
     async def embed_sparse(
         self,
@@ -235,7 +267,7 @@ class AsyncPoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
-    ) -> list[SparseEmbeddingRequestOutput]:
+    ) -> PoolingResults[SparseEmbeddingRequestOutput]:
         """One sparse (SPLADE) embedding per text, in input order, on a model serving
         embed_sparse (sentence-transformers' ``SparseEncoder.encode``).
 
@@ -338,7 +370,8 @@ class AsyncPoolingClient:
         use_tqdm: UseTqdm,
         *,
         input_options: dict[str, Any] | None = None,
-    ) -> list[Any]:
+        encoding: str | None = None,
+    ) -> PoolingResults[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
         template = _requests.pool_request(
             task,
@@ -348,6 +381,7 @@ class AsyncPoolingClient:
             model=self._config.model_for(model),
             request_id=request_id,
             input_options=input_options,
+            encoding=encoding,
         )
         count = _chunking.input_count(task, inputs)
         if count is not None and _chunking.needs_limits(count, self._batch_size):
@@ -358,8 +392,8 @@ class AsyncPoolingClient:
                     return await self._pool_stream(job, timeout, bar)
         request = _chunking.whole_request(template, task, inputs)
         with progress(use_tqdm, _requests.expected_outputs(request), task) as bar:
-            response = await self._call(self._stub.Pool, request, timeout)
-            outputs = _requests.pool_outputs(task, request, response)
+            response, trailers = await self._call_with_trailers(self._stub.Pool, request, timeout)
+            outputs = _requests.pool_results(task, request, response, trailers)
             bar.update(len(outputs))
         return outputs
 
@@ -388,6 +422,20 @@ class AsyncPoolingClient:
             response = await self._call(self._stub.ListModels, request, timeout)
             self._limits = _chunking.StreamLimits.from_proto(response)
         return self._limits
+
+    async def _call_with_trailers(
+        self, method: Any, request: Any, timeout: float | None
+    ) -> tuple[Any, Any]:
+        """As _call, also returning the call's trailing metadata (the server's timings)."""
+        try:
+            call = method(
+                request,
+                timeout=self._config.timeout_for(timeout),
+                metadata=self._config.call_metadata(),
+            )
+            return await call, await call.trailing_metadata()
+        except grpc.RpcError as error:
+            raise PoolingError.from_rpc_error(error) from error
 
     async def _call(
         self, method: Callable[..., Awaitable[_Response]], request: Any, timeout: float | None

@@ -9,11 +9,11 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from pooling_client import _chunking, _requests
+from pooling_client import _chunking, _encodings, _requests
 from pooling_client._channel import (
     ClientConfig,
     MetadataArg,
@@ -28,6 +28,7 @@ from pooling_client.outputs import (
     EmbeddingRequestOutput,
     ModelInfo,
     PoolingRequestOutput,
+    PoolingResults,
     RerankRequestOutput,
     ScoringRequestOutput,
     SparseEmbeddingRequestOutput,
@@ -38,6 +39,9 @@ from pooling_client.outputs import (
 )
 from pooling_client.params import PoolingParams
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _Response = TypeVar("_Response")
 
@@ -105,13 +109,26 @@ class PoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
-    ) -> list[EmbeddingRequestOutput]:
+        encoding: str | None = None,
+        output: str = "list",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+    ) -> PoolingResults[EmbeddingRequestOutput] | np.ndarray:
         """One embedding per text, in input order (vLLM ``LLM.embed``).
 
         ``use_tqdm=True`` shows a tqdm progress bar counting inputs (when tqdm is installed).
+        ``encoding`` packs the vectors on the wire: "float32", "float16", "bfloat16",
+        "binary", "ubinary", "int8" or "uint8" (the last two only on a model that ships
+        calibration ranges); None sends repeated floats. ``output="numpy"`` returns one
+        (N, D) array instead of the list (numpy needed), as sentence-transformers'
+        ``convert_to_numpy``; the list carries ``usage`` and the server's ``timing``.
+        ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
+        text) is prepended to every text, as sentence-transformers' ``encode`` does; with
+        neither the model's default prompt applies, and ``prompt=""`` sends none.
         """
         texts = _requests.as_texts(prompts)
-        return self._pool(
+        _encodings.check_output(output)
+        results = self._pool(
             "embed",
             texts,
             pooling_params,
@@ -120,7 +137,11 @@ class PoolingClient:
             timeout,
             request_id,
             use_tqdm,
+            encoding=encoding,
+            prompt_name=prompt_name,
+            prompt=prompt,
         )
+        return results.numpy() if output == "numpy" else results
 
     def classify(
         self,
@@ -186,16 +207,24 @@ class PoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
+        encoding: str | None = None,
+        output: str = "list",
     ) -> (
-        list[PoolingRequestOutput]
-        | list[EmbeddingRequestOutput]
-        | list[ClassificationRequestOutput]
+        PoolingResults[PoolingRequestOutput]
+        | PoolingResults[EmbeddingRequestOutput]
+        | PoolingResults[ClassificationRequestOutput]
+        | np.ndarray
+        | list[np.ndarray]
     ):
         """Per-token outputs for "token_embed"/"token_classify" (vLLM ``LLM.encode``).
 
         "embed" and "classify" are forwarded to :meth:`embed` and :meth:`classify`.
+        ``encoding`` (token_embed and embed) and ``output`` are as for :meth:`embed`; with
+        ``output="numpy"`` token outputs come back as a list of (tokens, D) arrays.
         """
         _requests.check_encode_task(pooling_task)
+        _encodings.check_encoding(encoding, pooling_task)
+        _encodings.check_output(output)
         kwargs: dict[str, Any] = {
             "pooling_params": pooling_params,
             "truncate_prompt_tokens": truncate_prompt_tokens,
@@ -205,11 +234,12 @@ class PoolingClient:
             "use_tqdm": use_tqdm,
         }
         if pooling_task == "embed":
-            return self.embed(prompts, **kwargs)
+            return self.embed(prompts, encoding=encoding, output=output, **kwargs)
         if pooling_task == "classify":
-            return self.classify(prompts, **kwargs)
+            results = self.classify(prompts, **kwargs)
+            return results.numpy() if output == "numpy" else results
         texts = _requests.as_texts(prompts)
-        return self._pool(
+        results = self._pool(
             pooling_task,
             texts,
             pooling_params,
@@ -218,7 +248,9 @@ class PoolingClient:
             timeout,
             request_id,
             use_tqdm,
+            encoding=encoding,
         )
+        return results.numpy() if output == "numpy" else results
 
     def embed_sparse(
         self,
@@ -232,7 +264,7 @@ class PoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
-    ) -> list[SparseEmbeddingRequestOutput]:
+    ) -> PoolingResults[SparseEmbeddingRequestOutput]:
         """One sparse (SPLADE) embedding per text, in input order, on a model serving
         embed_sparse (sentence-transformers' ``SparseEncoder.encode``).
 
@@ -335,7 +367,8 @@ class PoolingClient:
         use_tqdm: UseTqdm,
         *,
         input_options: dict[str, Any] | None = None,
-    ) -> list[Any]:
+        encoding: str | None = None,
+    ) -> PoolingResults[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
         template = _requests.pool_request(
             task,
@@ -345,6 +378,7 @@ class PoolingClient:
             model=self._config.model_for(model),
             request_id=request_id,
             input_options=input_options,
+            encoding=encoding,
         )
         count = _chunking.input_count(task, inputs)
         if count is not None and _chunking.needs_limits(count, self._batch_size):
@@ -355,8 +389,8 @@ class PoolingClient:
                     return self._pool_stream(job, timeout, bar)
         request = _chunking.whole_request(template, task, inputs)
         with progress(use_tqdm, _requests.expected_outputs(request), task) as bar:
-            response = self._call(self._stub.Pool, request, timeout)
-            outputs = _requests.pool_outputs(task, request, response)
+            response, trailers = self._call_with_trailers(self._stub.Pool, request, timeout)
+            outputs = _requests.pool_results(task, request, response, trailers)
             bar.update(len(outputs))
         return outputs
 
@@ -403,6 +437,20 @@ class PoolingClient:
             response = self._call(self._stub.ListModels, request, timeout)
             self._limits = _chunking.StreamLimits.from_proto(response)
         return self._limits
+
+    def _call_with_trailers(
+        self, method: Any, request: Any, timeout: float | None
+    ) -> tuple[Any, Any]:
+        """As _call, also returning the call's trailing metadata (the server's timings)."""
+        try:
+            response, call = method.with_call(
+                request,
+                timeout=self._config.timeout_for(timeout),
+                metadata=self._config.call_metadata(),
+            )
+        except grpc.RpcError as error:
+            raise PoolingError.from_rpc_error(error) from error
+        return response, call.trailing_metadata()
 
     def _call(
         self, method: Callable[..., _Response], request: Any, timeout: float | None

@@ -8,10 +8,11 @@ extra) and plain row lists otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from pooling_client import _encodings
 from pooling_client.v1 import pooling_pb2
 
 try:  # numpy is an optional extra; token matrices fall back to nested lists without it.
@@ -22,14 +23,31 @@ except ImportError:  # pragma: no cover - exercised only where numpy is absent
 
 @dataclass
 class EmbeddingOutput:
-    """One text's embedding (vLLM ``EmbeddingOutput``)."""
+    """One text's embedding (vLLM ``EmbeddingOutput``).
 
-    embedding: list[float]
+    ``embedding`` holds floats; with ``encoding`` "int8"/"uint8" one int per value, and with
+    "binary"/"ubinary" one int per 8 values (the packed bits, as sentence-transformers'
+    ``quantize_embeddings`` returns them). ``encoding`` is None for the default float values;
+    ``data`` keeps the packed bytes as they came.
+    """
+
+    embedding: list[Any]
+    encoding: str | None = None
+    dimensions: int | None = None
+    data: bytes = field(default=b"", repr=False)
 
     @property
     def hidden_size(self) -> int:
-        """Number of components, as vLLM reports it."""
-        return len(self.embedding)
+        """Number of components (of the vector before any bit packing)."""
+        return self.dimensions if self.dimensions is not None else len(self.embedding)
+
+    def numpy(self) -> Any:
+        """The embedding as a 1-D numpy array, of the dtype its encoding decodes to (float32
+        by default; packed bits as int8/uint8). Needs numpy."""
+        numpy = _encodings.require_numpy()
+        if self.encoding is None:
+            return numpy.asarray(self.embedding, dtype=numpy.float32)
+        return _encodings.decode_array(self.data, self.encoding, 1, self.hidden_size)[0]
 
 
 @dataclass
@@ -68,6 +86,9 @@ class PoolingOutput:
     special_tokens_mask: list[bool] = field(default_factory=list)
     label_ids: list[int] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
+    #: token_embed with an encoding: its name; ``data`` then holds the decoded values (the
+    #: packed bits per row for "binary"/"ubinary"), in numpy's dtype for it when installed.
+    encoding: str | None = None
 
 
 @dataclass
@@ -210,6 +231,9 @@ class ModelInfo:
     architecture: str
     truncation_side: str
     long_input: str
+    #: Whether the "int8" and "uint8" encodings are available (the model ships calibration
+    #: ranges).
+    has_calibration_ranges: bool = False
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -236,6 +260,7 @@ class ModelInfo:
             architecture=card.architecture,
             truncation_side=card.truncation_side,
             long_input=card.long_input,
+            has_calibration_ranges=card.has_calibration_ranges,
         )
 
 
@@ -264,6 +289,9 @@ def _output_of(response: pooling_pb2.PoolResponse, *cases: str) -> Any:
 def _matrix_data(matrix: pooling_pb2.TokenMatrix) -> Any:
     """Reshape a row-major TokenMatrix into (rows, cols)."""
     rows, cols = matrix.rows, matrix.cols
+    if matrix.encoding != pooling_pb2.EMBEDDING_ENCODING_UNSPECIFIED:
+        encoding = _encodings.name_of(matrix.encoding)
+        return _encodings.decode_rows(matrix.data, encoding, rows, cols)
     if rows < 0 or cols < 0 or len(matrix.values) != rows * cols:
         raise ValueError(
             f"TokenMatrix has {len(matrix.values)} values, expected rows*cols = {rows}*{cols}"
@@ -281,9 +309,17 @@ def embedding_request_outputs(
     rid = response.request_id
     output = _output_of(response, "embed")
     return [
-        EmbeddingRequestOutput(f"{rid}-{i}", EmbeddingOutput(list(embedding.values)))
+        EmbeddingRequestOutput(f"{rid}-{i}", _embedding(embedding))
         for i, embedding in enumerate(output.embeddings)
     ]
+
+
+def _embedding(embedding: pooling_pb2.Embedding) -> EmbeddingOutput:
+    if embedding.encoding == pooling_pb2.EMBEDDING_ENCODING_UNSPECIFIED:
+        return EmbeddingOutput(list(embedding.values))
+    encoding = _encodings.name_of(embedding.encoding)
+    values = _encodings.decode_list(embedding.data, encoding, embedding.dimensions)
+    return EmbeddingOutput(values, encoding, embedding.dimensions, embedding.data)
 
 
 def classification_request_outputs(
@@ -324,6 +360,7 @@ def pooling_request_outputs(response: pooling_pb2.PoolResponse) -> list[PoolingR
                 special_tokens_mask=list(matrix.special_tokens_mask),
                 label_ids=list(matrix.label_ids),
                 labels=list(matrix.labels),
+                encoding=_encodings.NAMES.get(matrix.encoding),
             ),
         )
         for i, matrix in enumerate(output.items)
@@ -372,6 +409,97 @@ def rerank_request_output(
     return RerankRequestOutput(
         response.request_id, response.model, results, Usage.from_proto(response.usage)
     )
+
+
+#: The server's timing trailers (milliseconds), by ServerTiming field.
+TIMING_TRAILERS = {
+    "total_ms": "x-total-time-ms",
+    "tokenization_ms": "x-tokenization-time-ms",
+    "queue_ms": "x-queue-time-ms",
+    "inference_ms": "x-inference-time-ms",
+}
+
+
+@dataclass
+class ServerTiming:
+    """Where one request's time went on the server, in milliseconds (its ``x-*-time-ms``
+    trailers, as TEI's response headers): tokenizing, waiting in the batch queue, and the
+    forward passes; ``total_ms`` spans the whole request."""
+
+    total_ms: float
+    tokenization_ms: float
+    queue_ms: float
+    inference_ms: float
+
+    @classmethod
+    def from_metadata(cls, metadata: Iterable[Any] | None) -> ServerTiming | None:
+        """Read the trailers of a call; None when the server sent none of them."""
+        values: dict[str, str] = {}
+        for item in metadata or ():
+            key, value = item
+            values[key] = value.decode() if isinstance(value, bytes) else value
+        try:
+            return cls(**{name: float(values[key]) for name, key in TIMING_TRAILERS.items()})
+        except (KeyError, ValueError):
+            return None
+
+
+_Output = TypeVar("_Output")
+
+
+class PoolingResults(list[_Output]):
+    """One call's outputs in input order (a list, as vLLM returns), with what the server
+    reported: ``usage`` (prompt tokens, summed over the chunks of a streamed call) and
+    ``timing`` (the server's timing trailers; None for a call streamed in chunks, which gets
+    none). ``numpy()`` stacks the outputs as sentence-transformers' ``convert_to_numpy``."""
+
+    usage: Usage | None
+    timing: ServerTiming | None
+
+    def __init__(
+        self,
+        outputs: Iterable[_Output] = (),
+        usage: Usage | None = None,
+        timing: ServerTiming | None = None,
+    ) -> None:
+        super().__init__(outputs)
+        self.usage = usage
+        self.timing = timing
+
+    def numpy(self) -> Any:
+        """Embeddings as one (N, D) array (its dtype the encoding's: float32 by default,
+        float16, or int8/uint8 with the bit encodings' packed (N, ceil(D / 8))); token
+        outputs as a list of (tokens, D) arrays; classifications as (N, labels); scores as
+        (N,). Needs numpy (``pip install 'pooling-client[numpy]'``)."""
+        return outputs_numpy(self)
+
+
+def outputs_numpy(outputs: Sequence[Any]) -> Any:
+    """See PoolingResults.numpy."""
+    numpy = _encodings.require_numpy()
+    if not outputs:
+        return numpy.zeros((0, 0), dtype=numpy.float32)
+    first = outputs[0].outputs
+    if isinstance(first, EmbeddingOutput):
+        return _embeddings_numpy([output.outputs for output in outputs])
+    if isinstance(first, PoolingOutput):
+        return [numpy.asarray(output.outputs.data) for output in outputs]
+    if isinstance(first, ClassificationOutput):
+        return numpy.array([output.outputs.probs for output in outputs], dtype=numpy.float32)
+    if isinstance(first, ScoringOutput):
+        return numpy.array([output.outputs.score for output in outputs], dtype=numpy.float32)
+    raise TypeError(f"no numpy form for {type(first).__name__}")
+
+
+def _embeddings_numpy(embeddings: Sequence[EmbeddingOutput]) -> Any:
+    numpy = _encodings.require_numpy()
+    first = embeddings[0]
+    if any(e.encoding != first.encoding or e.hidden_size != first.hidden_size for e in embeddings):
+        return numpy.stack([e.numpy() for e in embeddings])
+    if first.encoding is None:
+        return numpy.array([e.embedding for e in embeddings], dtype=numpy.float32)
+    data = b"".join(e.data for e in embeddings)
+    return _encodings.decode_array(data, first.encoding, len(embeddings), first.hidden_size)
 
 
 def model_infos(response: pooling_pb2.ListModelsResponse) -> list[ModelInfo]:
