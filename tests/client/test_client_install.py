@@ -37,6 +37,28 @@ with PoolingClient(sys.argv[1]) as client:
         assert error.reason == "MODEL_NOT_FOUND", error
     else:
         sys.exit("expected MODEL_NOT_FOUND")
+    # Compact encodings decode without numpy (struct); numpy output says how to get numpy.
+    (reference,) = client.embed(["Hello world"])
+    floats = reference.outputs.embedding
+    for encoding, relative in (("float32", 0.0), ("float16", 2.0**-11), ("bfloat16", 2.0**-8)):
+        (encoded,) = client.embed(["Hello world"], encoding=encoding)
+        values = encoded.outputs.embedding
+        assert len(values) == 384 and encoded.outputs.encoding == encoding
+        # float16 rounds values under 2**-14 to a fixed step of 2**-24 (subnormals).
+        slack = 2.0**-25 if encoding == "float16" else 0.0
+        assert all(abs(v - f) <= abs(f) * relative + slack for v, f in zip(values, floats))
+    (packed,) = client.embed(["Hello world"], encoding="ubinary")
+    bits = [(packed.outputs.embedding[i // 8] >> (7 - i % 8)) & 1 for i in range(384)]
+    assert bits == [int(f > 0) for f in floats]
+    try:
+        import numpy
+    except ImportError:
+        try:
+            client.embed(["x"], output="numpy")
+        except ImportError as error:
+            assert "pooling-client[numpy]" in str(error), error
+        else:
+            sys.exit("expected ImportError for numpy output without numpy")
 print("client ok")
 """
 

@@ -62,6 +62,11 @@ class StubSpy:
             self.calls[name] += 1
             return method(*args, **kwargs)
 
+        def with_call(*args: Any, **kwargs: Any) -> Any:  # unary calls that read trailers
+            self.calls[name] += 1
+            return method.with_call(*args, **kwargs)
+
+        counted.with_call = with_call  # type: ignore[attr-defined]
         return counted
 
 

@@ -114,8 +114,6 @@ class AsyncPoolingClient:
         use_tqdm: UseTqdm = False,
         encoding: str | None = None,
         output: str = "list",
-        prompt_name: str | None = None,
-        prompt: str | None = None,
     ) -> PoolingResults[EmbeddingRequestOutput] | np.ndarray:
         """One embedding per text, in input order (async vLLM ``LLM.embed``).
 
@@ -125,9 +123,6 @@ class AsyncPoolingClient:
         calibration ranges); None sends repeated floats. ``output="numpy"`` returns one
         (N, D) array instead of the list (numpy needed), as sentence-transformers'
         ``convert_to_numpy``; the list carries ``usage`` and the server's ``timing``.
-        ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
-        text) is prepended to every text, as sentence-transformers' ``encode`` does; with
-        neither the model's default prompt applies, and ``prompt=""`` sends none.
         """
         texts = _requests.as_texts(prompts)
         _encodings.check_output(output)
@@ -141,8 +136,6 @@ class AsyncPoolingClient:
             request_id,
             use_tqdm,
             encoding=encoding,
-            prompt_name=prompt_name,
-            prompt=prompt,
         )
         return results.numpy() if output == "numpy" else results
 
