@@ -80,6 +80,9 @@ export const DEFAULT_CHANNEL_OPTIONS = Object.freeze({
  * @property {string|null} [model]
  * @property {number|null} [timeout] seconds
  * @property {string} [requestId]
+ * @property {string|null} [encoding] embed and token_embed: how the values travel: "float32",
+ *   "float16", "bfloat16", "binary", "ubinary", "int8" or "uint8" (see encodings.js); unset:
+ *   repeated floats
  * @property {boolean} [validate] false sends the params unchecked (the server still checks)
  */
 
@@ -294,6 +297,7 @@ export class PoolingClient {
       truncatePromptTokens: options.truncatePromptTokens,
       model: this.#modelFor(options.model),
       requestId: options.requestId,
+      encoding: options.encoding,
       validate: options.validate !== false,
     });
     const count = inputCount(task, inputs);

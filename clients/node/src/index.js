@@ -6,6 +6,14 @@
 //   out.outputs.embedding; // number[]
 
 export { PoolingClient, channelTarget, DEFAULT_CHANNEL_OPTIONS, SERVICE_CONFIG } from './client.js';
+export {
+  ENCODINGS,
+  bfloat16ToNumber,
+  decodeRows,
+  decodeValues,
+  encodingName,
+  float16ToNumber,
+} from './encodings.js';
 export { PoolingError, CODE_NAMES, STATUS_DETAILS_KEY, decodeStatus } from './errors.js';
 export { TASKS, TASK_PARAMS, verifyParams, paramsToWire } from './params.js';
 export { DEFAULT_PROTO_PATH, LOADER_OPTIONS, loadPoolingService, googleProtosDir } from './proto.js';

@@ -4,10 +4,20 @@
 // Every converter turns one PoolResponse into one request output per input text (or text
 // pair), in input order; request ids are "<request id>-<input index>".
 
+import { decodeRows, encodingName } from './encodings.js';
+
 /**
+ * @typedef {object} EmbeddingOutput
+ * @property {number[]} embedding the values; with encoding "int8"/"uint8" one integer level
+ *   per value, with "binary"/"ubinary" one integer per 8 values (the packed bits, as
+ *   sentence-transformers' quantize_embeddings returns them)
+ * @property {string|null} [encoding] the encoding it travelled in; absent for repeated floats
+ * @property {number} [dimensions] values in the vector (before any bit packing)
+ * @property {Uint8Array} [data] the packed bytes as they came (see decodeValues)
+ *
  * @typedef {object} EmbeddingRequestOutput
  * @property {string} requestId
- * @property {{embedding: number[]}} outputs
+ * @property {EmbeddingOutput} outputs
  *
  * @typedef {object} ClassificationRequestOutput
  * @property {string} requestId
@@ -24,6 +34,8 @@
  * @property {boolean[]} specialTokensMask
  * @property {number[]} labelIds token_classify only
  * @property {string[]} labels token_classify only
+ * @property {string|null} [encoding] token_embed with an encoding: data holds its decoded values
+ *   (the packed bits of each row for "binary"/"ubinary")
  *
  * @typedef {object} PoolingRequestOutput
  * @property {string} requestId
@@ -43,6 +55,7 @@
  * @property {string} architecture
  * @property {string} truncationSide
  * @property {string} longInput
+ * @property {boolean} hasCalibrationRanges whether the "int8" and "uint8" encodings are available
  *
  * @typedef {object} RerankResult One document's place in a ranking.
  * @property {number} index its position in the documents sent
@@ -90,11 +103,13 @@ function outputOf(response, cases) {
 
 /**
  * Reshape a row-major TokenMatrix into rows.
- * @param {{rows: number, cols: number, values: number[]}} matrix
+ * @param {{rows: number, cols: number, values: number[], data?: Uint8Array, encoding?: string}} matrix
  * @returns {number[][]}
  */
 export function matrixRows(matrix) {
   const { rows, cols } = matrix;
+  const encoding = encodingName(matrix.encoding);
+  if (encoding !== null) return decodeRows(matrix.data, encoding, cols, rows);
   const values = matrix.values ?? [];
   if (rows < 0 || cols < 0 || values.length !== rows * cols) {
     throw new Error(`TokenMatrix has ${values.length} values, expected rows*cols = ${rows}*${cols}`);
@@ -107,7 +122,7 @@ const CONVERTERS = {
   embed: (response) =>
     outputOf(response, ['embed']).embeddings.map((/** @type {any} */ e, /** @type {number} */ i) => ({
       requestId: `${response.request_id}-${i}`,
-      outputs: { embedding: [...e.values] },
+      outputs: embeddingOutput(e),
     })),
   classify: (response) =>
     outputOf(response, ['classify']).classifications.map((/** @type {any} */ c, /** @type {number} */ i) => ({
@@ -124,6 +139,18 @@ const CONVERTERS = {
 };
 
 /**
+ * One Embedding message as an EmbeddingOutput, decoding packed data.
+ * @param {any} embedding
+ * @returns {EmbeddingOutput}
+ */
+function embeddingOutput(embedding) {
+  const encoding = encodingName(embedding.encoding);
+  if (encoding === null) return { embedding: [...embedding.values] };
+  const { data, dimensions } = embedding;
+  return { embedding: decodeRows(data, encoding, dimensions, 1)[0], encoding, dimensions, data };
+}
+
+/**
  * @param {any} response
  * @returns {PoolingRequestOutput[]}
  */
@@ -138,6 +165,7 @@ function tokenOutputs(response) {
         specialTokensMask: [...matrix.special_tokens_mask],
         labelIds: [...matrix.label_ids],
         labels: [...matrix.labels],
+        ...(encodingName(matrix.encoding) === null ? {} : { encoding: encodingName(matrix.encoding) }),
       },
     }),
   );
@@ -181,6 +209,7 @@ export function modelInfos(response) {
     architecture: card.architecture,
     truncationSide: card.truncation_side,
     longInput: card.long_input,
+    hasCalibrationRanges: card.has_calibration_ranges,
   }));
 }
 

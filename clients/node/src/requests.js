@@ -2,6 +2,7 @@
 
 import { randomUUID } from 'node:crypto';
 
+import { ENCODINGS, checkEncoding } from './encodings.js';
 import { checkTask, paramsToWire, verifyParams } from './params.js';
 
 /** How the "[SEP]" form of score input separates query from document. */
@@ -150,20 +151,30 @@ export function expectedOutputs(task, inputs) {
  * @param {number} [options.truncatePromptTokens] merged into the params (it wins)
  * @param {string|null} [options.model]
  * @param {string} [options.requestId]
+ * @param {string|null} [options.encoding] embed and token_embed: how the values travel (see
+ *   encodings.js); unset: repeated floats
  * @param {boolean} [options.validate]
  */
-export function requestTemplate(task, { poolingParams, truncatePromptTokens, model, requestId, validate = true }) {
+export function requestTemplate(task, { poolingParams, truncatePromptTokens, model, requestId, encoding, validate = true }) {
   checkTask(task);
   const params = { ...(poolingParams ?? {}) };
   if (truncatePromptTokens !== undefined && truncatePromptTokens !== null) {
     params.truncatePromptTokens = truncatePromptTokens;
   }
-  if (validate) verifyParams(params, task);
-  return {
+  if (validate) {
+    verifyParams(params, task);
+    checkEncoding(encoding, task);
+  }
+  /** @type {Record<string, unknown>} */
+  const template = {
     request_id: requestId ?? newRequestId(),
     model: model ?? '',
     params: paramsToWire(params, task),
   };
+  if (encoding !== undefined && encoding !== null) {
+    template.encoding = /** @type {Record<string, string>} */ (ENCODINGS)[encoding] ?? encoding;
+  }
+  return template;
 }
 
 /**

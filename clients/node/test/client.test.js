@@ -70,6 +70,66 @@ describe('PoolingClient against a live server', () => {
   );
 
   test(
+    'embed and token_embed: every float and bit encoding decodes close to the float32 values',
+    live(async () => {
+      const texts = ['Hello world', 'Compact embeddings travel as packed bytes'];
+      const reference = (await client.embed(texts)).map((o) => o.outputs.embedding);
+      /** @type {Array<[string, number]>} relative error bound of each float encoding */
+      const floats = [
+        ['float32', 1e-6],
+        ['float16', 2 ** -11],
+        ['bfloat16', 2 ** -8],
+      ];
+      for (const [encoding, relative] of floats) {
+        const outputs = await client.embed(texts, { encoding });
+        outputs.forEach((output, i) => {
+          assert.equal(output.outputs.encoding, encoding);
+          assert.equal(output.outputs.dimensions, 384);
+          output.outputs.embedding.forEach((v, j) => {
+            const expected = reference[i][j];
+            assert.ok(Math.abs(v - expected) <= Math.abs(expected) * relative + 1e-6, `${encoding}[${i}][${j}]: ${v} vs ${expected}`);
+          });
+        });
+      }
+      for (const encoding of ['binary', 'ubinary']) {
+        const outputs = await client.embed(texts, { encoding });
+        outputs.forEach((output, i) => {
+          assert.equal(output.outputs.embedding.length, 48);
+          const bytes = output.outputs.embedding.map((b) => (encoding === 'binary' ? b + 128 : b));
+          reference[i].forEach((v, j) => {
+            const bit = (bytes[j >> 3] >> (7 - (j & 7))) & 1;
+            if (Math.abs(v) > 1e-6) assert.equal(bit, v > 0 ? 1 : 0, `${encoding}[${i}] bit ${j}`);
+          });
+        });
+      }
+      const [tokens] = await client.encode(texts[0], { encoding: 'float16' });
+      const [tokensRef] = await client.encode(texts[0]);
+      assert.equal(tokens.outputs.encoding, 'float16');
+      assert.equal(tokens.outputs.data.length, tokensRef.outputs.data.length);
+      tokens.outputs.data.forEach((row, r) => {
+        assert.equal(row.length, 384);
+        row.forEach((v, j) => {
+          const expected = tokensRef.outputs.data[r][j];
+          assert.ok(Math.abs(v - expected) <= Math.abs(expected) * 2 ** -11 + 1e-6);
+        });
+      });
+    }),
+  );
+
+  test(
+    'embed: int8 without calibration ranges is refused with the field path',
+    live(async () => {
+      await assert.rejects(client.embed('x', { encoding: 'int8' }), (error) => {
+        assert.ok(error instanceof PoolingError);
+        assert.equal(error.codeName, 'FAILED_PRECONDITION');
+        assert.equal(error.reason, 'CALIBRATION_RANGES_MISSING');
+        assert.equal(error.fieldViolations[0].field, 'encoding');
+        return true;
+      });
+    }),
+  );
+
+  test(
     'embed: useActivation false skips normalisation',
     live(async () => {
       const [raw] = await client.embed(['Hello world'], { poolingParams: { useActivation: false } });

@@ -9,7 +9,9 @@ import * as grpc from '@grpc/grpc-js';
 import { ChunkedJob, chunkSize, chunksInFlight, needsLimits } from '../src/chunking.js';
 import { PoolingClient, PoolingError, channelTarget, loadPoolingService, paramsToWire, verifyParams } from '../src/index.js';
 import { errorTypes } from '../src/proto.js';
-import { scoreTexts, splitSep } from '../src/requests.js';
+import { bfloat16ToNumber, decodeValues, encodingName, float16ToNumber } from '../src/encodings.js';
+import { convertOutputs } from '../src/outputs.js';
+import { requestTemplate, scoreTexts, splitSep } from '../src/requests.js';
 
 /**
  * A serialized google.rpc.Status carrying ErrorInfo, BadRequest and RetryInfo details.
@@ -305,5 +307,92 @@ describe('wire behaviour against an in-process fake server', () => {
   test('a stream that ends with chunks unanswered rejects', async () => {
     const texts = Array.from({ length: 40 }, (_, i) => `t${i}`);
     await assert.rejects(client.embed(texts), /unanswered/);
+  });
+});
+
+describe('embedding encodings', () => {
+  test('float16 and bfloat16 bit patterns decode to the numbers they stand for', () => {
+    const halves = [
+      [0x3c00, 1],
+      [0xc000, -2],
+      [0x7bff, 65504],
+      [0x0001, 2 ** -24],
+      [0x3555, 0.333251953125],
+      [0x8000, -0],
+      [0x7c00, Infinity],
+      [0xfc00, -Infinity],
+    ];
+    for (const [bits, value] of halves) assert.equal(float16ToNumber(bits), value, `0x${bits.toString(16)}`);
+    assert.ok(Number.isNaN(float16ToNumber(0x7e00)));
+    const bhalves = [
+      [0x3f80, 1],
+      [0xbf00, -0.5],
+      [0x4049, 3.140625],
+      [0x7f80, Infinity],
+    ];
+    for (const [bits, value] of bhalves) assert.equal(bfloat16ToNumber(bits), value, `0x${bits.toString(16)}`);
+  });
+
+  test('every encoding decodes from unaligned little-endian bytes', () => {
+    const values = [0.25, -1.5, 3, 0, -0.125];
+    /** @param {number[]} bytes */
+    const unaligned = (bytes) => Buffer.concat([Buffer.from([0xff]), Buffer.from(bytes)]).subarray(1);
+    const f32 = Buffer.alloc(20);
+    values.forEach((v, i) => f32.writeFloatLE(v, 4 * i));
+    assert.deepEqual([...decodeValues(unaligned([...f32]), 'float32', 5)], values);
+    const f16 = [0x3400, 0xbe00, 0x4200, 0x0000, 0xb000].flatMap((h) => [h & 0xff, h >> 8]);
+    assert.deepEqual([...decodeValues(unaligned(f16), 'float16', 5)], values);
+    const bf16 = [0x3e80, 0xbfc0, 0x4040, 0x0000, 0xbe00].flatMap((h) => [h & 0xff, h >> 8]);
+    assert.deepEqual([...decodeValues(unaligned(bf16), 'bfloat16', 5)], values);
+    // 10 values > 0 at 0, 2, 9: bits 1010000001 -> 0b10100000, 0b01000000 (160, 64).
+    assert.deepEqual([...decodeValues(unaligned([160, 64]), 'ubinary', 10)], [160, 64]);
+    assert.deepEqual([...decodeValues(unaligned([160 ^ 0x80, 64 ^ 0x80]), 'binary', 10)], [160 - 128, 64 - 128]);
+    assert.deepEqual([...decodeValues(unaligned([0, 127, 128, 255]), 'int8', 4)], [0, 127, -128, -1]);
+    assert.deepEqual([...decodeValues(unaligned([0, 127, 128, 255]), 'uint8', 4)], [0, 127, 128, 255]);
+    assert.throws(() => decodeValues(Buffer.alloc(3), 'float16', 2), /should hold 4 bytes/);
+  });
+
+  test('responses with data decode to embeddings and token rows', () => {
+    const f16 = Buffer.from([0x00, 0x3c, 0x00, 0xc0, 0x00, 0x38]); // 1, -2, 0.5
+    const [embedded] = convertOutputs(
+      'embed',
+      {
+        request_id: 'r',
+        output: 'embed',
+        embed: { embeddings: [{ values: [], data: f16, dimensions: 3, encoding: 'EMBEDDING_ENCODING_FLOAT16' }] },
+      },
+      1,
+    );
+    assert.deepEqual(embedded.outputs.embedding, [1, -2, 0.5]);
+    assert.equal(embedded.outputs.encoding, 'float16');
+    assert.equal(embedded.outputs.dimensions, 3);
+    const matrix = {
+      rows: 2,
+      cols: 9,
+      values: [],
+      data: Buffer.from([0xff, 0x80, 0x01, 0x00]),
+      encoding: 'EMBEDDING_ENCODING_UBINARY',
+      token_ids: [1, 2],
+      offsets: [],
+      special_tokens_mask: [true, true],
+      label_ids: [],
+      labels: [],
+    };
+    const [tokens] = convertOutputs('token_embed', { request_id: 'r', output: 'token_embed', token_embed: { items: [matrix] } }, 1);
+    assert.deepEqual(tokens.outputs.data, [
+      [255, 128],
+      [1, 0],
+    ]);
+    assert.equal(tokens.outputs.encoding, 'ubinary');
+    assert.throws(() => encodingName('EMBEDDING_ENCODING_FLOAT8'), /unknown embedding encoding/);
+  });
+
+  test('the encoding option is checked and sent as the wire enum', () => {
+    assert.equal(requestTemplate('embed', { encoding: 'bfloat16' }).encoding, 'EMBEDDING_ENCODING_BFLOAT16');
+    assert.equal(requestTemplate('token_embed', { encoding: 'binary' }).encoding, 'EMBEDDING_ENCODING_BINARY');
+    assert.equal(requestTemplate('embed', {}).encoding, undefined);
+    assert.throws(() => requestTemplate('embed', { encoding: 'float8' }), TypeError);
+    assert.throws(() => requestTemplate('classify', { encoding: 'int8' }), /only for embed and token_embed/);
+    assert.equal(requestTemplate('classify', { encoding: 'int8', validate: false }).encoding, 'EMBEDDING_ENCODING_INT8');
   });
 });
