@@ -120,6 +120,8 @@ def pool_request(
     request_id: str | None = None,
     encoding: str | None = None,
     input_options: dict[str, Any] | None = None,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
 ) -> pooling_pb2.PoolRequest:
     """Build a verified PoolRequest whose input case is named by ``task``.
 
@@ -127,6 +129,8 @@ def pool_request(
     ``input_options`` are fields of the input case message besides its inputs (embed_sparse's
     ``top_k`` and ``return_tokens``, see :func:`sparse_options`). ``encoding`` (embed and
     token_embed) names how the values travel (None: repeated float).
+    ``prompt_name`` (one of the model's prompts) or ``prompt`` (a text) is prepended to every
+    text; neither: the model's default prompt, if it has one.
     """
     check_task(task)
     params = resolve_params(task, pooling_params, truncate_prompt_tokens)
@@ -138,6 +142,12 @@ def pool_request(
     )
     if encoding is not None:
         request.encoding = _encodings.ENCODINGS[encoding]  # type: ignore[assignment]
+    if prompt_name is not None and prompt is not None:
+        raise ValueError("pass prompt_name or prompt, not both")
+    if prompt_name is not None:
+        request.prompt_name = prompt_name
+    if prompt is not None:
+        request.prompt = prompt
     for name, value in (input_options or {}).items():
         setattr(getattr(request, task), name, value)
     set_inputs(request, task, inputs)

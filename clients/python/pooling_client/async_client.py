@@ -114,6 +114,8 @@ class AsyncPoolingClient:
         use_tqdm: UseTqdm = False,
         encoding: str | None = None,
         output: str = "list",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> PoolingResults[EmbeddingRequestOutput] | np.ndarray:
         """One embedding per text, in input order (async vLLM ``LLM.embed``).
 
@@ -123,6 +125,9 @@ class AsyncPoolingClient:
         calibration ranges); None sends repeated floats. ``output="numpy"`` returns one
         (N, D) array instead of the list (numpy needed), as sentence-transformers'
         ``convert_to_numpy``; the list carries ``usage`` and the server's ``timing``.
+        ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
+        text) is prepended to every text, as sentence-transformers' ``encode`` does; with
+        neither the model's default prompt applies, and ``prompt=""`` sends none.
         """
         texts = _requests.as_texts(prompts)
         _encodings.check_output(output)
@@ -136,6 +141,8 @@ class AsyncPoolingClient:
             request_id,
             use_tqdm,
             encoding=encoding,
+            prompt_name=prompt_name,
+            prompt=prompt,
         )
         return results.numpy() if output == "numpy" else results
 
@@ -362,8 +369,10 @@ class AsyncPoolingClient:
         request_id: str | None,
         use_tqdm: UseTqdm,
         *,
-        input_options: dict[str, Any] | None = None,
         encoding: str | None = None,
+        input_options: dict[str, Any] | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> PoolingResults[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
         template = _requests.pool_request(
@@ -373,8 +382,10 @@ class AsyncPoolingClient:
             truncate_prompt_tokens=truncate_prompt_tokens,
             model=self._config.model_for(model),
             request_id=request_id,
-            input_options=input_options,
             encoding=encoding,
+            input_options=input_options,
+            prompt_name=prompt_name,
+            prompt=prompt,
         )
         count = _chunking.input_count(task, inputs)
         if count is not None and _chunking.needs_limits(count, self._batch_size):

@@ -234,6 +234,14 @@ class ModelInfo:
     #: Whether the "int8" and "uint8" encodings are available (the model ships calibration
     #: ranges).
     has_calibration_ranges: bool = False
+    #: Prompts by name (sentence-transformers' ``prompts``), for ``embed(prompt_name=...)``.
+    prompts: dict[str, str] = field(default_factory=dict)
+    #: The prompt applied when a request names none ("" for none).
+    default_prompt_name: str = ""
+    #: The weights' dtype and device, e.g. "float32" and "cpu"; the hub revision ("" locally).
+    dtype: str = ""
+    device: str = ""
+    revision: str = ""
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -261,6 +269,11 @@ class ModelInfo:
             truncation_side=card.truncation_side,
             long_input=card.long_input,
             has_calibration_ranges=card.has_calibration_ranges,
+            prompts=dict(card.prompts),
+            default_prompt_name=card.default_prompt_name,
+            dtype=card.dtype,
+            device=card.device,
+            revision=card.revision,
         )
 
 
