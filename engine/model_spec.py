@@ -21,6 +21,10 @@ class ModelSpec:
     long_input: LongInput = LongInput.REJECT
     max_input_chars: int | None = None  # None: derived from the maximum tokens
     hf_overrides: dict[str, Any] = field(default_factory=dict)
+    # None: the folder's sentence-transformers default; "": no default prompt.
+    default_prompt_name: str | None = None
+    revision: str | None = None  # a hub branch, tag or commit (None: the default branch)
+    trust_remote_code: bool = False  # run modeling code shipped with the model
 
     @classmethod
     def parse(cls, value: str, **options: Any) -> ModelSpec:

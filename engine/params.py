@@ -49,3 +49,8 @@ TASK_PARAMS: dict[Task, frozenset[str]] = {
     Task.TOKEN_CLASSIFY: frozenset({"use_activation", "truncate_prompt_tokens"}),
     Task.EMBED_SPARSE: frozenset({"use_activation", "truncate_prompt_tokens"}),
 }
+
+# Which tasks take a prompt (PoolRequest.prompt_name / prompt): those that embed, as
+# sentence-transformers' encode() prompts; it prompts no classifier or cross-encoder, and
+# score's two sides would need different ones.
+PROMPT_TASKS: frozenset[Task] = frozenset({Task.EMBED, Task.TOKEN_EMBED, Task.EMBED_SPARSE})

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
-from engine.model_info import Activation, ModelInfo, SpladeStrategy
+from engine.model_info import Activation, LongInput, ModelInfo, PoolingType, SpladeStrategy
 from engine.outputs import (
     Classification,
     Embedding,
@@ -27,7 +27,7 @@ from engine.params import OutputEncoding, Task
 from engine.request import PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import Encoding, special_edges
-from engine.validation import check_lengths
+from engine.validation import check_lengths, prompt_text
 
 Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
 
@@ -48,6 +48,10 @@ class _Text:
 
     encoding: Encoding
     parts: list[Encoding]
+    # Set where the prompt's tokens are left out of the pooling (include_prompt false):
+    # the parts come back as token states, pooled here without the first `skip` tokens.
+    pooling: PoolingType | None = None
+    skip: int = 0
 
 
 def plan_request(request: PoolRequest, model: ServedModel) -> Plan:
@@ -59,6 +63,7 @@ def plan_request(request: PoolRequest, model: ServedModel) -> Plan:
         return _plan_sparse(request, model)
     texts = _encode(request, model, request.texts, f"{request.task}.texts")
     keep_tokens = request.task in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
+    keep_tokens = keep_tokens or any(text.pooling is not None for text in texts)
     finish_one = _FINISHERS[request.task]
     return _plan_texts(
         texts, keep_tokens, lambda text, raws: finish_one(request, model.info, text, raws)
@@ -90,21 +95,49 @@ def _encode(
     pairs: Sequence[str] | None = None,
 ) -> list[_Text]:
     info = model.info
-    encodings = model.tokenizer.encode(
-        texts,
-        pairs,
-        truncate=request.params.truncate_prompt_tokens,
-        side=info.truncation_side,
-    )
+    truncate = request.params.truncate_prompt_tokens
+    if truncate is None and info.long_input is LongInput.TRUNCATE:
+        truncate = -1
+    prompt = prompt_text(request, info)
+    if prompt:
+        texts = [prompt + text for text in texts]
+    encodings = model.tokenizer.encode(texts, pairs, truncate=truncate, side=info.truncation_side)
     check_lengths(request, info, path, [len(e) for e in encodings])
+    pooling, skip = None, 0
+    if prompt and not info.include_prompt and request.task is Task.EMBED:
+        pooling, skip = info.pooling_type, _prompt_length(model, prompt)
     return [
-        _Text(e, model.tokenizer.chunk(e) if len(e) > info.max_input_tokens else [e])
+        _Text(e, model.tokenizer.chunk(e) if len(e) > info.max_input_tokens else [e], pooling, skip)
         for e in encodings
     ]
 
 
+def _prompt_length(model: ServedModel, prompt: str) -> int:
+    """The prompt's tokens at the start of a prompted text, as sentence-transformers counts
+    them: the prompt tokenized alone, less a trailing special token ([SEP], EOS)."""
+    encoding = model.tokenizer.encode([prompt])[0]
+    return len(encoding) - int(bool(encoding.special_mask and encoding.special_mask[-1]))
+
+
+def _pool_rows(rows: np.ndarray, skip: int, method: PoolingType) -> np.ndarray:
+    """Pool one sequence's token states without its first `skip` tokens, as
+    sentence-transformers' Pooling does with include_prompt false (it zeroes their mask)."""
+    kept = rows[skip:]
+    if method is PoolingType.MEAN:
+        return kept.sum(axis=0) / max(len(kept), 1e-9)
+    if method is PoolingType.CLS:
+        return kept[0] if len(kept) else rows[0]
+    if method is PoolingType.LAST:
+        return kept[-1] if len(kept) else np.zeros_like(rows[0])
+    raise ValueError(f"{method} pooling gives one vector per token, not per sequence")
+
+
 def _pooled_vector(text: _Text, raws: list[np.ndarray]) -> np.ndarray:
     """One chunk: its vector. Several: their token-weighted mean (vLLM's chunked processing)."""
+    if text.pooling is not None:  # token states: pool them here, the prompt left out
+        raws = [
+            _pool_rows(raw, text.skip if i == 0 else 0, text.pooling) for i, raw in enumerate(raws)
+        ]
     if len(raws) == 1:
         return raws[0]
     weights = np.array([len(part) for part in text.parts], dtype=np.float32)

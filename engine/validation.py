@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from engine.model_info import ModelInfo, SpladeStrategy
-from engine.params import TASK_PARAMS, OutputEncoding, Task
+from engine.model_info import LongInput, ModelInfo, SpladeStrategy
+from engine.params import PROMPT_TASKS, TASK_PARAMS, OutputEncoding, Task
 from engine.request import PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
@@ -106,27 +106,34 @@ def _characters(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterat
     # Truncated texts and chunked pooled ones may rightly run long; chunked token outputs
     # grow with the text, so those keep the tighter bound.
     chunked = info.chunks_long_input and request.task not in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
-    may_run_long = request.params.truncate_prompt_tokens is not None or chunked
+    truncated = request.params.truncate_prompt_tokens is not None
+    may_run_long = truncated or chunked or info.long_input is LongInput.TRUNCATE
     lists = list(_inputs(request))
     whole = "score" if request.task is Task.SCORE else lists[0][0]
-    yield from _character_bounds(lists, whole, info.char_limit(may_run_long), limits)
+    prompt = len(prompt_text(request, info) or "")  # counted with every text it precedes
+    yield from _character_bounds(lists, whole, info.char_limit(may_run_long), limits, prompt)
 
 
 def _character_bounds(
-    lists: Sequence[tuple[str, Sequence[str]]], whole: str, limit: int, limits: Limits
+    lists: Sequence[tuple[str, Sequence[str]]],
+    whole: str,
+    limit: int,
+    limits: Limits,
+    prompt: int = 0,
 ) -> Iterator[FieldViolation]:
-    """Each text within `limit` characters (path `list[i]`), and all of them within the
-    request bound (path `whole`)."""
+    """Each text (with `prompt` characters before it) within `limit` characters (path
+    `list[i]`), and all of them within the request bound (path `whole`)."""
+    with_prompt = " with its prompt" if prompt else ""
     for path, texts in lists:
         for i, text in enumerate(texts):
-            if len(text) > limit:
+            if len(text) + prompt > limit:
                 yield FieldViolation(
                     f"{path}[{i}]",
-                    f"has {len(text)} characters, more than this model's limit of {limit} "
-                    "(--max-input-chars); shorten it",
+                    f"has {len(text) + prompt} characters{with_prompt}, more than this model's "
+                    f"limit of {limit} (--max-input-chars); shorten it",
                     "INPUT_TOO_LONG",
                 )
-    total = sum(len(text) for _, texts in lists for text in texts)
+    total = sum(len(text) + prompt for _, texts in lists for text in texts)
     if total > limits.max_request_chars:
         yield FieldViolation(
             whole,
@@ -220,6 +227,59 @@ def _truncate(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator
     )
 
 
+def prompt_text(request: PoolRequest, info: ModelInfo) -> str | None:
+    """The text prepended to every input: the request's prompt, else its named prompt, else
+    the model's default. None where no prompt applies: a task without prompts (see
+    PROMPT_TASKS), or an unknown name (which _prompt_name reports)."""
+    if request.task not in PROMPT_TASKS:
+        return None
+    if request.prompt is not None:
+        return request.prompt
+    name = request.prompt_name if request.prompt_name is not None else info.default_prompt_name
+    return None if name is None else info.prompts.get(name)
+
+
+def _prompt_conflict(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    if request.prompt is not None and request.prompt_name is not None:
+        yield FieldViolation(
+            "prompt",
+            "set prompt_name (one of the model's prompts) or prompt (a text), not both",
+            "PROMPT_CONFLICT",
+        )
+
+
+def _prompt_for_task(
+    request: PoolRequest, info: ModelInfo, limits: Limits
+) -> Iterator[FieldViolation]:
+    if request.task in PROMPT_TASKS:
+        return
+    takes = ", ".join(task.value for task in Task if task in PROMPT_TASKS)
+    for name in ("prompt_name", "prompt"):
+        if getattr(request, name) is not None:
+            yield FieldViolation(
+                name,
+                f"prompts apply to {takes}; {request.task} takes none: leave {name} unset",
+                "PROMPT_NOT_SUPPORTED_FOR_TASK",
+            )
+
+
+def _prompt_name(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    name = request.prompt_name
+    if name is None or request.task not in PROMPT_TASKS or name in info.prompts:
+        return
+    if info.prompts:
+        known = "its prompts: " + ", ".join(f'"{clip(p)}"' for p in info.prompts)
+    else:
+        known = "it has none (they come from config_sentence_transformers.json)"
+    yield FieldViolation(
+        "prompt_name",
+        f'model "{info.name}" has no prompt named "{clip(name)}"; {known}',
+        "PROMPT_NAME_UNKNOWN",
+    )
+
+
 def _sparse_top_k(
     request: PoolRequest, info: ModelInfo, limits: Limits
 ) -> Iterator[FieldViolation]:
@@ -304,6 +364,7 @@ RULES: tuple[Stage, ...] = (
             _batch_size,
             _task_agrees,
             _request_id,
+            _prompt_conflict,
             _characters,
             _sparse_top_k,
         ),
@@ -311,7 +372,15 @@ RULES: tuple[Stage, ...] = (
     Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported,)),
     Stage(
         ErrorKind.INVALID_ARGUMENT,
-        (_params_for_task, _dimensions, _truncate, _encoding, _sparse_activation),
+        (
+            _params_for_task,
+            _dimensions,
+            _truncate,
+            _encoding,
+            _prompt_for_task,
+            _prompt_name,
+            _sparse_activation,
+        ),
     ),
     Stage(ErrorKind.FAILED_PRECONDITION, (_calibration,)),
 )
@@ -422,7 +491,7 @@ def check_lengths(request: PoolRequest, info: ModelInfo, path: str, counts: Sequ
     """
     if request.params.truncate_prompt_tokens is not None:
         return
-    if info.chunks_long_input:
+    if info.chunks_long_input or info.long_input is LongInput.TRUNCATE:
         return
     limit = info.max_input_tokens
     if max(counts, default=0) <= limit:

@@ -158,14 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--truncation-side",
         action="append",
         choices=["left", "right"],
-        help="which end truncate_prompt_tokens cuts (default right). " + PER_MODEL,
+        help="which end truncation cuts, by truncate_prompt_tokens or --long-input truncate "
+        "(default right). " + PER_MODEL,
     )
     models.add_argument(
         "--long-input",
         action="append",
         choices=[mode.value for mode in LongInput],
-        help="texts over the maximum length without truncation: reject them, or split into "
-        "chunks pooled and averaged by token count (default reject). " + PER_MODEL,
+        help="texts over the maximum length when a request sets no truncate_prompt_tokens: "
+        "reject them; split them into chunks pooled and averaged by token count; or truncate "
+        "them to the maximum (at the --truncation-side end, as sentence-transformers does) "
+        "(default reject). " + PER_MODEL,
     )
     models.add_argument(
         "--max-input-chars",
@@ -181,6 +184,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="settings applied over the model config, e.g. '{\"is_matryoshka\": true}' or "
         "'{\"matryoshka_dimensions\": [128, 256]}'. " + PER_MODEL,
+    )
+    models.add_argument(
+        "--default-prompt-name",
+        action="append",
+        metavar="NAME",
+        help="the prompt prepended when a request names none: one of the model's prompts "
+        "(config_sentence_transformers.json), overriding its default_prompt_name; '' for "
+        "none, auto for the folder's own (the default). " + PER_MODEL,
+    )
+    models.add_argument(
+        "--revision",
+        action="append",
+        help="the hub branch, tag or commit of a hub model ('' or unset: the default "
+        "branch); ignored for local folders. " + PER_MODEL,
+    )
+    models.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let models run the modeling code they ship with (config.json auto_map), as "
+        "nomic, jina and gte models need; only for models whose source you trust",
     )
     models.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     models.add_argument(
@@ -311,13 +334,15 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     sources = args.model or [DEFAULT_MODEL]
     n = len(sources)
     specs = []
-    for source, pooling, side, long_input, max_chars, overrides in zip(
+    for source, pooling, side, long_input, max_chars, overrides, prompt_name, revision in zip(
         sources,
         _per_model(args.pooling_type, n, "--pooling-type"),
         _per_model(args.truncation_side, n, "--truncation-side"),
         _per_model(args.long_input, n, "--long-input"),
         _per_model(args.max_input_chars, n, "--max-input-chars"),
         _per_model(args.hf_overrides, n, "--hf-overrides"),
+        _per_model(args.default_prompt_name, n, "--default-prompt-name"),
+        _per_model(args.revision, n, "--revision"),
         strict=True,
     ):
         try:
@@ -334,6 +359,9 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
                 long_input=LongInput(long_input or LongInput.REJECT),
                 max_input_chars=max_chars,
                 hf_overrides=parsed,
+                default_prompt_name=None if prompt_name in (None, "auto") else prompt_name,
+                revision=revision or None,
+                trust_remote_code=args.trust_remote_code,
             )
         )
     names = [spec.served_name for spec in specs]

@@ -99,6 +99,8 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         model=request.model,
         declared_task=declared,
         encoding=encoding_from_proto(request.encoding),
+        prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
+        prompt=request.prompt if request.HasField("prompt") else None,
         # Read from an unset input case these are 0 and False.
         sparse_top_k=request.embed_sparse.top_k,
         sparse_tokens=request.embed_sparse.return_tokens,
@@ -229,6 +231,11 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         truncation_side=info.truncation_side,
         long_input=str(info.long_input),
         has_calibration_ranges=info.calibration_ranges is not None,
+        prompts=info.prompts,
+        default_prompt_name=info.default_prompt_name or "",
+        dtype=info.dtype,
+        device=info.device,
+        revision=info.revision,
     )
 
 

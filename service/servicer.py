@@ -14,8 +14,6 @@ from google.rpc import status_pb2
 from engine.engine import Engine
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.validation import MAX_REQUEST_ID_BYTES, request_id_too_long
-from pooling_client.v1 import pooling_pb2 as pb
-from pooling_client.v1 import pooling_pb2_grpc
 from service import convert
 from service.errors import GRPC_CODES, internal_error, to_grpc_status, to_status_proto, unavailable
 from service.handlers import Malformed
@@ -229,6 +227,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             models=[convert.model_card(info) for info in engine.model_infos],
             max_client_batch_size=engine.limits.max_client_batch_size,
             max_stream_inflight=self.max_stream_inflight,
+            server_version=server_version(),
         )
 
     async def Tokenize(
