@@ -20,8 +20,14 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from sentence_transformers import CrossEncoder, SentenceTransformer
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertModel
+from sentence_transformers import CrossEncoder, SentenceTransformer, SparseEncoder
+from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertForMaskedLM,
+    BertModel,
+)
 
 from pooling_client import AsyncPoolingClient, PoolingClient
 from pooling_client.v1 import pooling_pb2 as pb
@@ -71,6 +77,20 @@ def _st_folder(root: Path, name: str, pooling: str, include_prompt: bool = True)
     return folder
 
 
+def _sparse_folder(root: Path) -> Path:
+    """A SparseEncoder (masked LM + SPLADE max pooling) saved with prompts by
+    sentence-transformers itself."""
+    mlm = _save(BertForMaskedLM(_bert_config()), root / "mlm")
+    folder = root / "sparse"
+    encoder = SparseEncoder(
+        modules=[Transformer(str(mlm), transformer_task="fill-mask"), SpladePooling("max")],
+        prompts=PROMPTS,
+        device="cpu",
+    )
+    encoder.save(str(folder))
+    return folder
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("prompt-models")
@@ -83,6 +103,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             AutoModelForSequenceClassification.from_config(_bert_config(**_labels(["relevance"]))),
             root / "cross",
         ),
+        "sparse": _sparse_folder(root),
         "classifier": _save(
             AutoModelForSequenceClassification.from_config(
                 _bert_config(**_labels(["negative", "neutral", "positive"]))
@@ -104,6 +125,7 @@ SERVED = {
     "cross-truncate": ("cross", "auto", "truncate", "right"),
     "cross-truncate-left": ("cross", "auto", "truncate", "left"),
     "classifier-truncate": ("classifier", "auto", "truncate", "right"),
+    "sparse-prompts": ("sparse", "auto", "reject", "right"),
 }
 
 
@@ -130,7 +152,8 @@ def stub(server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]
 
 @pytest.fixture(scope="module")
 def st_models(folders: dict[str, Path]) -> dict[str, SentenceTransformer]:
-    return {name: SentenceTransformer(str(folders[name]), device="cpu") for name in folders}
+    names = ("prompts", "exclude-mean", "exclude-cls")
+    return {name: SentenceTransformer(str(folders[name]), device="cpu") for name in names}
 
 
 def pool(stub: pooling_pb2_grpc.PoolingServiceStub, **fields: object) -> pb.PoolResponse:
@@ -221,6 +244,22 @@ def test_token_embed_prepends_the_prompt(
         assert list(item.token_ids) == tokenizer(PROMPTS["instruct"] + text)["input_ids"]
         values = np.array(item.values).reshape(item.rows, item.cols)
         close(values, rows.numpy())
+
+
+def test_embed_sparse_prepends_the_prompt(
+    stub: pooling_pb2_grpc.PoolingServiceStub, folders: dict[str, Path]
+) -> None:
+    encoder = SparseEncoder(str(folders["sparse"]), device="cpu")
+    assert PROMPTS.items() <= encoder.prompts.items()  # it adds an empty document prompt
+    for fields, kwargs in (({"prompt_name": "query"}, {"prompt_name": "query"}), ({}, {})):
+        response = pool(
+            stub, model="sparse-prompts", embed_sparse=pb.SparseInput(texts=TEXTS), **fields
+        )
+        expected = encoder.encode(TEXTS, convert_to_tensor=True, **kwargs).to_dense().numpy()
+        got = np.zeros_like(expected)
+        for row, item in zip(got, response.embed_sparse.embeddings, strict=True):
+            row[list(item.indices)] = list(item.values)
+        close(got, expected)
 
 
 def test_usage_counts_the_prompt_tokens(stub: pooling_pb2_grpc.PoolingServiceStub) -> None:
