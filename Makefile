@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 50051
 PYTEST_ARGS ?=
 
-.PHONY: all venv serve test lint format proto buf-lint clean
+.PHONY: all venv serve test lint format proto clients buf-lint clean
 
 all: test
 
@@ -30,6 +30,9 @@ serve: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
+
+clients: $(STAMP)
+	$(BIN)/python scripts/unasync_client.py
 
 buf-lint: $(STAMP) $(BUF)
 	$(BIN)/python scripts/gen_proto.py --descriptor-set $(VENV)/pooling.binpb

@@ -1,20 +1,21 @@
-"""AsyncPoolingClient: the asyncio twin of PoolingClient, on grpc.aio.
+"""AsyncPoolingClient: the asyncio client, on grpc.aio; the one implementation of both.
 
 Same constructor and methods as :class:`~pooling_client.client.PoolingClient`, as coroutines,
-for servers and pipelines that already run an event loop. Request building and response
-conversion are shared (``_requests``), so both clients behave identically.
+for servers and pipelines that already run an event loop. client.py is generated from this
+file (scripts/unasync_client.py, as httpx generates its sync code), its calls going to
+_io_sync instead of _io_async, so both clients behave identically by construction.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from pooling_client import _chunking, _encodings, _requests
+from pooling_client import _io_async as _io
 from pooling_client._channel import (
     ClientConfig,
     MetadataArg,
@@ -23,7 +24,6 @@ from pooling_client._channel import (
     channel_target,
 )
 from pooling_client._progress import Progress, UseTqdm, progress
-from pooling_client.errors import PoolingError
 from pooling_client.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -43,9 +43,6 @@ from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 
 if TYPE_CHECKING:
     import numpy as np
-
-_Response = TypeVar("_Response")
-
 
 class AsyncPoolingClient:
     """Asyncio client for a pooling server; create it inside the event loop that uses it.
@@ -91,12 +88,7 @@ class AsyncPoolingClient:
     ) -> None:
         creds = channel_credentials(credentials, root_certificates, private_key, certificate_chain)
         merged = channel_options(options)
-        if creds is None:
-            self._channel = grpc.aio.insecure_channel(channel_target(target), merged, compression)
-        else:
-            self._channel = grpc.aio.secure_channel(
-                channel_target(target), creds, merged, compression
-            )
+        self._channel = _io.open_channel(channel_target(target), creds, merged, compression)
         self._stub = pooling_pb2_grpc.PoolingServiceStub(self._channel)
         self._config = ClientConfig(model, timeout, metadata, api_key)
         self._batch_size = _chunking.check_batch_size(batch_size)
@@ -405,19 +397,13 @@ class AsyncPoolingClient:
         self, job: _chunking.ChunkedJob, timeout: float | None, bar: Progress
     ) -> list[Any]:
         """Run a chunked job over one PoolStream, never more than ``job.window`` unanswered."""
-        call = self._stub.PoolStream(
-            timeout=self._config.timeout_for(timeout), metadata=self._config.call_metadata()
+        return await _io.stream_job(
+            self._stub,
+            job,
+            self._config.timeout_for(timeout),
+            self._config.call_metadata(),
+            bar,
         )
-        try:
-            await _send(call, job)
-            while (response := await call.read()) is not grpc.aio.EOF:
-                bar.update(job.accept(response))
-                await _send(call, job)
-        except grpc.RpcError as error:
-            raise PoolingError.from_rpc_error(error) from error
-        finally:
-            call.cancel()  # a no-op once the stream has ended; stops it after a failure
-        return job.outputs()
 
     async def _stream_limits(self, timeout: float | None) -> _chunking.StreamLimits:
         """The server's batch and stream limits, fetched with one ListModels call and cached."""
@@ -431,36 +417,11 @@ class AsyncPoolingClient:
         self, method: Any, request: Any, timeout: float | None
     ) -> tuple[Any, Any]:
         """As _call, also returning the call's trailing metadata (the server's timings)."""
-        try:
-            call = method(
-                request,
-                timeout=self._config.timeout_for(timeout),
-                metadata=self._config.call_metadata(),
-            )
-            return await call, await call.trailing_metadata()
-        except grpc.RpcError as error:
-            raise PoolingError.from_rpc_error(error) from error
+        return await _io.unary(
+            method, request, self._config.timeout_for(timeout), self._config.call_metadata()
+        )
 
-    async def _call(
-        self, method: Callable[..., Awaitable[_Response]], request: Any, timeout: float | None
-    ) -> _Response:
+    async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         """Invoke a unary method with the client's metadata, mapping failures to PoolingError."""
-        try:
-            return await method(
-                request,
-                timeout=self._config.timeout_for(timeout),
-                metadata=self._config.call_metadata(),
-            )
-        except grpc.RpcError as error:
-            raise PoolingError.from_rpc_error(error) from error
-
-
-async def _send(call: Any, job: _chunking.ChunkedJob) -> None:
-    """Write the chunks the job has room for; half-close once the last one is out."""
-    try:
-        for request in job.fill():
-            await call.write(request)
-        if job.exhausted:
-            await call.done_writing()  # idempotent
-    except asyncio.InvalidStateError:
-        pass  # the call already ended; the next read reports how
+        response, _ = await self._call_with_trailers(method, request, timeout)
+        return response

@@ -2,18 +2,21 @@
 
 ``client.embed(texts)`` returns what ``LLM.embed(texts)`` would, but runs on a remote pooling
 server, so scripts written against vLLM port over by swapping the object they call.
+
+Generated from async_client.py by scripts/unasync_client.py: edit that file, then run
+`make clients`.
 """
 
 from __future__ import annotations
 
-import queue
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from pooling_client import _chunking, _encodings, _requests
+from pooling_client import _io_sync as _io
 from pooling_client._channel import (
     ClientConfig,
     MetadataArg,
@@ -22,7 +25,6 @@ from pooling_client._channel import (
     channel_target,
 )
 from pooling_client._progress import Progress, UseTqdm, progress
-from pooling_client.errors import PoolingError
 from pooling_client.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -42,8 +44,6 @@ from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 
 if TYPE_CHECKING:
     import numpy as np
-
-_Response = TypeVar("_Response")
 
 
 class PoolingClient:
@@ -90,10 +90,7 @@ class PoolingClient:
     ) -> None:
         creds = channel_credentials(credentials, root_certificates, private_key, certificate_chain)
         merged = channel_options(options)
-        if creds is None:
-            self._channel = grpc.insecure_channel(channel_target(target), merged, compression)
-        else:
-            self._channel = grpc.secure_channel(channel_target(target), creds, merged, compression)
+        self._channel = _io.open_channel(channel_target(target), creds, merged, compression)
         self._stub = pooling_pb2_grpc.PoolingServiceStub(self._channel)
         self._config = ClientConfig(model, timeout, metadata, api_key)
         self._batch_size = _chunking.check_batch_size(batch_size)
@@ -401,38 +398,14 @@ class PoolingClient:
     def _pool_stream(
         self, job: _chunking.ChunkedJob, timeout: float | None, bar: Progress
     ) -> list[Any]:
-        """Run a chunked job over one PoolStream, never more than ``job.window`` unanswered.
-
-        gRPC pulls requests from its own thread; it reads them from a queue that this thread
-        fills only as answers come back, so the window holds however fast gRPC pulls.
-        """
-        outbox: queue.SimpleQueue[pooling_pb2.PoolStreamRequest | None] = queue.SimpleQueue()
-        closed = False
-
-        def send() -> None:
-            nonlocal closed
-            for request in job.fill():
-                outbox.put(request)
-            if job.exhausted and not closed:
-                closed = True
-                outbox.put(None)  # ends the request iterator: half-closes the stream
-
-        call = self._stub.PoolStream(
-            iter(outbox.get, None),
-            timeout=self._config.timeout_for(timeout),
-            metadata=self._config.call_metadata(),
+        """Run a chunked job over one PoolStream, never more than ``job.window`` unanswered."""
+        return _io.stream_job(
+            self._stub,
+            job,
+            self._config.timeout_for(timeout),
+            self._config.call_metadata(),
+            bar,
         )
-        try:
-            send()
-            for response in call:
-                bar.update(job.accept(response))
-                send()
-        except grpc.RpcError as error:
-            raise PoolingError.from_rpc_error(error) from error
-        finally:
-            outbox.put(None)  # release gRPC's request thread if it is still waiting
-            call.cancel()  # a no-op once the stream has ended; stops it after a failure
-        return job.outputs()
 
     def _stream_limits(self, timeout: float | None) -> _chunking.StreamLimits:
         """The server's batch and stream limits, fetched with one ListModels call and cached."""
@@ -446,25 +419,11 @@ class PoolingClient:
         self, method: Any, request: Any, timeout: float | None
     ) -> tuple[Any, Any]:
         """As _call, also returning the call's trailing metadata (the server's timings)."""
-        try:
-            response, call = method.with_call(
-                request,
-                timeout=self._config.timeout_for(timeout),
-                metadata=self._config.call_metadata(),
-            )
-        except grpc.RpcError as error:
-            raise PoolingError.from_rpc_error(error) from error
-        return response, call.trailing_metadata()
+        return _io.unary(
+            method, request, self._config.timeout_for(timeout), self._config.call_metadata()
+        )
 
-    def _call(
-        self, method: Callable[..., _Response], request: Any, timeout: float | None
-    ) -> _Response:
+    def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         """Invoke a unary method with the client's metadata, mapping failures to PoolingError."""
-        try:
-            return method(
-                request,
-                timeout=self._config.timeout_for(timeout),
-                metadata=self._config.call_metadata(),
-            )
-        except grpc.RpcError as error:
-            raise PoolingError.from_rpc_error(error) from error
+        response, _ = self._call_with_trailers(method, request, timeout)
+        return response
