@@ -85,7 +85,13 @@ def test_reflection_describes_the_schema_well_enough_to_call_it(server: ServerPr
                 pool.Add(proto)
                 pending.remove(proto)
         service = pool.FindServiceByName("pooling.v1.PoolingService")
-        assert [m.name for m in service.methods] == ["Pool", "PoolStream", "ListModels", "Tokenize"]
+        assert [m.name for m in service.methods] == [
+            "Pool",
+            "PoolStream",
+            "ListModels",
+            "Tokenize",
+            "Rerank",
+        ]
         request_class = message_factory.GetMessageClass(
             pool.FindMessageTypeByName("pooling.v1.PoolRequest")
         )
