@@ -283,3 +283,8 @@ def test_status_mapping_of_overload_and_unavailability() -> None:
     assert (loading.status, loading.headers["Retry-After"]) == (503, "2")
     dead = _pooling_error(PoolingError(ErrorKind.FAILED_PRECONDITION, "TASK_NOT_SUPPORTED", "x"))
     assert dead.status == 412 and "Retry-After" not in dead.headers
+    late = _pooling_error(PoolingError(ErrorKind.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", "late"))
+    assert late.status == 504
+    broken = _pooling_error(PoolingError(ErrorKind.INTERNAL, "INTERNAL_ERROR", "internal"))
+    body = json.loads(broken.body)  # type: ignore[arg-type]
+    assert (broken.status, body["error"]["type"]) == (500, "server_error")
