@@ -28,9 +28,7 @@ def open_channel(
     return grpc.aio.secure_channel(target, credentials, options, compression)
 
 
-async def unary(
-    method: Any, request: Any, timeout: float | None, metadata: Any
-) -> tuple[Any, Any]:
+async def unary(method: Any, request: Any, timeout: float | None, metadata: Any) -> tuple[Any, Any]:
     """The response and the trailing metadata (the server's timings) of a unary call."""
     try:
         call = method(request, timeout=timeout, metadata=metadata)

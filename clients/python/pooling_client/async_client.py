@@ -44,6 +44,7 @@ from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 if TYPE_CHECKING:
     import numpy as np
 
+
 class AsyncPoolingClient:
     """Asyncio client for a pooling server; create it inside the event loop that uses it.
 
