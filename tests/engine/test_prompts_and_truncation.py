@@ -29,7 +29,7 @@ from transformers import (
     BertModel,
 )
 
-from pooling_client import AsyncPoolingClient, PoolingClient
+from pooling_client import AsyncPoolingClient, PoolingClient, PoolingParams
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.fixture_models import (
@@ -445,3 +445,34 @@ def test_async_client_embed_passes_prompts(
 ) -> None:
     got = asyncio.run(_async_embed(server.address))
     close(np.array(got), st_models["prompts"].encode(TEXTS, prompt_name="instruct"))
+
+
+def test_python_client_encode_and_embed_sparse_pass_prompts(
+    server: ServerProcess,
+    stub: pooling_pb2_grpc.PoolingServiceStub,
+    st_models: dict[str, SentenceTransformer],
+) -> None:
+    st = st_models["prompts"]
+    with PoolingClient(server.address, timeout=60) as client:
+        rows = client.encode(
+            TEXTS,
+            model="prompts",
+            pooling_task="token_embed",
+            prompt_name="instruct",
+            pooling_params=PoolingParams(use_activation=False),
+        )
+        sparse = client.embed_sparse(TEXTS, model="sparse-prompts", prompt_name="query")
+        with pytest.raises(ValueError, match="not token_classify"):
+            client.encode(TEXTS, model="prompts", pooling_task="token_classify", prompt="q: ")
+    expected = st.encode(TEXTS, prompt_name="instruct", output_value="token_embeddings")
+    for output, want in zip(rows, expected, strict=True):
+        close(np.array(output.outputs.data), want.numpy())
+    raw = pool(
+        stub,
+        model="sparse-prompts",
+        embed_sparse=pb.SparseInput(texts=TEXTS),
+        prompt_name="query",
+    )
+    for output, item in zip(sparse, raw.embed_sparse.embeddings, strict=True):
+        assert list(output.outputs.indices) == list(item.indices)
+        np.testing.assert_allclose(output.outputs.values, list(item.values), rtol=1e-6)

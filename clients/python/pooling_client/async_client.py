@@ -205,6 +205,8 @@ class AsyncPoolingClient:
         use_tqdm: UseTqdm = False,
         encoding: str | None = None,
         output: str = "list",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> (
         PoolingResults[PoolingRequestOutput]
         | PoolingResults[EmbeddingRequestOutput]
@@ -217,6 +219,7 @@ class AsyncPoolingClient:
         "embed" and "classify" are forwarded to :meth:`embed` and :meth:`classify`.
         ``encoding`` (token_embed and embed) and ``output`` are as for :meth:`embed`; with
         ``output="numpy"`` token outputs come back as a list of (tokens, D) arrays.
+        ``prompt_name`` / ``prompt`` are as for :meth:`embed` (embed and token_embed only).
         """
         _requests.check_encode_task(pooling_task)
         _encodings.check_encoding(encoding, pooling_task)
@@ -229,9 +232,16 @@ class AsyncPoolingClient:
             "request_id": request_id,
             "use_tqdm": use_tqdm,
         }
+        prompting = {"prompt_name": prompt_name, "prompt": prompt}
         if pooling_task == "embed":
-            return await self.embed(prompts, encoding=encoding, output=output, **kwargs)
+            return await self.embed(
+                prompts, encoding=encoding, output=output, **prompting, **kwargs
+            )
+        if pooling_task == "token_classify" and (prompt_name is not None or prompt is not None):
+            raise ValueError("prompts apply to embed and token_embed, not token_classify")
         if pooling_task == "classify":
+            if prompt_name is not None or prompt is not None:
+                raise ValueError("prompts apply to embed and token_embed, not classify")
             results = await self.classify(prompts, **kwargs)
             return results.numpy() if output == "numpy" else results
         texts = _requests.as_texts(prompts)
@@ -245,6 +255,7 @@ class AsyncPoolingClient:
             request_id,
             use_tqdm,
             encoding=encoding,
+            **prompting,
         )
         return results.numpy() if output == "numpy" else results
 
@@ -260,6 +271,8 @@ class AsyncPoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> PoolingResults[SparseEmbeddingRequestOutput]:
         """One sparse (SPLADE) embedding per text, in input order, on a model serving
         embed_sparse (sentence-transformers' ``SparseEncoder.encode``).
@@ -268,6 +281,7 @@ class AsyncPoolingClient:
         weight, and their ``values``; ``top_k`` keeps only the k largest (None or 0: all, as
         ``max_active_dims``); ``return_tokens`` adds each index's token string.
         ``pooling_params.use_activation=False`` skips SPLADE's log saturation.
+        ``prompt_name`` / ``prompt`` are as for :meth:`embed`.
         """
         texts = _requests.as_texts(prompts)
         options = _requests.sparse_options(top_k, return_tokens)
@@ -281,6 +295,8 @@ class AsyncPoolingClient:
             request_id,
             use_tqdm,
             input_options=options,
+            prompt_name=prompt_name,
+            prompt=prompt,
         )
 
     async def rerank(
