@@ -62,8 +62,9 @@ class HttpApi:
         self._runner: web.AppRunner | None = None
         self.serving = False  # follows the gRPC health status
 
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard], client_max_size=16 * 1024 * 1024)
+    def app(self, max_body: int = 16 * 1024 * 1024) -> web.Application:
+        """`max_body`: the largest request body, as --max-message-mb bounds a gRPC message."""
+        app = web.Application(middlewares=[self._guard], client_max_size=max_body)
         post = [
             ("/v1/embeddings", self.embeddings),
             ("/v1/rerank", self.rerank),
@@ -78,16 +79,13 @@ class HttpApi:
         return app
 
     async def start(self, host: str, port: int, reuse_port: bool, max_body: int) -> int:
-        app = self.app()
-        app._client_max_size = max_body  # the --max-message-mb ceiling, as for gRPC
+        """Listen; returns the port (the one chosen, when `port` is 0)."""
         # A client that goes away cancels its handler, which drops its queued items.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(self.app(max_body), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_port=reuse_port or None)
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        return sockets[0].getsockname()[1] if sockets else port
+        return int(self._runner.addresses[-1][1]) if self._runner.addresses else port
 
     async def stop(self) -> None:
         if self._runner is not None:
