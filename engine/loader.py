@@ -28,6 +28,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
+from engine.dense import load_dense
 from engine.encodings import read_calibration_ranges
 from engine.model_info import (
     TASKS_BY_HEAD,
@@ -71,6 +72,7 @@ class SentenceTransformersConfig:
     include_prompt: bool = True  # the Pooling module's include_prompt
     # SpladePooling's pooling_strategy and activation_function (a SparseEncoder folder).
     splade: tuple[SpladeStrategy, SpladeActivation] | None = None
+    dense: tuple[Path, ...] = ()  # Dense module folders, applied in order after pooling
 
 
 @dataclass
@@ -179,8 +181,14 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     normalize = False
     include_prompt = True
     splade = None
+    dense: list[Path] = []
     for module in modules:
         kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind == "Dense":
+            if pooling_type is None:
+                raise ValueError(f"{path}: a Dense module before pooling is not supported")
+            dense.append(path / module.get("path", ""))
+            continue
         if kind == "Pooling":
             pooling_type = _st_pooling_type(path / module.get("path", ""))
             include_prompt = _st_include_prompt(path / module.get("path", ""))
@@ -197,8 +205,10 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     max_seq_length = None
     if st_config.is_file():
         max_seq_length = json.loads(st_config.read_text()).get("max_seq_length")
+    if dense and not include_prompt:
+        raise ValueError(f"{path}: Dense modules with include_prompt false are not supported")
     return SentenceTransformersConfig(
-        pooling_type, normalize, max_seq_length, include_prompt, splade=splade
+        pooling_type, normalize, max_seq_length, include_prompt, splade=splade, dense=tuple(dense)
     )
 
 
@@ -316,6 +326,10 @@ def load_model(
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
     tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
 
+    projection = [load_dense(folder).to(device) for folder in (st.dense if st else ())]
+    if projection and head is not HeadKind.HIDDEN:
+        raise ValueError(f"{path}: Dense modules apply to embedding models only")
+
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype, **hub}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -343,7 +357,7 @@ def load_model(
         architecture=(config.architectures or [type(module).__name__])[0],
         head=head,
         tasks=tasks,
-        hidden_size=int(config.hidden_size),
+        hidden_size=projection[-1].out_features if projection else int(config.hidden_size),
         max_input_tokens=max_tokens,
         num_special_tokens=hf_tokenizer.num_special_tokens_to_add(pair=cross_encoder),
         pooling_type=pooling_type,
@@ -370,6 +384,11 @@ def load_model(
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
         log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)
     runner = ModelRunner(
-        module, info, tokenizer.pad_token_id, device, tokenizer.encode(["warm up"])
+        module,
+        info,
+        tokenizer.pad_token_id,
+        device,
+        tokenizer.encode(["warm up"]),
+        torch.nn.Sequential(*projection) if projection else None,
     )
     return LoadedModel(info, tokenizer, runner)

@@ -43,8 +43,11 @@ class ModelRunner:
         pad_token_id: int,
         device: torch.device,
         warm_up_batch: Sequence[Encoding] = (),
+        projection: torch.nn.Module | None = None,
     ) -> None:
+        """`projection`: sentence-transformers' Dense modules, applied to pooled vectors."""
         self.module = module
+        self.projection = projection
         self.warm_up_batch = list(warm_up_batch)
         self.info = info
         self.pad_token_id = pad_token_id
@@ -107,7 +110,10 @@ class ModelRunner:
             vocab = weights.cpu().numpy()
             return [vocab[i] for i in range(len(batch))]
         hidden = output.last_hidden_state.float()
-        pooled = pool(hidden, inputs["attention_mask"], self.info.pooling_type).cpu().numpy()
+        pooled_states = pool(hidden, inputs["attention_mask"], self.info.pooling_type)
+        if self.projection is not None:
+            pooled_states = self.projection(pooled_states)
+        pooled = pooled_states.cpu().numpy()
         tokens = hidden.cpu().numpy() if any(keep_tokens) else None
         return [
             tokens[i, :n] if keep and tokens is not None else pooled[i]
