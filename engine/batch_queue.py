@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.errors import ErrorKind, PoolingError
-from engine.jobs import Job
+from engine.jobs import Job, settle
 from engine.tokenization import Encoding
 
 if TYPE_CHECKING:  # the runner's torch is needed only where a model runs
@@ -320,13 +320,7 @@ class BatchQueue:
 
     def _resolve(self, outcomes: list[tuple[Job, object]], record: BatchRecord | None) -> None:
         """On the event loop: resolve the futures still waited for, then count the batch."""
-        for job, outcome in outcomes:
-            if job.future.done():
-                continue
-            if isinstance(outcome, BaseException):
-                job.future.set_exception(outcome)
-            else:
-                job.future.set_result(outcome)
+        settle(outcomes)
         if record is None:
             return
         self.stats.batches += 1

@@ -21,7 +21,7 @@ import numpy as np
 from engine.batch_queue import BatchConfig, BatchQueue
 from engine.client import EngineClient, LocalEngineClient
 from engine.errors import PoolingError
-from engine.jobs import Job, RequestTiming
+from engine.jobs import Job, RequestTiming, settle
 from engine.model_info import ModelInfo
 from engine.outputs import PoolResult, Ranked, RerankResult, Score
 from engine.plans import Plan, plan_request
@@ -194,7 +194,7 @@ class Engine:
             if failed:
                 loop = failed[0][0].future.get_loop()
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
-                    loop.call_soon_threadsafe(_fail, failed)
+                    loop.call_soon_threadsafe(settle, failed)
             if None in entries:
                 return
 
@@ -253,9 +253,3 @@ def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
     order = np.argsort(-scores, kind="stable")[: request.top_n or None]
     ranking = [Ranked(int(i), float(scores[i])) for i in order]
     return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)
-
-
-def _fail(failed: list[tuple[Job | _Intake, BaseException]]) -> None:
-    for holder, error in failed:
-        if not holder.future.done():
-            holder.future.set_exception(error)

@@ -102,15 +102,6 @@ results_decoder = msgspec.msgpack.Decoder(Results)
 encoder = msgspec.msgpack.Encoder()
 
 
-def pack_outputs(arrays: Sequence[np.ndarray]) -> tuple[list[list[int]], bytes]:
-    """Shapes and one contiguous float32 buffer for a job's raw outputs."""
-    if not arrays:
-        return [], b""
-    shapes = [list(a.shape) for a in arrays]
-    flat = np.concatenate([np.asarray(a, dtype=OUTPUTS).reshape(-1) for a in arrays])
-    return shapes, flat.tobytes()
-
-
 def unpack_outputs(
     buffer: np.ndarray, offset: int, shapes: Sequence[Sequence[int]]
 ) -> tuple[list[np.ndarray], int]:

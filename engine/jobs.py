@@ -7,9 +7,9 @@ so that neither needs the other, nor torch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,3 +57,19 @@ class Job:
     def dead(self) -> bool:
         """Nobody waits for its items any more: the caller went away, or one item failed."""
         return self.failed or self.future.done()
+
+
+class HasFuture(Protocol):
+    future: asyncio.Future[Any]
+
+
+def settle(outcomes: Iterable[tuple[HasFuture, object]]) -> None:
+    """On the event loop: each still-waited-for future gets its result, or its exception."""
+    for holder, outcome in outcomes:
+        future = holder.future
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

@@ -35,7 +35,7 @@ from engine.ipc import (
     results_decoder,
     unpack_outputs,
 )
-from engine.jobs import Job
+from engine.jobs import Job, settle
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +151,20 @@ class RemoteEngineClient:
     def cancel(self, job: Job) -> None:
         # The engine answers nothing for a cancelled job: forget it here, or its items stay
         # outstanding (steering later jobs away from that engine) and its entry stays kept.
-        with self._lock:
-            sent = self._sent.pop(job.key, None)
-            if sent is not None:
-                self._outstanding[sent.engine] -= sent.items
+        sent = self._forget(job.key)
         if sent is None or sent.engine in self.dead:
             return
         message = encoder.encode(Cancel(self.reply_address, [job.key]))
         with contextlib.suppress(zmq.ZMQError):
             self._socket(sent.engine).send(message)
+
+    def _forget(self, key: int) -> _Sent | None:
+        """A job answered or cancelled: no longer sent, its items no longer outstanding."""
+        with self._lock:
+            sent = self._sent.pop(key, None)
+            if sent is not None:
+                self._outstanding[sent.engine] -= sent.items
+        return sent
 
     def _receive(self) -> None:
         poller = zmq.Poller()
@@ -181,10 +186,7 @@ class RemoteEngineClient:
         outcomes: list[tuple[Job, object]] = []
         offset = 0
         for result in message.results:
-            with self._lock:
-                sent = self._sent.pop(result.id, None)
-                if sent is not None:
-                    self._outstanding[sent.engine] -= sent.items
+            sent = self._forget(result.id)
             if result.error is None and data is not None:
                 raws, offset = unpack_outputs(data, offset, result.shapes)
             if sent is None or sent.job.future.done():
@@ -200,7 +202,7 @@ class RemoteEngineClient:
             except Exception as exc:
                 log.exception("finishing a request failed")
                 outcomes.append((job, exc))
-        self._call_in_loop(_resolve, outcomes)
+        self._call_in_loop(settle, outcomes)
 
     def _engine_died(self, engine: int) -> None:
         log.error("engine process %d died", self.engines[engine].pid)
@@ -210,7 +212,7 @@ class RemoteEngineClient:
             outcomes: list[tuple[Job, object]] = [
                 (self._sent.pop(key).job, engine_dead()) for key in lost
             ]
-        self._call_in_loop(_resolve, outcomes)
+        self._call_in_loop(settle, outcomes)
         if self.on_engine_dead is not None:
             self._call_in_loop(self.on_engine_dead, engine)
 
@@ -218,13 +220,3 @@ class RemoteEngineClient:
         assert self._loop is not None
         with contextlib.suppress(RuntimeError):  # the loop closed at shutdown: nobody waits
             self._loop.call_soon_threadsafe(callback, *args)
-
-
-def _resolve(outcomes: list[tuple[Job, object]]) -> None:
-    for job, outcome in outcomes:
-        if job.future.done():
-            continue
-        if isinstance(outcome, BaseException):
-            job.future.set_exception(outcome)
-        else:
-            job.future.set_result(outcome)

@@ -18,6 +18,16 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
+# The queue's own series: read at scrape time in one process (_EngineCollector), copied
+# into shared files by an engine process (EngineStats); one name and help text for both.
+DEPTH = ("pooling_queue_depth", "Items waiting in the queue")
+DROPPED = (
+    "pooling_dropped_items",
+    "Queued items dropped before computing: cancelled by the client or past the deadline",
+)
+LOADED = ("pooling_models_loaded", "Models loaded and serving")
+
+
 class _EngineCollector(Collector):
     """Reads the engine's own counters at scrape time, so the engine needs no metrics code."""
 
@@ -25,15 +35,9 @@ class _EngineCollector(Collector):
         self.engine: Engine | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        depth = GaugeMetricFamily(
-            "pooling_queue_depth", "Items waiting in the queue", labels=["model"]
-        )
-        dropped = CounterMetricFamily(
-            "pooling_dropped_items",
-            "Queued items dropped before computing: cancelled by the client or past the deadline",
-            labels=["model", "reason"],
-        )
-        loaded = GaugeMetricFamily("pooling_models_loaded", "Models loaded and serving")
+        depth = GaugeMetricFamily(*DEPTH, labels=["model"])
+        dropped = CounterMetricFamily(*DROPPED, labels=["model", "reason"])
+        loaded = GaugeMetricFamily(*LOADED)
         queues = self.engine.queues if self.engine else {}
         for name, queue in queues.items():
             depth.add_metric([name], queue.depth)
@@ -210,31 +214,15 @@ class EngineStats:
     def __init__(self, metrics: Metrics, queues: dict[str, BatchQueue]) -> None:
         r = metrics.registry
         self.queues = queues
-        self.depth = Gauge(
-            "pooling_queue_depth",
-            "Items waiting in the queue",
-            ["model"],
-            multiprocess_mode="livesum",
-            registry=r,
-        )
-        self.dropped = Counter(
-            "pooling_dropped_items",
-            "Queued items dropped before computing: cancelled by the client or past the deadline",
-            ["model", "reason"],
-            registry=r,
-        )
+        self.depth = Gauge(*DEPTH, ["model"], multiprocess_mode="livesum", registry=r)
+        self.dropped = Counter(*DROPPED, ["model", "reason"], registry=r)
         self.mixed = Counter(
             "pooling_mixed_batches",
             "Batches holding items sent by more than one front-end process",
             ["model"],
             registry=r,
         )
-        self.loaded = Gauge(
-            "pooling_models_loaded",
-            "Models loaded and serving",
-            multiprocess_mode="livemax",
-            registry=r,
-        )
+        self.loaded = Gauge(*LOADED, multiprocess_mode="livemax", registry=r)
         self._seen: dict[int, int] = {}
         for queue in queues.values():
             queue.observers.append(metrics.observe_batch)
