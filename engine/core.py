@@ -101,6 +101,7 @@ class EngineCore:
             by_model.setdefault(header.model, []).append(job)
         for model, jobs in by_model.items():
             if model not in self.queues:  # front ends know the same models: a bug if not
+                log.error("jobs for unknown model %r from %s", model, message.reply_to)
                 refused = [(job, KeyError(model)) for job in jobs]
             else:
                 refused = self.client.submit(model, jobs)  # type: ignore[assignment]

@@ -61,6 +61,11 @@ class PoolingError(Exception):
 MESSAGE_VIOLATIONS = 3
 
 
+def internal_error() -> PoolingError:
+    """For unexpected exceptions: logged where they happen, never described to the client."""
+    return PoolingError(ErrorKind.INTERNAL, "INTERNAL_ERROR", "internal server error")
+
+
 def clip(text: str, limit: int = 128) -> str:
     """Echo client input in errors only this long: error details travel in size-limited headers."""
     return text if len(text) <= limit else f"{text[: limit - 3]}..."

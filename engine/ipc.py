@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from engine.served import ModelDescription
 
 IDS = np.dtype("<i4")
@@ -52,8 +52,8 @@ class ErrorInfo(msgspec.Struct, array_like=True):
 
     @classmethod
     def of(cls, error: BaseException) -> ErrorInfo:
-        if not isinstance(error, PoolingError):
-            return cls(ErrorKind.INTERNAL, "INTERNAL", "the engine failed on this request")
+        if not isinstance(error, PoolingError):  # a bug, logged in the engine process
+            error = internal_error()
         violations = [(v.field, v.description, v.reason) for v in error.violations]
         return cls(
             error.kind, error.reason, error.message, error.retry_after_s, violations, error.metadata

@@ -27,11 +27,6 @@ GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
 }
 
 
-def internal_error() -> PoolingError:
-    """For unexpected exceptions: logged on the server, never described to the client."""
-    return PoolingError(ErrorKind.INTERNAL, "INTERNAL_ERROR", "internal server error")
-
-
 def unavailable(message: str) -> PoolingError:
     return PoolingError(ErrorKind.UNAVAILABLE, "NOT_READY", message, retry_after_s=1.0)
 

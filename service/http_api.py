@@ -20,8 +20,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from service.errors import internal_error
+from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from service.proto import pooling_pb2 as pb
 from service.servicer import PoolingServicer
 

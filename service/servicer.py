@@ -12,10 +12,10 @@ import grpc
 from google.rpc import status_pb2
 
 from engine.engine import Engine
-from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
+from engine.errors import ErrorKind, FieldViolation, PoolingError, clip, internal_error
 from engine.validation import MAX_REQUEST_ID_BYTES, request_id_too_long
 from service import convert
-from service.errors import GRPC_CODES, internal_error, to_grpc_status, to_status_proto, unavailable
+from service.errors import GRPC_CODES, to_grpc_status, to_status_proto, unavailable
 from service.handlers import Malformed
 from service.proto import pooling_pb2 as pb
 from service.proto import pooling_pb2_grpc
