@@ -1,4 +1,5 @@
-"""The one place engine errors become gRPC statuses with google.rpc details."""
+"""The one place engine errors become protocol statuses: gRPC codes with google.rpc details,
+and HTTP statuses. Each door renders its own envelope from these."""
 
 from __future__ import annotations
 
@@ -15,16 +16,27 @@ DOMAIN = "pooling.v1"
 # carry this many field violations at most, and ErrorInfo says how many there were.
 MAX_FIELD_VIOLATIONS = 16
 
-GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {
-    ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorKind.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorKind.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
-    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+# Each error kind's gRPC code and HTTP status, side by side.
+STATUSES: dict[ErrorKind, tuple[grpc.StatusCode, int]] = {
+    ErrorKind.INVALID_ARGUMENT: (grpc.StatusCode.INVALID_ARGUMENT, 400),
+    ErrorKind.NOT_FOUND: (grpc.StatusCode.NOT_FOUND, 404),
+    ErrorKind.FAILED_PRECONDITION: (grpc.StatusCode.FAILED_PRECONDITION, 412),
+    ErrorKind.RESOURCE_EXHAUSTED: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+    ErrorKind.DEADLINE_EXCEEDED: (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+    ErrorKind.CANCELLED: (grpc.StatusCode.CANCELLED, 499),
+    ErrorKind.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE, 503),
+    ErrorKind.INTERNAL: (grpc.StatusCode.INTERNAL, 500),
 }
+GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {k: v[0] for k, v in STATUSES.items()}
+HTTP_STATUS: dict[ErrorKind, int] = {k: v[1] for k, v in STATUSES.items()}
+
+
+def status_label(protocol: str, kind: ErrorKind | None) -> str:
+    """The status a metric or log line carries: the protocol's own (a gRPC code name, or
+    an HTTP status for the HTTP doors and batch jobs); None is success."""
+    if protocol == "grpc":
+        return "OK" if kind is None else GRPC_CODES[kind].name
+    return "200" if kind is None else str(HTTP_STATUS[kind])
 
 
 def unavailable(message: str) -> PoolingError:

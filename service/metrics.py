@@ -180,7 +180,9 @@ class Metrics:
         items: int = 0,
         tokens: int = 0,
         protocol: str = "grpc",
+        ok: bool | None = None,
     ) -> None:
+        """`code`: the protocol's own status; `ok` says whether it is a success."""
         key = (rpc, task, model, code, protocol)
         count = self._requests.get(key)
         if count is None:  # label sets are few (RPCs x tasks x models x codes x protocols)
@@ -188,7 +190,7 @@ class Metrics:
         count.inc()
         c = self._children(model)
         c.request_seconds[rpc].observe(timings.total_s)
-        if code == "OK":
+        if code == "OK" if ok is None else ok:
             c.items[task].inc(items)
             c.tokens[task].inc(tokens)
             c.tokenize_seconds.observe(timings.tokenize_s)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import grpc
 from opentelemetry import propagate, trace
@@ -33,9 +35,10 @@ class RequestRecord:
     """
 
     __slots__ = (
-        "context",
+        "headers",
+        "inputs",
         "protocol",
-        "request",
+        "request_id",
         "rpc",
         "span",
         "started",
@@ -48,16 +51,21 @@ class RequestRecord:
         self,
         telemetry: Telemetry,
         rpc: str,
-        request: pb.PoolRequest | pb.RerankRequest,
-        context: grpc.aio.ServicerContext,
+        request_id: str,
+        task: str,
+        headers: Iterable[tuple[str, str]],
         protocol: str = "grpc",
+        inputs: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        """`headers`: the caller's metadata (W3C traceparent among it); `inputs` gives the
+        texts for a log line with --log-inputs, called only then."""
         self.telemetry = telemetry
-        self.context = context
+        self.headers = headers
         self.protocol = protocol
         self.rpc = rpc
-        self.request = request
-        self.task = _task(request)
+        self.request_id = request_id
+        self.task = task
+        self.inputs = inputs
         self.timings = Timings()
         self.started = time.monotonic()
         self.span: trace.Span | None = None
@@ -66,8 +74,7 @@ class RequestRecord:
 
     def _caller_trace(self) -> Context:
         """The caller's trace context, from W3C `traceparent` metadata."""
-        metadata = self.context.invocation_metadata() or ()
-        return propagate.extract({k: v for k, v in metadata if isinstance(v, str)})
+        return propagate.extract({k: v for k, v in self.headers or () if isinstance(v, str)})
 
     def _start_span(self, tracer: trace.Tracer) -> trace.Span:
         return tracer.start_span(
@@ -80,7 +87,7 @@ class RequestRecord:
                 "rpc.service": "pooling.v1.PoolingService",
                 "rpc.method": self.rpc,
                 "pooling.task": self.task,
-                "pooling.request_id": self.request.request_id,
+                "pooling.request_id": self.request_id,
             },
         )
 
@@ -96,35 +103,52 @@ class RequestRecord:
         )
 
     def finish(
-        self, code: str, model: str, items: int = 0, tokens: int = 0, reason: str = ""
+        self,
+        code: str,
+        model: str,
+        items: int = 0,
+        tokens: int = 0,
+        reason: str = "",
+        ok: bool | None = None,
     ) -> None:
+        """`code`: the protocol's own status (a gRPC code name, an HTTP status)."""
+        ok = code == "OK" if ok is None else ok
         t = self.timings
         t.total_s = time.monotonic() - self.started
         telemetry = self.telemetry
         telemetry.metrics.observe_request(
-            self.rpc, self.task, model, code, t, items, tokens, self.protocol
+            self.rpc, self.task, model, code, t, items, tokens, self.protocol, ok
         )
         if self.span is not None:
-            self._end_span(self.span, code, model, items, tokens, reason)
-        if code != "OK" or request_log.isEnabledFor(telemetry.request_log_level):
-            self._log(code, model, items, tokens, reason)
+            self._end_span(self.span, code, model, items, tokens, reason, ok)
+        if not ok or request_log.isEnabledFor(telemetry.request_log_level):
+            self._log(code, model, items, tokens, reason, ok)
 
     def _end_span(
-        self, span: trace.Span, code: str, model: str, items: int, tokens: int, reason: str
+        self,
+        span: trace.Span,
+        code: str,
+        model: str,
+        items: int,
+        tokens: int,
+        reason: str,
+        ok: bool,
     ) -> None:
         self._child_spans(span)
         span.set_attributes(
             {"pooling.model": model, "pooling.items": items, "pooling.prompt_tokens": tokens}
         )
-        span.set_attribute("rpc.grpc.status_code", code)
-        if code != "OK":
+        span.set_attribute(
+            "rpc.grpc.status_code" if self.protocol == "grpc" else "pooling.status_code", code
+        )
+        if not ok:
             span.set_status(Status(StatusCode.ERROR, reason or code))
         span.end()
 
-    def _log(self, code: str, model: str, items: int, tokens: int, reason: str) -> None:
+    def _log(self, code: str, model: str, items: int, tokens: int, reason: str, ok: bool) -> None:
         t = self.timings
         fields = {
-            "request_id": clip(self.request.request_id, LOGGED_ID_CHARS),
+            "request_id": clip(self.request_id, LOGGED_ID_CHARS),
             "rpc": self.rpc,
             "protocol": self.protocol,
             "model": clip(model, LOGGED_ID_CHARS),
@@ -141,17 +165,9 @@ class RequestRecord:
         # Without tracing, the caller's trace id still ties the line to its trace.
         span = self.span or trace.get_current_span(self._caller_trace())
         fields["trace_id"] = format(span.get_span_context().trace_id, "032x")
-        if self.telemetry.log_inputs:
-            case = _input_case(self.request)
-            if case == "rerank":
-                fields["query"] = self.request.query  # type: ignore[union-attr]
-                fields["documents"] = list(self.request.documents)  # type: ignore[union-attr]
-            elif case == "score":
-                fields["text_1"] = list(self.request.score.text_1)
-                fields["text_2"] = list(self.request.score.text_2)
-            elif case:
-                fields["texts"] = list(getattr(self.request, case).texts)
-        level = logging.INFO if code != "OK" else self.telemetry.request_log_level
+        if self.telemetry.log_inputs and self.inputs is not None:
+            fields.update(self.inputs())
+        level = logging.INFO if not ok else self.telemetry.request_log_level
         request_log.log(level, "request", extra={FIELDS_ATTR: fields})
 
     def _child_spans(self, span: trace.Span) -> None:
@@ -201,7 +217,38 @@ class Telemetry:
         protocol: str = "grpc",
     ) -> RequestRecord:
         """`context`: the gRPC context, or anything with invocation_metadata() (HTTP)."""
-        return RequestRecord(self, rpc, request, context, protocol)
+        return RequestRecord(
+            self,
+            rpc,
+            request.request_id,
+            _task(request),
+            context.invocation_metadata() or (),
+            protocol,
+            lambda: _proto_inputs(request),
+        )
+
+    def open(
+        self,
+        rpc: str,
+        request_id: str,
+        task: str,
+        headers: Iterable[tuple[str, str]],
+        protocol: str,
+        inputs: Callable[[], dict[str, Any]] | None = None,
+    ) -> RequestRecord:
+        """A record for a request already in engine types (the request runner's)."""
+        return RequestRecord(self, rpc, request_id, task, headers, protocol, inputs)
+
+
+def _proto_inputs(request: pb.PoolRequest | pb.RerankRequest) -> dict[str, Any]:
+    case = _input_case(request)
+    if case == "rerank":
+        return {"query": request.query, "documents": list(request.documents)}  # type: ignore[union-attr]
+    if case == "score":
+        return {"text_1": list(request.score.text_1), "text_2": list(request.score.text_2)}  # type: ignore[union-attr]
+    if case:
+        return {"texts": list(getattr(request, case).texts)}
+    return {}
 
 
 def _input_case(request: pb.PoolRequest | pb.RerankRequest) -> str | None:

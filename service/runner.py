@@ -1,0 +1,154 @@
+"""The request runner: the one path every door's requests take to the engine.
+
+gRPC, the HTTP routes (OpenAI, vLLM, Cohere, TEI) and offline batch jobs each parse their
+wire format into engine requests, call `RequestRunner`, and render the engine's result
+themselves. The runner owns what they share: readiness, telemetry (metrics labelled with
+the door's protocol and its own status), deadlines, cancellation and the failure path, so
+a door never sees an exception other than PoolingError. The timings travel back with the
+result, each field written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from engine.engine import Engine, Timings, TokenizedText
+from engine.errors import PoolingError, clip, internal_error
+from engine.model_info import ModelInfo
+from engine.outputs import PoolResult, RerankResult
+from engine.request import PoolRequest, RerankRequest
+from service.errors import status_label, unavailable
+from service.telemetry import RequestRecord, Telemetry
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the runner needs to know of a call, whatever door it came through.
+
+    `rpc` names the operation in metrics (Pool, Rerank, ...); `headers` carry the caller's
+    trace context; `deadline` is on time.monotonic()'s clock; `client` identifies the
+    caller (a connection or an address), for the queue's fairness between clients.
+    """
+
+    protocol: str
+    rpc: str
+    headers: Iterable[tuple[str, str]] = ()
+    deadline: float | None = None
+    client: str = ""
+
+
+@dataclass(frozen=True)
+class Ran(Generic[T]):
+    """A result with where its time went, and the record that observed it."""
+
+    result: T
+    timings: Timings
+    record: RequestRecord
+
+
+class RequestRunner:
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        self.engine: Engine | None = None  # set once the models are loaded
+
+    def ready(self) -> Engine:
+        if self.engine is None:
+            raise unavailable("the models are still loading; retry shortly")
+        return self.engine
+
+    @property
+    def model_infos(self) -> list[ModelInfo]:
+        return self.ready().model_infos
+
+    async def pool(self, request: PoolRequest, call: Call) -> Ran[PoolResult]:
+        def run(engine: Engine, timings: Timings) -> Awaitable[PoolResult]:
+            return engine.pool(request, deadline=call.deadline, timings=timings)
+
+        task = request.task.value if request.task is not None else "none"
+        return await self._run(
+            call, request.request_id, task, request.model, run, _pool_inputs(request)
+        )
+
+    async def rerank(self, request: RerankRequest, call: Call) -> Ran[RerankResult]:
+        def run(engine: Engine, timings: Timings) -> Awaitable[RerankResult]:
+            return engine.rerank(request, deadline=call.deadline, timings=timings)
+
+        def inputs() -> dict[str, Any]:
+            return {"query": request.query, "documents": list(request.documents)}
+
+        return await self._run(
+            call, request.request_id, "score", request.model, run, inputs, len(request.documents)
+        )
+
+    async def tokenize(
+        self, model: str, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> tuple[ModelInfo, list[TokenizedText]]:
+        return await self.ready().tokenize(model, texts, add_special_tokens)
+
+    async def _run(
+        self,
+        call: Call,
+        request_id: str,
+        task: str,
+        model: str,
+        run: Callable[[Engine, Timings], Awaitable[T]],
+        inputs: Callable[[], dict[str, Any]],
+        items: int | None = None,
+    ) -> Ran[T]:
+        """`items`: what a success counts, when not the result's outputs (a rerank's
+        documents)."""
+        record = self.telemetry.open(
+            call.rpc, request_id, task, call.headers, call.protocol, inputs
+        )
+        code, reason, ok, counted, tokens, label = "", "", False, 0, 0, ""
+        try:
+            result = await run(self.ready(), record.timings)
+            counted, tokens, label = _size(result)
+            counted = counted if items is None else items
+            code, ok = status_label(call.protocol, None), True
+            return Ran(result, record.timings, record)
+        except PoolingError as error:
+            code, reason = status_label(call.protocol, error.kind), error.reason
+            raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception as exc:
+            error = internal_error()
+            code, reason = status_label(call.protocol, error.kind), error.reason
+            log.exception("request %r failed", clip(request_id, 64))
+            raise error from exc
+        finally:
+            record.finish(code, label or self.model_label(model), counted, tokens, reason, ok)
+
+    def model_label(self, name: str) -> str:
+        """The served name; unknown names share one label so clients cannot grow the series."""
+        if self.engine is None:
+            return "unknown"
+        try:
+            return self.engine.resolve(name).info.name
+        except PoolingError:
+            return "unknown"
+
+
+def _size(result: object) -> tuple[int, int, str]:
+    """(items, prompt tokens, model) of a result, for its metrics."""
+    if isinstance(result, PoolResult):
+        return len(result.outputs), result.prompt_tokens, result.model
+    if isinstance(result, RerankResult):
+        return 0, result.prompt_tokens, result.model
+    return 0, 0, ""
+
+
+def _pool_inputs(request: PoolRequest) -> Callable[[], dict[str, Any]]:
+    if request.text_1 or request.text_2:
+        return lambda: {"text_1": list(request.text_1), "text_2": list(request.text_2)}
+    return lambda: {"texts": list(request.texts)}
