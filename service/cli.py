@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.batch_queue import BatchConfig
+from engine.batch_queue import BatchConfig, default_client_cap
 from engine.model_info import LongInput, PoolingType
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.validation import Limits
@@ -275,6 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queued-items", type=positive_int, default=100_000, help="queue bound per model"
     )
     batching.add_argument(
+        "--max-queued-items-per-client",
+        type=positive_int,
+        default=None,
+        help="queued items per model one client may hold: a gRPC connection, or an HTTP client "
+        "address; beyond it that client gets QUEUE_FULL while others go on (default: a quarter "
+        "of --max-queued-items, but at least --max-client-batch-size, or the whole queue if "
+        "smaller)",
+    )
+    batching.add_argument(
         "--max-stream-inflight", type=positive_int, default=256, help="unanswered inputs per stream"
     )
 
@@ -409,6 +418,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             workers=args.forward_workers or 0,
             batch_wait_s=args.batch_wait_ms / 1000,
             max_queued_items=args.max_queued_items,
+            max_queued_items_per_client=args.max_queued_items_per_client
+            or default_client_cap(args.max_queued_items, args.max_client_batch_size),
         ),
         max_stream_inflight=args.max_stream_inflight,
         drain_delay_s=args.drain_delay_s,

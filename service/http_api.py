@@ -243,7 +243,7 @@ class HttpApi:
             params=_params(body),
         )
         record = self.servicer.telemetry.begin("Rerank", message, _Caller(request), "http")
-        response = await self.servicer.run_rerank(message, record, None)
+        response = await self.servicer.run_rerank(message, record, None, _client(request))
         results = []
         for result in response.results:
             item: dict[str, Any] = {
@@ -284,7 +284,7 @@ class HttpApi:
 
     async def _pool(self, request: web.Request, message: pb.PoolRequest) -> pb.PoolResponse:
         record = self.servicer.telemetry.begin("Pool", message, _Caller(request), "http")
-        return await self.servicer.run_pool(message, record, None)
+        return await self.servicer.run_pool(message, record, None, _client(request))
 
 
 class _Caller:
