@@ -11,6 +11,13 @@ one worker of two threads, whose parallel regions stall whenever the event loop 
 core. A batch is built around an anchor item from the items closest to it in length,
 within a budget of padded tokens (longest x count), a cap on items and a minimum share of
 real (non-padding) tokens.
+
+Items wait per client (a front end's connection or address, see `Job.client`), so one
+client cannot take the queue from the others: each may hold at most
+`max_queued_items_per_client` items, and when several clients wait the anchor's client
+goes round robin (the one whose turn is longest past anchors next, on its oldest item),
+while the items around it come from every waiting client in turn, closest in length first.
+With one client waiting this is the oldest-first batching above, unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +44,20 @@ if TYPE_CHECKING:  # the runner's torch is needed only where a model runs
 log = logging.getLogger(__name__)
 
 
+# Who queued an item: (front end, client). The front end's index keeps two front ends'
+# peers apart; client "" (a caller that names none, e.g. the engine used as a library) is
+# not held to the per-client bound, but still takes its turn.
+ClientKey = tuple[int, str]
+
+DEFAULT_CLIENT_FLOOR = 1024  # the default --max-client-batch-size: one largest request
+
+
+def default_client_cap(max_queued_items: int, largest_request: int = DEFAULT_CLIENT_FLOOR) -> int:
+    """A quarter of the queue, so at least four clients fit, but never less than one largest
+    request (or it would be refused forever) unless the whole queue is smaller."""
+    return max(max_queued_items // 4, min(max_queued_items, largest_request))
+
+
 @dataclass(frozen=True)
 class BatchConfig:
     max_batch_tokens: int = 16384
@@ -44,10 +65,17 @@ class BatchConfig:
     workers: int = 1  # forward-pass threads sharing the model; 0: chosen by the server
     batch_wait_s: float = 0.0
     max_queued_items: int = 100_000
+    # Items one client may have queued (see ClientKey); 0: default_client_cap().
+    max_queued_items_per_client: int = 0
     # A batch grows only while real tokens / padded tokens stays above this.
     min_padding_efficiency: float = 0.8
     # How many of the oldest items a scheduling step looks at; bounds its cost.
     lookahead: int = 2048
+
+    @property
+    def client_cap(self) -> int:
+        """The per-client bound in items, with the default filled in."""
+        return self.max_queued_items_per_client or default_client_cap(self.max_queued_items)
 
 
 @dataclass(eq=False, slots=True)
@@ -92,7 +120,9 @@ class BatchQueue:
         self.config = config
         self.stats = QueueStats()
         self.observers: list[Callable[[str, BatchRecord], None]] = []
-        self._pending: list[QueuedItem] = []
+        # Each client's items, oldest first; the clients in turn order (the next anchor first).
+        self._pending: dict[ClientKey, list[QueuedItem]] = {}
+        self._size = 0  # items in _pending
         self._lock = threading.Condition()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,7 +142,7 @@ class BatchQueue:
         Counted when read (a scrape, a full queue) rather than kept up to date per item.
         """
         with self._lock:
-            return sum(not item.job.dead for item in self._pending)
+            return sum(not item.job.dead for items in self._pending.values() for item in items)
 
     @property
     def empty(self) -> bool:
@@ -122,7 +152,14 @@ class BatchQueue:
     def _has_room(self, count: int) -> bool:
         """Recount only near the bound: cancelled items stay queued until a batch drops them."""
         bound = self.config.max_queued_items
-        return len(self._pending) + count <= bound or self.depth + count <= bound
+        return self._size + count <= bound or self.depth + count <= bound
+
+    def _client_room(self, queued: list[QueuedItem] | None, count: int, cap: int) -> int | None:
+        """None if a client with `queued` items may add `count`; else its live items."""
+        if queued is None or len(queued) + count <= cap:
+            return None
+        live = sum(not item.job.dead for item in queued)
+        return None if live + count <= cap else live
 
     async def start(self) -> None:
         """Start the workers; returns once each has warmed the model up on its own thread."""
@@ -144,17 +181,27 @@ class BatchQueue:
         Safe from any thread; one call takes the lock and wakes the workers once.
         """
         now = time.monotonic()
+        cap = self.config.client_cap
         refused: list[tuple[Job, PoolingError]] = []
         with self._lock:
             for job in jobs:
-                if not self._has_room(len(job.work)):
+                count, key = len(job.work), (job.origin, job.client)
+                queued = self._pending.get(key)
+                live = self._client_room(queued, count, cap) if job.client else None
+                if live is not None:  # the heavy client is the one told to back off
+                    refused.append((job, self._client_full(live, cap)))
+                    continue
+                if not self._has_room(count):
                     refused.append((job, self._full()))
                     continue
                 job.timing.enqueued = now
-                self._pending.extend(
+                if queued is None:  # a client with nothing queued takes its turn last
+                    queued = self._pending[key] = []
+                queued.extend(
                     QueuedItem(encoding, keep, job, index, now)
                     for index, (encoding, keep) in enumerate(job.work)
                 )
+                self._size += count
             self._lock.notify_all()  # only some workers may take work now
         return refused
 
@@ -167,40 +214,69 @@ class BatchQueue:
             retry_after_s=1.0,
         )
 
+    def _client_full(self, live: int, cap: int) -> PoolingError:
+        return PoolingError(
+            ErrorKind.RESOURCE_EXHAUSTED,
+            "QUEUE_FULL",
+            f"this client already has {live} items queued for model {self.runner.info.name}, "
+            f"and one client may have at most {cap} (--max-queued-items-per-client); "
+            "retry later",
+            metadata={"max_queued_items_per_client": str(cap)},
+            retry_after_s=1.0,
+        )
+
     def _drop_dead(self) -> list[Job]:
         """Remove the items nobody waits for; fail and return the jobs past their deadline."""
         now = time.monotonic()
-        alive, expired = [], []
-        for item in self._pending:
-            job = item.job
-            if job.future.done():
-                self.stats.dropped_cancelled += 1
-            elif job.deadline is not None and now >= job.deadline:
-                self.stats.dropped_expired += 1
-                if not job.failed:
-                    job.failed = True
-                    expired.append(job)
-            elif job.failed:  # another of its items failed
-                self.stats.dropped_cancelled += 1
+        expired = []
+        for key, items in list(self._pending.items()):
+            alive = []
+            for item in items:
+                job = item.job
+                if job.future.done():
+                    self.stats.dropped_cancelled += 1
+                elif job.deadline is not None and now >= job.deadline:
+                    self.stats.dropped_expired += 1
+                    if not job.failed:
+                        job.failed = True
+                        expired.append(job)
+                elif job.failed:  # another of its items failed
+                    self.stats.dropped_cancelled += 1
+                else:
+                    alive.append(item)
+            if len(alive) == len(items):
+                continue
+            self._size -= len(items) - len(alive)
+            if alive:
+                self._pending[key] = alive  # its turn is kept
             else:
-                alive.append(item)
-        self._pending = alive
+                del self._pending[key]
         return expired
 
     def _take_batch(self) -> list[QueuedItem]:
-        """The oldest item, then the items closest to it in length while the batch stays dense.
+        """The next client's oldest item, then the items closest to it in length while the
+        batch stays dense; that client's turn then passes to the back.
 
-        Anchoring on the oldest item means nothing starves: a long text waits only for the
-        items queued before it, and is then batched with texts of its own length rather
-        than padded against short ones.
+        Anchoring on a client's oldest item means nothing starves: a long text waits only
+        for its own client's items queued before it and a batch per other waiting client,
+        and is then batched with texts of its own length rather than padded against short
+        ones. Ties in length go by depth in each client's queue, then by turn, so a batch
+        takes the items of every waiting client in turn.
         """
         if not self._pending:
             return []
         config = self.config
-        window = self._pending[: config.lookahead]
+        clients = list(self._pending)
+        parts = self._window(clients)
+        window = [item for part in parts for item in part]
+        turns = len(parts)
+        rank = [
+            depth * turns + turn for turn, part in enumerate(parts) for depth in range(len(part))
+        ]
         anchor_len = len(window[0].encoding)
         by_closeness = sorted(
-            range(1, len(window)), key=lambda i: (abs(len(window[i].encoding) - anchor_len), i)
+            range(1, len(window)),
+            key=lambda i: (abs(len(window[i].encoding) - anchor_len), rank[i]),
         )
         chosen, longest, real = [0], anchor_len, anchor_len
         for i in by_closeness:
@@ -216,10 +292,36 @@ class BatchQueue:
             chosen.append(i)
             longest, real = max(longest, n), real + n
         taken = set(chosen)
-        batch = [window[i] for i in sorted(taken)]
-        rest_of_window = [item for i, item in enumerate(window) if i not in taken]
-        self._pending = rest_of_window + self._pending[len(window) :]
-        return batch
+        start = 0
+        for key, part in zip(clients, parts, strict=True):
+            end = start + len(part)
+            if any(i in taken for i in range(start, end)):
+                kept = [item for i, item in enumerate(part, start) if i not in taken]
+                rest = kept + self._pending[key][len(part) :]
+                if rest:
+                    self._pending[key] = rest
+                else:
+                    del self._pending[key]
+            start = end
+        anchor = clients[0]
+        if anchor in self._pending and len(self._pending) > 1:  # its turn passes to the back
+            self._pending[anchor] = self._pending.pop(anchor)
+        self._size -= len(chosen)
+        return [window[i] for i in sorted(taken)]
+
+    def _window(self, clients: list[ClientKey]) -> list[list[QueuedItem]]:
+        """Each client's oldest items, `lookahead` in all (which bounds a step's cost), shared
+        out evenly: a client with less than its share leaves the rest to the others."""
+        queues = [self._pending[key] for key in clients]
+        lookahead = self.config.lookahead
+        if len(queues) == 1:
+            return [queues[0][:lookahead]]
+        takes, left = [0] * len(queues), lookahead
+        for n, k in enumerate(sorted(range(len(queues)), key=lambda k: len(queues[k]))):
+            takes[k] = min(len(queues[k]), left // (len(queues) - n))
+            left -= takes[k]
+        takes[0] = max(takes[0], 1)  # the anchor, even with more clients than lookahead
+        return [queue[:take] for queue, take in zip(queues, takes, strict=True)]
 
     def _work(self, index: int) -> None:
         """A worker thread: warm up, then take a batch, run it, hand the results to the loop.
@@ -242,7 +344,7 @@ class BatchQueue:
                 self._lock.wait_for(lambda: self._stopping or self._may_take(index))
                 if self._stopping:
                     return
-            if self.config.batch_wait_s and len(self._pending) < self.config.max_batch_size:
+            if self.config.batch_wait_s and self._size < self.config.max_batch_size:
                 time.sleep(self.config.batch_wait_s)
             with self._lock:
                 expired = self._drop_dead()
@@ -265,7 +367,7 @@ class BatchQueue:
             return False
         if index == 0:
             return True
-        return all(self._busy[:index]) and len(self._pending) >= self.config.max_batch_size
+        return all(self._busy[:index]) and self._size >= self.config.max_batch_size
 
     def _call_in_loop(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None

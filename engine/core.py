@@ -95,7 +95,15 @@ class EngineCore:
                 work.append((Encoding(ids[offset:end], token_types, [], []), header.keep_tokens))
                 offset = end
             future: asyncio.Future[object] = loop.create_future()
-            job = Job(work, _raws, future, header.deadline, origin=message.origin, key=header.id)
+            job = Job(
+                work,
+                _raws,
+                future,
+                header.deadline,
+                origin=message.origin,  # with the client, (origin, client) is the queue's key
+                client=header.client,
+                key=header.id,
+            )
             self._jobs[message.reply_to, header.id] = job
             future.add_done_callback(lambda _f, to=message.reply_to, j=job: self._done(to, j))
             by_model.setdefault(header.model, []).append(job)

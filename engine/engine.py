@@ -117,13 +117,19 @@ class Engine:
         return model
 
     async def pool(
-        self, request: PoolRequest, *, deadline: float | None = None, timings: Timings | None = None
+        self,
+        request: PoolRequest,
+        *,
+        deadline: float | None = None,
+        timings: Timings | None = None,
+        client: str = "",
     ) -> PoolResult:
-        """Run a request; `deadline` is on time.monotonic()'s clock."""
+        """Run a request; `deadline` is on time.monotonic()'s clock; `client` names who
+        asked (a connection or address), for the queue's per-client bound and turns."""
         started = time.monotonic()
         model = self.resolve(request.model)
         validate_request(request, model.info, self.limits)
-        return await self._run(request, model, deadline, timings, started)
+        return await self._run(request, model, deadline, timings, started, client)
 
     async def rerank(
         self,
@@ -131,6 +137,7 @@ class Engine:
         *,
         deadline: float | None = None,
         timings: Timings | None = None,
+        client: str = "",
     ) -> RerankResult:
         """Score every document against the query (score's 1:N path: pairs through a
         cross-encoder, or cosine similarity of embeddings), then rank them, best first."""
@@ -138,7 +145,7 @@ class Engine:
         model = self.resolve(request.model)
         validate_rerank(request, model.info, self.limits)
         try:
-            result = await self._run(request.score, model, deadline, timings, started)
+            result = await self._run(request.score, model, deadline, timings, started, client)
         except PoolingError as error:
             raise rerank_error(error) from None
         return _ranking(request, result)
@@ -150,11 +157,12 @@ class Engine:
         deadline: float | None,
         timings: Timings | None,
         started: float,
+        client: str = "",
     ) -> PoolResult:
         """Tokenize, queue and compute a validated request."""
         timings = timings if timings is not None else Timings()
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
-        intake = _Intake(request, model, deadline, timings, future, started)
+        intake = _Intake(request, model, deadline, timings, future, started, client)
         self._intake.put(intake)
         try:
             result = await future  # a cancelled caller cancels the future: its items are dropped
@@ -185,7 +193,14 @@ class Engine:
                     entry.timings.tokenize_s = time.monotonic() - entry.started
                     finish = _finisher(request, model, plan)
                     batches = entry.timings.batches
-                    job = entry.job = Job(plan.work, finish, entry.future, entry.deadline, batches)
+                    job = entry.job = Job(
+                        plan.work,
+                        finish,
+                        entry.future,
+                        entry.deadline,
+                        batches,
+                        client=entry.client,
+                    )
                     jobs.setdefault(model.info.name, []).append(job)
                 except Exception as exc:  # the request's own error, or a bug: the caller hears it
                     failed.append((entry, exc))
@@ -234,6 +249,7 @@ class _Intake:
     timings: Timings
     future: asyncio.Future[PoolResult]
     started: float
+    client: str
     job: Job | None = None
 
 

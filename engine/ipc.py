@@ -26,6 +26,7 @@ class JobHeader(msgspec.Struct, array_like=True):
     deadline: float | None
     keep_tokens: bool
     lengths: list[int]  # tokens of each sequence, in order; ids (and types) are concatenated
+    client: str = ""  # who asked, within the sending front end (Job.client)
 
 
 class Submit(msgspec.Struct, array_like=True, tag=0):

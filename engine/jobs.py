@@ -44,6 +44,9 @@ class Job:
     deadline: float | None = None
     timing: RequestTiming = field(default_factory=RequestTiming)
     origin: int = 0  # which front end sent it, in an engine process; 0 in-process
+    # Who asked, as the transport names it (a gRPC peer, an HTTP address; "": unnamed): the
+    # queue bounds and takes turns per (origin, client), so one client cannot crowd out others.
+    client: str = ""
     key: int = 0  # its id in an engine process, when one computes it
     raws: list[np.ndarray] = field(init=False)
     remaining: int = field(init=False)

@@ -139,7 +139,7 @@ class RemoteEngineClient:
                 if with_types:
                     types.extend(encoding.token_type_ids)  # type: ignore[arg-type]
             keep = bool(job.work) and job.work[0][1]
-            headers.append(JobHeader(job.key, model, job.deadline, keep, lengths))
+            headers.append(JobHeader(job.key, model, job.deadline, keep, lengths, job.client))
         frames = [
             encoder.encode(Submit(self.reply_address, self.origin, with_types, headers)),
             np.array(ids, dtype=IDS).tobytes(),

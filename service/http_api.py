@@ -362,6 +362,12 @@ def _params(body: dict[str, Any]) -> pb.PoolingParams:
     return params
 
 
+def _client(request: web.Request) -> str:
+    """The queue's client: the peer address (not the port: HTTP/1.1 clients open several
+    connections), so one address cannot take the whole queue."""
+    return request.remote or "unknown"
+
+
 def _request_id(request: web.Request, prefix: str) -> str:
     return request.headers.get("X-Request-Id") or f"{prefix}-{uuid.uuid4().hex}"
 

@@ -46,13 +46,21 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         return self.engine
 
     async def run_pool(
-        self, request: pb.PoolRequest, record: RequestRecord, deadline: float | None
+        self,
+        request: pb.PoolRequest,
+        record: RequestRecord,
+        deadline: float | None,
+        client: str = "",
     ) -> pb.PoolResponse:
-        """Run one request; every failure comes out as a PoolingError."""
+        """Run one request; every failure comes out as a PoolingError. `client`: who asked
+        (a gRPC peer, an HTTP address), so one client cannot take the whole queue."""
 
         async def run(engine: Engine) -> tuple[pb.PoolResponse, int, int, str]:
             result = await engine.pool(
-                convert.request_from_proto(request), deadline=deadline, timings=record.timings
+                convert.request_from_proto(request),
+                deadline=deadline,
+                timings=record.timings,
+                client=client,
             )
             response = convert.response_to_proto(result)
             return response, len(result.outputs), result.prompt_tokens, result.model
@@ -60,7 +68,11 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         return await self._observed(request, record, run)
 
     async def run_rerank(
-        self, request: pb.RerankRequest, record: RequestRecord, deadline: float | None
+        self,
+        request: pb.RerankRequest,
+        record: RequestRecord,
+        deadline: float | None,
+        client: str = "",
     ) -> pb.RerankResponse:
         """Rank the documents; every failure comes out as a PoolingError."""
 
@@ -69,6 +81,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
                 convert.rerank_request_from_proto(request),
                 deadline=deadline,
                 timings=record.timings,
+                client=client,
             )
             response = convert.rerank_response_to_proto(result, request)
             return response, len(request.documents), result.prompt_tokens, result.model
@@ -123,14 +136,16 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         rpc: str,
         request: _Request | Malformed,
         context: grpc.aio.ServicerContext,
-        run: Callable[[_Request, RequestRecord, float | None], Awaitable[_Response]],
+        run: Callable[[_Request, RequestRecord, float | None, str], Awaitable[_Response]],
     ) -> _Response:
         """A recorded unary call: errors as rich statuses, timings in the trailers."""
         try:
             if type(request) is Malformed:
                 raise request.error()
             record = self.telemetry.begin(rpc, request, context)  # type: ignore[arg-type]
-            response = await run(request, record, _deadline(context))  # type: ignore[arg-type]
+            # The peer names the connection ("ipv4:host:port"): the queue's client.
+            peer = context.peer()
+            response = await run(request, record, _deadline(context), peer)  # type: ignore[arg-type]
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise  # unreachable: abort raises
@@ -146,11 +161,13 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         """Requests run concurrently; each response is sent as soon as it is ready.
 
         The reader stops pulling requests while `max_stream_inflight` items are
-        unanswered, so a fast client cannot make the server buffer without bound.
+        unanswered, so a fast client cannot make the server buffer without bound. Every
+        response counts, in-band errors too: one per message, an input request's weight.
         """
         limit = InflightLimit(self.max_stream_inflight)
         done: asyncio.Queue[tuple[pb.PoolStreamResponse, int] | None] = asyncio.Queue()
         deadline = _deadline(context)
+        peer = context.peer()  # the queue's client: every stream of a connection shares it
         seen: set[str] = set()
         running: set[asyncio.Task[None]] = set()
 
@@ -159,7 +176,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             try:
                 response = pb.PoolStreamResponse(
                     request_id=request.request_id,
-                    response=await self.run_pool(request, record, deadline),
+                    response=await self.run_pool(request, record, deadline, peer),
                 )
             except PoolingError as error:
                 response = pb.PoolStreamResponse(
@@ -173,8 +190,11 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             async for message in request_iterator:
                 index += 1
                 if type(message) is Malformed:
+                    # An in-band error is a response like any other: it takes a slot, so a
+                    # client that writes garbage and never reads is held back all the same.
+                    await limit.acquire(1)
                     error = to_status_proto(message.error(f"messages[{index}]"))
-                    await done.put((pb.PoolStreamResponse(error=error), 0))
+                    await done.put((pb.PoolStreamResponse(error=error), 1))
                     continue
                 request = message.request
                 weight = _weight(request)

@@ -648,3 +648,180 @@ def test_batches_respect_size_and_token_limits(bert: LoadedModel) -> None:
     # Sequences over half the token budget can only run alone.
     assert all(len(b) == 1 for b in batches if max(len(e) for e in b) > 100)
     assert any(len(b) == config.max_batch_size for b in batches)
+
+
+# ---------------------------------------------------------------------------------------
+# Fairness between clients: a bound per client, and turns when several wait
+# ---------------------------------------------------------------------------------------
+
+
+def submit_as(
+    queue: BatchQueue, client: str, encodings: Sequence[Encoding], origin: int = 0
+) -> tuple[list[asyncio.Future[Any]], list[tuple[Job, PoolingError]]]:
+    """Queue each encoding as its own job of `client`: (the futures, the refused jobs)."""
+    loop = asyncio.get_running_loop()
+    jobs = [
+        Job([(e, False)], lambda raws: raws[0], loop.create_future(), origin=origin, client=client)
+        for e in encodings
+    ]
+    return [job.future for job in jobs], queue.enqueue(jobs)
+
+
+def test_one_client_is_bounded_and_told_to_back_off_alone(bert: LoadedModel) -> None:
+    """Past its own bound a client gets QUEUE_FULL; other clients (a peer of the same name
+    behind another front end included) and unnamed callers still queue."""
+    runner = ControlledRunner(bert.runner, hold_first=True)
+    config = BatchConfig(max_queued_items=20, max_queued_items_per_client=3)
+
+    async def body(queue: BatchQueue) -> None:
+        first = submit(queue, [of_length(bert, 5)])
+        await runner.entered(1)
+        greedy, refused = submit_as(queue, "greedy", [of_length(bert, 5) for _ in range(5)])
+        assert len(greedy) - len(refused) == 3, "the first three fit its bound"
+        for _job, error in refused:
+            assert (error.kind, error.reason) == (ErrorKind.RESOURCE_EXHAUSTED, "QUEUE_FULL")
+            assert error.retry_after_s is not None and error.retry_after_s > 0
+            assert error.metadata == {"max_queued_items_per_client": "3"}
+            assert "3" in error.message and "tiny-bert" in error.message
+        polite, none_refused = submit_as(queue, "polite", [of_length(bert, 5) for _ in range(3)])
+        assert not none_refused
+        # The same peer name from front end 1 is another client.
+        other_frontend, none_refused = submit_as(queue, "greedy", [of_length(bert, 5)], origin=1)
+        assert not none_refused
+        unnamed = submit(queue, [of_length(bert, 5) for _ in range(5)])  # no per-client bound
+        assert queue.depth == 3 + 3 + 1 + 5
+
+        # Cancelled items stop counting against their client.
+        greedy[0].cancel()
+        await asyncio.sleep(0)
+        again, none_refused = submit_as(queue, "greedy", [of_length(bert, 5)])
+        assert not none_refused
+
+        runner.open()
+        accepted = greedy[1:3] + again + polite + other_frontend + unnamed
+        await asyncio.gather(*first, *accepted)
+
+    run_queue(runner, config, body)
+
+
+def test_the_engine_passes_the_client_to_the_queue(bert: LoadedModel) -> None:
+    model, runner = with_runner(bert, hold_first=True)
+    config = BatchConfig(max_queued_items=10, max_queued_items_per_client=2)
+
+    async def body(engine: Engine) -> None:
+        queue = engine.queues["tiny-bert"]
+        blocker = asyncio.ensure_future(engine.pool(embed("the blocking batch")))
+        await runner.entered(1)
+        two = asyncio.ensure_future(engine.pool(embed("one", "two"), client="ipv4:10.0.0.1:5"))
+        await wait_until(lambda: queue.depth == 2, "the client's two items to be queued")
+        with pytest.raises(PoolingError) as caught:
+            await engine.pool(embed("three"), client="ipv4:10.0.0.1:5")
+        assert caught.value.reason == "QUEUE_FULL"
+        other = asyncio.ensure_future(engine.pool(embed("a bystander"), client="ipv4:10.0.0.2:7"))
+        await wait_until(lambda: queue.depth == 3, "the bystander to be queued")
+        runner.open()
+        results = await asyncio.gather(blocker, two, other)
+        assert [len(r.outputs) for r in results] == [1, 2, 1]
+
+    run_engine([model], body, config)
+
+
+def _batches_by_client(
+    bert: LoadedModel, config: BatchConfig, queued: Sequence[tuple[str, int]]
+) -> list[list[str]]:
+    """Queue (client, length) items behind a held batch, in order; release; return each
+    batch formed after it as the clients of its items."""
+    runner = ControlledRunner(bert.runner, hold_first=True)
+    owner: dict[int, str] = {}
+
+    async def body(queue: BatchQueue) -> None:
+        first = submit(queue, [of_length(bert, 10)])
+        await runner.entered(1)
+        futures = []
+        for client, length in queued:
+            encoding = of_length(bert, length)
+            owner[id(encoding)] = client
+            queued_futures, refused = submit_as(queue, client, [encoding])
+            assert not refused
+            futures += queued_futures
+        runner.open()
+        await asyncio.gather(*first, *futures)
+
+    run_queue(runner, config, body)
+    return [[owner[id(e)] for e in batch] for batch in runner.batches[1:]]
+
+
+def test_batches_take_turns_across_clients_when_contended(bert: LoadedModel) -> None:
+    """The anchor's client goes round robin and a batch takes each waiting client's items in
+    turn, so a client that queued last is not served last."""
+    config = BatchConfig(max_batch_size=2)
+    queued = [("greedy", 5)] * 6 + [("polite", 5)] * 2 + [("third", 5)]
+    batches = _batches_by_client(bert, config, queued)
+    assert batches == [
+        ["greedy", "polite"],  # greedy anchors; polite's oldest is next in turn
+        ["polite", "third"],  # greedy's turn passed to the back
+        ["greedy", "greedy"],
+        ["greedy", "greedy"],
+        ["greedy"],
+    ], batches
+    # Oldest first without clients would have run polite and third after all of greedy's.
+
+
+def test_a_late_polite_client_waits_a_batch_not_the_greedy_backlog(bert: LoadedModel) -> None:
+    """Lengths that never share a batch: the polite item still runs second, not 51st."""
+    config = BatchConfig(max_batch_size=4, min_padding_efficiency=0.8)
+    queued = [("greedy", 6)] * 200 + [("polite", 100)]
+    batches = _batches_by_client(bert, config, queued)
+    assert batches[1] == ["polite"], batches[:3]
+    assert all(len(batch) == 4 for batch in batches[2:]), "greedy's batches stay full"
+
+
+def _oldest_first(lengths: Sequence[int], config: BatchConfig) -> list[list[int]]:
+    """The reference for one client: the oldest item anchors, then the items closest to it in
+    length (earliest first on ties) join while the batch stays within budget and dense."""
+    waiting = list(range(len(lengths)))
+    batches = []
+    while waiting:
+        window = waiting[: config.lookahead]
+        anchor = lengths[window[0]]
+        chosen, longest, real = [window[0]], anchor, anchor
+        for position in sorted(
+            range(1, len(window)), key=lambda p: abs(lengths[window[p]] - anchor)
+        ):
+            if len(chosen) >= config.max_batch_size:
+                break
+            n = lengths[window[position]]
+            padded = max(longest, n) * (len(chosen) + 1)
+            if (
+                padded > config.max_batch_tokens
+                or real + n < config.min_padding_efficiency * padded
+            ):
+                continue
+            chosen.append(window[position])
+            longest, real = max(longest, n), real + n
+        batches.append(sorted(chosen))
+        waiting = [i for i in waiting if i not in chosen]
+    return batches
+
+
+@pytest.mark.parametrize("client", ["", "ipv4:127.0.0.1:40000"])
+def test_one_client_is_batched_oldest_first_as_before(bert: LoadedModel, client: str) -> None:
+    """Uncontended, fairness changes nothing: the batches are the oldest-first ones."""
+    config = BatchConfig(max_batch_size=8, max_batch_tokens=600, lookahead=64)
+    rng = random.Random(5)
+    lengths = [rng.randint(3, 90) for _ in range(120)]
+    runner = ControlledRunner(bert.runner, hold_first=True)
+    encodings = [of_length(bert, n) for n in lengths]
+
+    async def body(queue: BatchQueue) -> None:
+        first = submit(queue, [of_length(bert, 10)])
+        await runner.entered(1)
+        futures, refused = submit_as(queue, client, encodings)
+        assert not refused
+        runner.open()
+        await asyncio.gather(*first, *futures)
+
+    run_queue(runner, config, body)
+    index = {id(e): i for i, e in enumerate(encodings)}
+    got = [sorted(index[id(e)] for e in batch) for batch in runner.batches[1:]]
+    assert got == _oldest_first(lengths, config)
