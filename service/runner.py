@@ -70,7 +70,9 @@ class RequestRunner:
 
     async def pool(self, request: PoolRequest, call: Call) -> Ran[PoolResult]:
         def run(engine: Engine, timings: Timings) -> Awaitable[PoolResult]:
-            return engine.pool(request, deadline=call.deadline, timings=timings)
+            return engine.pool(
+                request, deadline=call.deadline, timings=timings, client=call.client
+            )
 
         task = request.task.value if request.task is not None else "none"
         return await self._run(
@@ -79,7 +81,9 @@ class RequestRunner:
 
     async def rerank(self, request: RerankRequest, call: Call) -> Ran[RerankResult]:
         def run(engine: Engine, timings: Timings) -> Awaitable[RerankResult]:
-            return engine.rerank(request, deadline=call.deadline, timings=timings)
+            return engine.rerank(
+                request, deadline=call.deadline, timings=timings, client=call.client
+            )
 
         def inputs() -> dict[str, Any]:
             return {"query": request.query, "documents": list(request.documents)}
