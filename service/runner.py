@@ -70,9 +70,7 @@ class RequestRunner:
 
     async def pool(self, request: PoolRequest, call: Call) -> Ran[PoolResult]:
         def run(engine: Engine, timings: Timings) -> Awaitable[PoolResult]:
-            return engine.pool(
-                request, deadline=call.deadline, timings=timings, client=call.client
-            )
+            return engine.pool(request, deadline=call.deadline, timings=timings, client=call.client)
 
         task = request.task.value if request.task is not None else "none"
         return await self._run(
