@@ -30,6 +30,7 @@ from engine.served import ServedModel
 from engine.validation import (
     Limits,
     check_model_name,
+    check_tokenize_output,
     rerank_error,
     unknown_model,
     validate_request,
@@ -189,7 +190,7 @@ class Engine:
                     continue
                 try:
                     request, model = entry.request, entry.model
-                    plan = plan_request(request, model)
+                    plan = plan_request(request, model, self.limits)
                     entry.timings.tokenize_s = time.monotonic() - entry.started
                     finish = _finisher(request, model, plan)
                     batches = entry.timings.batches
@@ -231,6 +232,10 @@ class Engine:
 
         def run() -> list[TokenizedText]:
             encodings = model.tokenizer.encode(texts, add_special_tokens=add_special_tokens)
+            check_tokenize_output(
+                [(len(e), len(text)) for e, text in zip(encodings, texts, strict=True)],
+                self.limits,
+            )
             return [
                 TokenizedText(e.input_ids, model.tokenizer.tokens(e.input_ids), e.offsets)
                 for e in encodings

@@ -27,7 +27,7 @@ from engine.params import OutputEncoding, Task
 from engine.request import PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import Encoding, special_edges
-from engine.validation import check_lengths, prompt_text
+from engine.validation import TOKEN_TASKS, Limits, check_lengths, check_token_output, prompt_text
 
 Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
 
@@ -54,7 +54,8 @@ class _Text:
     skip: int = 0
 
 
-def plan_request(request: PoolRequest, model: ServedModel) -> Plan:
+def plan_request(request: PoolRequest, model: ServedModel, limits: Limits | None = None) -> Plan:
+    """`limits`: the engine's; the answer's size is checked against them once tokenized."""
     if request.task is Task.SCORE and model.info.is_cross_encoder:
         return _plan_cross_encoder(request, model)
     if request.task is Task.SCORE:
@@ -62,7 +63,10 @@ def plan_request(request: PoolRequest, model: ServedModel) -> Plan:
     if request.task is Task.EMBED_SPARSE:
         return _plan_sparse(request, model)
     texts = _encode(request, model, request.texts, f"{request.task}.texts")
-    keep_tokens = request.task in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
+    keep_tokens = request.task in TOKEN_TASKS
+    if keep_tokens:  # one row per token of each text, its chunks joined back
+        rows = [len(text.encoding) for text in texts]
+        check_token_output(request, model.info, limits or Limits(), rows)
     keep_tokens = keep_tokens or any(text.pooling is not None for text in texts)
     finish_one = _FINISHERS[request.task]
     return _plan_texts(

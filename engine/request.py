@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from engine.output_size import ResponseBudget
 from engine.params import OutputEncoding, PoolingParams, Task
 
 
@@ -29,6 +30,8 @@ class PoolRequest:
     encoding: OutputEncoding = OutputEncoding.FLOAT  # embed and token_embed outputs
     sparse_top_k: int = 0  # embed_sparse: keep the k largest weights (0: all non-zero)
     sparse_tokens: bool = False  # embed_sparse: also return each index's token
+    # The door's bound on the answer (the HTTP API's); None: the engine's, Limits.response.
+    response_budget: ResponseBudget | None = None
 
     @property
     def num_items(self) -> int:

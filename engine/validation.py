@@ -14,6 +14,14 @@ from dataclasses import dataclass
 from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.model_info import LongInput, ModelInfo, SpladeStrategy
+from engine.output_size import (
+    GRPC_BUDGET,
+    ResponseBudget,
+    megabytes,
+    pooled_bytes,
+    token_rows_bytes,
+    tokenize_bytes,
+)
 from engine.params import PROMPT_TASKS, TASK_PARAMS, OutputEncoding, Task
 from engine.request import PoolRequest, RerankRequest
 
@@ -29,6 +37,7 @@ MAX_MODEL_NAME_CHARS = 256
 class Limits:
     max_client_batch_size: int = 1024
     max_request_chars: int = 4 * 1024 * 1024  # all texts of one request together
+    response: ResponseBudget = GRPC_BUDGET  # the largest answer (gRPC's send limit)
 
 
 Check = Callable[[PoolRequest, ModelInfo, Limits], Iterator[FieldViolation]]
@@ -348,6 +357,67 @@ def _calibration(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
         )
 
 
+TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})
+
+
+def response_budget(request: PoolRequest, limits: Limits) -> ResponseBudget:
+    return request.response_budget or limits.response
+
+
+def output_violation(path: str, estimate: int, budget: ResponseBudget) -> FieldViolation:
+    """An answer over the door's limit: refused before the work that would make it."""
+    return FieldViolation(
+        path,
+        f"the answer would hold about {megabytes(estimate)} ({estimate} bytes), more than "
+        f"the limit of {megabytes(budget.max_bytes)} ({budget.max_bytes} bytes, "
+        f"{budget.setting}); send fewer or shorter inputs per request",
+        "OUTPUT_TOO_LARGE",
+    )
+
+
+def output_too_large(path: str, estimate: int, budget: ResponseBudget) -> PoolingError:
+    error = PoolingError.invalid([output_violation(path, estimate, budget)])
+    error.metadata = {"estimated_bytes": str(estimate), "limit_bytes": str(budget.max_bytes)}
+    return error
+
+
+def _output_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+    """What the request alone says of its answer's size: one vector, class row or score per
+    input, and for token outputs at least the special tokens of every text (the rest is
+    counted once tokenized: check_token_output)."""
+    assert request.task is not None
+    budget, dims = response_budget(request, limits), request.params.dimensions
+    if request.task in TOKEN_TASKS:
+        floor = [info.num_special_tokens + (1 if text else 0) for text in request.texts]
+        estimate = token_rows_bytes(request.task, floor, info, dims, request.encoding, budget)
+    else:
+        estimate = pooled_bytes(
+            request.task, request.num_items, info, dims, request.encoding, budget
+        )
+    if estimate > budget.max_bytes:
+        path = "score.text_2" if request.task is Task.SCORE else f"{request.task}.texts"
+        yield output_violation(path, estimate, budget)
+
+
+def check_token_output(
+    request: PoolRequest, info: ModelInfo, limits: Limits, rows: Sequence[int]
+) -> None:
+    """Once tokenized, before the forward pass: token outputs of `rows` tokens per text."""
+    task, budget = request.task, response_budget(request, limits)
+    assert task in TOKEN_TASKS
+    dims = request.params.dimensions
+    estimate = token_rows_bytes(task, rows, info, dims, request.encoding, budget)
+    if estimate > budget.max_bytes:
+        raise output_too_large(f"{request.task}.texts", estimate, budget)
+
+
+def check_tokenize_output(tokens_and_lengths: Sequence[tuple[int, int]], limits: Limits) -> None:
+    """Once tokenized, before the ids become token strings and messages."""
+    estimate = tokenize_bytes(tokens_and_lengths)
+    if estimate > limits.response.max_bytes:
+        raise output_too_large("texts", estimate, limits.response)
+
+
 @dataclass(frozen=True)
 class Stage:
     kind: ErrorKind
@@ -380,6 +450,7 @@ RULES: tuple[Stage, ...] = (
             _prompt_for_task,
             _prompt_name,
             _sparse_activation,
+            _output_size,
         ),
     ),
     Stage(ErrorKind.FAILED_PRECONDITION, (_calibration,)),
@@ -529,3 +600,9 @@ def validate_tokenize(texts: Sequence[str], info: ModelInfo, limits: Limits) -> 
     )
     if violations:
         raise PoolingError.invalid(violations)
+    # Tokenizing is the work here, so the answer is bounded before it: at most about one
+    # token per character, plus the special tokens.
+    specials = info.num_special_tokens
+    estimate = tokenize_bytes([(len(text) + specials, len(text)) for text in texts])
+    if estimate > limits.response.max_bytes:
+        raise output_too_large("texts", estimate, limits.response)

@@ -1,0 +1,113 @@
+"""How large an answer will be, estimated before the work that makes it.
+
+Each door bounds what it sends: gRPC refuses to send a message over --max-message-mb,
+and the HTTP API caps its responses (--max-http-response-mb). An answer found too large
+only when it is sent has already cost its whole computation, and its memory, so
+validation (engine/validation.py) refuses it first from these estimates: before any work
+where the size follows from the request (vectors, classes, scores, Tokenize's characters),
+and after tokenizing but before the forward pass where it follows from the tokens.
+
+The estimates count what dominates an answer: its values, at the door's cost per value,
+and a fixed cost per output and per token row. They are near the real size (within a
+few percent for token outputs), not above it; the doors also check the real size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.encodings import encoded_size
+from engine.model_info import ModelInfo
+from engine.params import OutputEncoding, Task
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ResponseBudget:
+    """The largest answer a door sends, and what each part of an answer costs on its wire."""
+
+    max_bytes: int = 16 * MIB
+    setting: str = "--max-message-mb"  # what sets max_bytes, named in refusals
+    float_bytes: int = 4  # one float value: 4 in protobuf, about 21 as JSON text
+    item_bytes: int = 8  # framing of one output (a vector, a matrix, a score)
+    # One token row beyond its values: in protobuf the token id, its offsets and its
+    # special-token flag; the HTTP API sends the values alone, in brackets.
+    row_bytes: int = 12
+    # The HTTP API answers in JSON only; gRPC packs the compact encodings.
+    encodings: bool = True
+
+
+GRPC_BUDGET = ResponseBudget()
+
+
+def _vector_bytes(width: int, encoding: OutputEncoding, budget: ResponseBudget) -> int:
+    """One vector (or token row) of `width` values as the door sends it."""
+    if encoding is OutputEncoding.FLOAT or not budget.encodings:
+        return width * budget.float_bytes
+    return encoded_size(width, encoding)
+
+
+def output_width(task: Task, info: ModelInfo, dimensions: int | None) -> int:
+    """Values per output (embed, classify) or per token row (token outputs)."""
+    if task in (Task.CLASSIFY, Task.TOKEN_CLASSIFY):
+        return max(len(info.labels), 1)
+    if task in (Task.EMBED, Task.TOKEN_EMBED):
+        return dimensions or info.hidden_size
+    return 1
+
+
+def pooled_bytes(
+    task: Task,
+    inputs: int,
+    info: ModelInfo,
+    dimensions: int | None,
+    encoding: OutputEncoding,
+    budget: ResponseBudget,
+) -> int:
+    """An answer of one output per input (embed, classify, score): known from the request.
+    embed_sparse counts 0 here: how many weights a text keeps is known only once computed."""
+    if task is Task.EMBED_SPARSE or task in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY):
+        return 0
+    width = output_width(task, info, dimensions)
+    per_item = budget.item_bytes + _vector_bytes(width, encoding, budget)
+    if task is Task.CLASSIFY:
+        per_item += max((len(label) for label in info.labels), default=0)
+    return inputs * per_item
+
+
+def token_rows_bytes(
+    task: Task,
+    rows: Iterable[int],
+    info: ModelInfo,
+    dimensions: int | None,
+    encoding: OutputEncoding,
+    budget: ResponseBudget,
+) -> int:
+    """token_embed or token_classify over texts of `rows` tokens each."""
+    width = output_width(task, info, dimensions)
+    per_row = budget.row_bytes + _vector_bytes(width, encoding, budget)
+    if task is Task.TOKEN_CLASSIFY and budget.encodings:  # label id and label, per token
+        per_row += 3 + max((len(label) for label in info.labels), default=0)
+    counts = list(rows)
+    return len(counts) * budget.item_bytes + sum(counts) * per_row
+
+
+def tokenize_bytes(tokens_and_lengths: Iterable[tuple[int, int]]) -> int:
+    """A TokenizeResponse for texts of (tokens, characters) each: per token its id, its
+    token string (of one character at least) and its offsets, whose varints grow with the
+    text's length."""
+    total = 0
+    for tokens, chars in tokens_and_lengths:
+        offset = _varint_len(chars)
+        total += 8 + tokens * (2 + 3 + 2 + 2 * (1 + offset))
+    return total
+
+
+def _varint_len(value: int) -> int:
+    return max(1, (max(value, 1).bit_length() + 6) // 7)
+
+
+def megabytes(size: int) -> str:
+    return f"{size / MIB:.1f} MiB"
