@@ -314,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     life.add_argument("--role-index", type=int, default=0, help=argparse.SUPPRESS)
     life.add_argument("--run-dir", help=argparse.SUPPRESS)
     life.add_argument("--alive-fds", default="", help=argparse.SUPPRESS)
+    life.add_argument("--stop-fd", type=int, help=argparse.SUPPRESS)  # an engine's stop pipe
     life.add_argument(
         "--drain-delay-s",
         type=float,
@@ -492,6 +493,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.role == "engine":
+        _ignore_stop_signals()
     logs.configure(args.log_level, args.log_format)
     if args.frontends < 0:
         raise SystemExit("--frontends must be 0 (one process) or more")
@@ -518,8 +521,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "engine":
         from service.engine_process import run_engine
 
-        return asyncio.run(run_engine(config, args.role_index, args.run_dir))
+        return asyncio.run(run_engine(config, args.role_index, args.run_dir, args.stop_fd))
     return asyncio.run(serve(config))
+
+
+def _ignore_stop_signals() -> None:
+    """An engine stops only when the supervisor closes its stop pipe. The supervisor starts
+    it with SIGTERM and SIGINT blocked, so one sent to the group before this line is held,
+    then discarded here."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
 def _die_with_parent() -> None:

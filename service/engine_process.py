@@ -3,6 +3,12 @@
 Started by the supervisor. It holds the write end of a pipe whose read ends the front ends
 watch: when this process dies for any reason the kernel closes it, and every call waiting
 here fails at once (engine/remote.py).
+
+It ignores SIGTERM and SIGINT: systemd, `timeout`, `tini -g` and Ctrl-C signal the whole
+process group, and an engine that stopped then would fail every call the front ends are
+still finishing (service/cli.py sets them to SIG_IGN). It stops only when the supervisor
+closes the stop pipe (--stop-fd), which it does once every front end has drained, and which
+the kernel also closes if the supervisor dies.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 from dataclasses import replace
 
 from engine.core import EngineCore
@@ -41,11 +46,34 @@ def engine_config(config: ServerConfig, index: int) -> ServerConfig:
     return config
 
 
-async def run_engine(config: ServerConfig, index: int, run_dir: str) -> int:
+async def run_engine(
+    config: ServerConfig, index: int, run_dir: str, stop_fd: int | None = None
+) -> int:
+    """Serve until `stop_fd` (the read end of the supervisor's stop pipe) reads end-of-file."""
     from service.loading import load_models  # torch and transformers
 
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if stop_fd is not None:
+
+        def stop_requested() -> None:  # end-of-file stays readable: read it once
+            loop.remove_reader(stop_fd)
+            stop.set()
+
+        loop.add_reader(stop_fd, stop_requested)
     config = engine_config(config, index)
-    models, batch = await asyncio.to_thread(load_models, config)
+    loading = asyncio.ensure_future(asyncio.to_thread(load_models, config))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not loading.done():
+        # No front end has sent anything yet (they wait for the ready file), so nothing
+        # is lost; a load thread cannot be interrupted, and waiting for it could take
+        # minutes.
+        log.info("engine %d stopped while loading", index)
+        logging.shutdown()
+        os._exit(0)
+    stopped.cancel()
+    models, batch = loading.result()
     core = EngineCore(models, batch, engine_address(run_dir, index))
     await core.start()
     stats = EngineStats(Metrics(multiprocess=True), core.queues)
@@ -53,12 +81,6 @@ async def run_engine(config: ServerConfig, index: int, run_dir: str) -> int:
     write_ready(run_dir, index, EngineReady(core.address, os.getpid(), descriptions))
     log.info("engine %d ready on %s (%s)", index, config.device, core.address)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    # Ctrl-C reaches every process of the group: the supervisor stops this engine only
-    # once the front ends have drained, so it ignores SIGINT.
-    loop.add_signal_handler(signal.SIGINT, lambda: None)
     serving = asyncio.create_task(core.serve())
     while not stop.is_set():
         stats.sync()

@@ -240,6 +240,9 @@ async def serve(config: ServerConfig, frontend: FrontendRole | None = None) -> i
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # A front end starts with both blocked (supervisor.py): one that came during start-up
+    # was held, and starts the drain now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     starting = asyncio.create_task(server.start())
     await asyncio.wait({starting, asyncio.create_task(stop.wait())}, return_when="FIRST_COMPLETED")
     if starting.done():
@@ -249,4 +252,7 @@ async def serve(config: ServerConfig, frontend: FrontendRole | None = None) -> i
         starting.cancel()
     log.info("shutting down")
     await server.stop()
+    # Drained. Closing the loop restores the default handlers, and a second signal (the
+    # supervisor forwards the one this process got itself) must not kill the exit.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     return 0

@@ -76,10 +76,13 @@ def start_server(
     log_dir: Path,
     name: str = "server",
     credentials: grpc.ChannelCredentials | None = None,
+    new_session: bool = False,
 ) -> ServerProcess:
     """Start the server (the console script's module, with this interpreter) and wait for it.
 
     `credentials` are for a server started with TLS flags: its health is checked over TLS.
+    `new_session` puts the server tree in a process group of its own, so that a test can
+    signal the group (os.killpg) as systemd or `timeout` would, without hitting pytest.
     """
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
@@ -90,6 +93,7 @@ def start_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=new_session,
         )
     server = ServerProcess(process, port, log_path, credentials)
     try:
