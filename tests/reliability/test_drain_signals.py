@@ -1,16 +1,17 @@
-"""Drain under load, whoever gets the signal: no accepted call may be lost.
+"""Drain under load, whoever gets the signal: no call the server started may be lost.
 
 systemd's default `KillMode=control-group`, `timeout` and `tini -g` signal the whole
 process group, not just the supervisor; Ctrl-C in a terminal does the same with SIGINT;
 some tools signal every process of the tree one by one. Each case starts a real split
 server (the default: a supervisor, one engine process, one front end) with the tiny model
 in a session of its own, runs 24 clients calling Pool in a loop, sends SIGTERM or SIGINT
-to the supervisor, the group or every process, and checks that every call either succeeded
-or was refused before the server took it (connection refused, or NOT_READY): none fails
-with ENGINE_DEAD, CANCELLED or any other error after acceptance, and the server exits 0.
-The single-process server (`--frontends 0`) gets the group signal too. Each case prints one
-`RELIABILITY drain_<signal>_<target>:` line.
-"""
+to the supervisor, the group or every process (or SIGTERM to the engine alone, which must
+change nothing, then to the front end alone), and checks that every failed call is one the
+server never started: refused with UNAVAILABLE, or CANCELLED by grpcio before any handler
+took it, and absent from the server's request log. None may fail with ENGINE_DEAD or any
+other error after a handler took it, and the server must exit 0. The single-process server
+(`--frontends 0`) gets the group signal too. Each case prints one
+`RELIABILITY drain_<signal>_<target>:` line."""
 
 from __future__ import annotations
 
