@@ -17,6 +17,7 @@ from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.validation import Limits
 from service import logs
 from service.auth import load_keys
+from service.http_guard import HttpLimits, raise_open_file_limit
 from service.server import FrontendRole, ServerConfig, serve
 from service.supervisor import Supervisor
 from service.transport import TlsConfig, TransportConfig
@@ -28,6 +29,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {value}")
     return value
 
 
@@ -65,6 +73,49 @@ def build_parser() -> argparse.ArgumentParser:
         "/v1/rerank, /v1/score, /pooling, /classify, /v1/models, /health",
     )
 
+    http = HttpLimits()
+    net.add_argument(
+        "--http-header-timeout-s",
+        type=positive_float,
+        default=http.header_timeout_s,
+        help="HTTP: close a connection whose request headers are not complete this long after "
+        "it opened, or after the first byte of a later request (answers 408)",
+    )
+    net.add_argument(
+        "--http-body-timeout-s",
+        type=positive_float,
+        default=http.body_timeout_s,
+        help="HTTP: every window this long must bring --http-body-min-bytes-per-s times as "
+        "many body bytes until the body is complete, else 408 and close; also the longest "
+        "wait for a turn to read (see --http-max-concurrent-bodies)",
+    )
+    net.add_argument(
+        "--http-body-min-bytes-per-s",
+        type=positive_int,
+        default=http.body_min_bytes_per_s,
+        help="HTTP: the slowest body accepted, in bytes per second",
+    )
+    net.add_argument(
+        "--http-keepalive-timeout-s",
+        type=positive_float,
+        default=http.keepalive_timeout_s,
+        help="HTTP: close a keep-alive connection idle this long (above the 60 s idle timeout "
+        "of common load balancers, so they close first)",
+    )
+    net.add_argument(
+        "--http-max-connections",
+        type=positive_int,
+        default=http.max_connections,
+        help="HTTP: open connections per process; beyond, a new one is answered 503 and closed "
+        "at once. Never more than half the open-file limit",
+    )
+    net.add_argument(
+        "--http-max-concurrent-bodies",
+        type=positive_int,
+        default=http.max_concurrent_bodies,
+        help="HTTP: request bodies read at once per process (a partial body is memory held: "
+        "at most this many times --max-message-mb); bodies already whole need no turn",
+    )
     net.add_argument("--keepalive-time-s", type=float, default=60.0, help="server ping interval")
     net.add_argument(
         "--keepalive-timeout-s", type=float, default=20.0, help="close if a ping is unanswered"
@@ -429,6 +480,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics_host=args.metrics_host,
         metrics_port=None if args.role else args.metrics_port,  # a split server's: the parent's
         http_port=args.http_port,
+        http=HttpLimits(
+            header_timeout_s=args.http_header_timeout_s,
+            body_timeout_s=args.http_body_timeout_s,
+            body_min_bytes_per_s=args.http_body_min_bytes_per_s,
+            keepalive_timeout_s=args.http_keepalive_timeout_s,
+            max_connections=args.http_max_connections,
+            max_concurrent_bodies=args.http_max_concurrent_bodies,
+        ),
         transport=TransportConfig(
             keepalive_time_s=args.keepalive_time_s,
             keepalive_timeout_s=args.keepalive_timeout_s,
@@ -496,6 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "engine":
         _ignore_stop_signals()
     logs.configure(args.log_level, args.log_format)
+    raise_open_file_limit()  # every server process: supervisor, front ends, engines
     if args.frontends < 0:
         raise SystemExit("--frontends must be 0 (one process) or more")
     config = config_from_args(args)

@@ -8,6 +8,7 @@ own event loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import logging
@@ -21,6 +22,7 @@ import numpy as np
 from aiohttp import web
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
+from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
 from service.proto import pooling_pb2 as pb
 from service.servicer import PoolingServicer
 
@@ -43,6 +45,9 @@ _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Also the most connections asyncio accepts in one go, each a descriptor before the cap
+# sees it: the cap leaves half the open-file limit, far more than this, to the rest.
+LISTEN_BACKLOG = 128
 
 
 class BodyError(Exception):
@@ -59,11 +64,19 @@ class HttpApi:
         self._keys = [key.encode() for key in api_keys]
         self._created = int(time.time())
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self.guard: ConnectionGuard | None = None
         self.serving = False  # follows the gRPC health status
 
-    def app(self, max_body: int = 16 * 1024 * 1024) -> web.Application:
-        """`max_body`: the largest request body, as --max-message-mb bounds a gRPC message."""
-        app = web.Application(middlewares=[self._guard], client_max_size=max_body)
+    def app(
+        self, max_body: int = 16 * 1024 * 1024, guard: ConnectionGuard | None = None
+    ) -> web.Application:
+        """`max_body`: the largest request body, as --max-message-mb bounds a gRPC message.
+        `guard`: its header timer stops first; bodies are read at its pace after auth."""
+        middlewares = [self._guard]
+        if guard is not None:
+            middlewares = [guard.track, self._guard, guard.read_body]
+        app = web.Application(middlewares=middlewares, client_max_size=max_body)
         post = [
             ("/v1/embeddings", self.embeddings),
             ("/v1/rerank", self.rerank),
@@ -77,16 +90,44 @@ class HttpApi:
         app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health)])
         return app
 
-    async def start(self, host: str, port: int, reuse_port: bool, max_body: int) -> int:
-        """Listen; returns the port (the one chosen, when `port` is 0)."""
+    async def start(
+        self,
+        host: str,
+        port: int,
+        reuse_port: bool,
+        max_body: int,
+        limits: HttpLimits | None = None,
+    ) -> int:
+        """Listen; returns the port (the one chosen, when `port` is 0).
+
+        The listener is ours rather than a TCPSite's, so that every connection goes through
+        the guard (service/http_guard.py): capped, header-timed, bodies paced."""
+        limits = limits or HttpLimits()
+        loop = asyncio.get_running_loop()
+        AcceptErrors(loop)
+        self.guard = ConnectionGuard(limits, _error_response)
         # A client that goes away cancels its handler, which drops its queued items.
-        self._runner = web.AppRunner(self.app(max_body), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            self.app(max_body, self.guard),
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=limits.keepalive_timeout_s,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_port=reuse_port or None)
-        await site.start()
-        return int(self._runner.addresses[-1][1]) if self._runner.addresses else port
+        assert self._runner.server is not None
+        self._listener = await loop.create_server(
+            self.guard.factory(self._runner.server),
+            host,
+            port,
+            backlog=LISTEN_BACKLOG,
+            reuse_port=reuse_port or None,
+        )
+        return int(self._listener.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        """Stop accepting, then let aiohttp finish (or close) the open connections."""
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -22,6 +22,7 @@ from service.auth import BearerTokenInterceptor
 from service.handlers import add_pooling_service
 from service.health import HealthServicer
 from service.http_api import HttpApi
+from service.http_guard import HttpLimits
 from service.metrics import Metrics
 from service.proto import pooling_pb2
 from service.run_dir import (
@@ -62,6 +63,7 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     http_port: int | None = None  # the HTTP API (service/http_api.py) on --host; None: off
+    http: HttpLimits = field(default_factory=HttpLimits)  # its timeouts and caps
     transport: TransportConfig = field(default_factory=TransportConfig)
     tls: TlsConfig | None = None
     api_keys: Sequence[str] = ()
@@ -197,6 +199,7 @@ class PoolingServer:
                 self.config.http_port,
                 self.config.transport.reuse_port,
                 self.config.max_message_bytes,
+                self.config.http,
             )
             log.info("HTTP API on http://%s:%d", self.config.host, self.http_port)
 

@@ -1,0 +1,376 @@
+"""The HTTP door's defences against clients that hold connections rather than send requests.
+
+aiohttp alone bounds a request's size but not its time: headers may trickle in forever, a
+body may stall after its first megabytes (holding them), an idle keep-alive connection lives
+an hour, and nothing caps how many connections are open. This module adds, each from a flag
+(HttpLimits):
+
+- a header timeout: from the connection's start, or from the first byte of each later
+  request, to the end of its headers;
+- a body rate: every `body_timeout_s` window must bring `body_min_bytes_per_s` times as many
+  bytes, until the body is complete; a Content-Length above the body limit is refused unread;
+- at most `max_concurrent_bodies` bodies read at once (a partial body is memory held);
+  waiting longer than `body_timeout_s` for a turn is refused with 503;
+- aiohttp's keep-alive timeout, from seconds rather than an hour;
+- at most `max_connections` open connections, and never more than half the open-file limit,
+  so that the gRPC door always has descriptors left; a connection over the cap is answered
+  503 and closed at once.
+
+A connection closed for time gets 408 and Connection: close, then the socket goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ErrorFactory = Callable[[int, str, str], web.Response]
+
+# A refused connection's answer, sent before its request is read.
+_OVER_CAP = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+)
+_OVER_CAP_BODY = (
+    b'{"error":{"message":"too many open connections","type":"server_error",'
+    b'"param":null,"code":"TOO_MANY_CONNECTIONS","reason":"TOO_MANY_CONNECTIONS",'
+    b'"field_violations":[]}}'
+)
+_HEADER_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+ABORT_AFTER_S = 1.0  # a closed socket whose answer the client does not read is reset then
+LOG_EVERY_S = 10.0  # one line per this many seconds for refusals that come in floods
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What the HTTP door allows a connection; README "HTTP API" gives the reasons."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    body_min_bytes_per_s: int = 16 * 1024
+    keepalive_timeout_s: float = 75.0
+    max_connections: int = 1024
+    max_concurrent_bodies: int = 4
+
+
+def connection_budget(requested: int) -> int:
+    """`requested`, lowered to half the open-file limit: the rest stays for gRPC and IPC."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return requested
+    return max(1, min(requested, soft // 2))
+
+
+class RateLimitedLog:
+    """A warning that may come thousands of times a second: the first, then a count per period."""
+
+    def __init__(self, message: str, every_s: float = LOG_EVERY_S) -> None:
+        self.message = message
+        self.every_s = every_s
+        self.total = 0
+        self._since = 0
+        self._last = -float("inf")
+
+    def hit(self, *args: object) -> None:
+        self.total += 1
+        self._since += 1
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            return
+        repeated = self._since - 1
+        suffix = f" ({repeated} more since the last such line)" if repeated else ""
+        log.warning(self.message + suffix, *args)
+        self._last = now
+        self._since = 0
+
+
+class _OverCap(asyncio.Protocol):
+    """A connection beyond the cap: answered 503 at once and closed, its request unread."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_OVER_CAP % (len(_OVER_CAP_BODY), _OVER_CAP_BODY))
+        _close(transport)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
+def _close(transport: asyncio.BaseTransport) -> None:
+    """Close after what is written is sent; reset if the peer will not take it."""
+    transport.close()
+    asyncio.get_running_loop().call_later(ABORT_AFTER_S, transport.abort)  # type: ignore[attr-defined]
+
+
+class _Guarded(asyncio.Protocol):
+    """aiohttp's protocol for one connection, with the header timer around it.
+
+    Every asyncio callback is passed on unchanged; the timer starts when the connection is
+    made and at the first byte after a request was handled, and stops when aiohttp hands a
+    request (its headers complete) to the application.
+    """
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self.guard = guard
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.in_request = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.guard.opened(self)
+        self.inner.connection_made(transport)
+        self._start_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_request and self._timer is None:
+            self._start_timer()
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        self.guard.closed(self)
+        self.inner.connection_lost(exc)
+
+    def request_began(self) -> None:
+        self.in_request = True
+        self._stop_timer()
+
+    def request_ended(self) -> None:
+        self.in_request = False
+
+    def _start_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.guard.limits.header_timeout_s, self._headers_late)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _headers_late(self) -> None:
+        self._timer = None
+        if self.in_request or self.transport is None or self.transport.is_closing():
+            return
+        log.debug(
+            "HTTP headers not complete within %.1fs: closing", self.guard.limits.header_timeout_s
+        )
+        self.guard.header_timeouts += 1
+        self.transport.write(_HEADER_TIMEOUT)
+        _close(self.transport)
+
+
+class ConnectionGuard:
+    """Counts and caps the door's connections, times their headers, paces their bodies."""
+
+    def __init__(self, limits: HttpLimits, error: ErrorFactory) -> None:
+        self.limits = limits
+        self.max_connections = connection_budget(limits.max_connections)
+        if self.max_connections < limits.max_connections:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            log.warning(
+                "HTTP connection cap lowered from %d to %d: half the open-file limit (%d)",
+                limits.max_connections,
+                self.max_connections,
+                soft,
+            )
+        self._error = error
+        self._open: dict[asyncio.Protocol, _Guarded] = {}  # by aiohttp's protocol
+        # Counted when the protocol is made: asyncio accepts a burst before any of its
+        # connection_made calls run, and each accepted socket is a descriptor already.
+        self._count = 0
+        self._bodies = asyncio.Semaphore(limits.max_concurrent_bodies)
+        self._over_cap = RateLimitedLog(
+            "HTTP connection cap reached (%d open): new connections are answered 503 and closed"
+        )
+        self.header_timeouts = 0
+        self.body_timeouts = 0
+
+    @property
+    def open_connections(self) -> int:
+        return self._count
+
+    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """The protocol factory for loop.create_server, around aiohttp's own (`inner`)."""
+
+        def make() -> asyncio.Protocol:
+            if self._count >= self.max_connections:
+                self._over_cap.hit(self._count)
+                return _OverCap()
+            self._count += 1
+            return _Guarded(self, inner())
+
+        return make
+
+    def opened(self, connection: _Guarded) -> None:
+        self._open[connection.inner] = connection
+
+    def closed(self, connection: _Guarded) -> None:
+        self._open.pop(connection.inner, None)
+        self._count -= 1
+
+    # ------------------------------------------------------------------ middlewares
+
+    @web.middleware
+    async def track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Outermost: the request's headers are complete, so its header timer stops."""
+        connection = self._open.get(request.protocol)  # type: ignore[call-overload]
+        if connection is not None:
+            connection.request_began()
+        try:
+            return await handler(request)
+        finally:
+            if connection is not None:
+                connection.request_ended()
+
+    @web.middleware
+    async def read_body(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """After auth: read the body at a minimum rate, a bounded number at once.
+
+        The handler's own request.read() then returns the bytes read here.
+        """
+        if request.body_exists and request.match_info.http_exception is None:
+            length = request.content_length
+            if length is not None and length > request.client_max_size:
+                return await self._refuse(
+                    request,
+                    413,
+                    "REQUEST_ENTITY_TOO_LARGE",
+                    f"the body declares {length} bytes; the limit is {request.client_max_size}",
+                )
+            if not request.content.is_eof():  # a body already whole needs no turn
+                refusal = await self._read_paced(request)
+                if refusal is not None:
+                    return refusal
+        return await handler(request)
+
+    async def _read_paced(self, request: web.Request) -> web.StreamResponse | None:
+        limits = self.limits
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                await self._bodies.acquire()
+        except TimeoutError:
+            return await self._refuse(
+                request,
+                503,
+                "TOO_MANY_BODIES",
+                f"{limits.max_concurrent_bodies} request bodies are being read; none finished "
+                f"within {limits.body_timeout_s:g}s",
+            )
+        try:
+            if await self._read_at_rate(request):
+                return None
+        finally:
+            self._bodies.release()
+        self.body_timeouts += 1
+        return await self._refuse(
+            request,
+            408,
+            "BODY_TIMEOUT",
+            f"the body arrived slower than {limits.body_min_bytes_per_s} bytes/s over "
+            f"{limits.body_timeout_s:g}s",
+        )
+
+    async def _read_at_rate(self, request: web.Request) -> bool:
+        """False when a window of body_timeout_s brought too few bytes."""
+        window = self.limits.body_timeout_s
+        needed = self.limits.body_min_bytes_per_s * window
+        content = request.content
+        reading = asyncio.ensure_future(request.read())
+        seen = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({reading}, timeout=window)
+                if done:
+                    reading.result()  # 413 past the limit, or the client gone
+                    return True
+                received = content.total_raw_bytes
+                if received - seen < needed:
+                    return False
+                seen = received
+        finally:
+            if not reading.done():
+                reading.cancel()
+
+    async def _refuse(
+        self, request: web.Request, status: int, reason: str, message: str
+    ) -> web.StreamResponse:
+        """Answer, then close: the rest of the body is not worth reading."""
+        response = self._error(status, reason, message)
+        response.force_close()
+        if status == 503:
+            response.headers["Retry-After"] = "1"
+        await response.prepare(request)
+        await response.write_eof()
+        if request.transport is not None:
+            _close(request.transport)
+        return response
+
+
+# ----------------------------------------------------------------- whole process
+
+
+def raise_open_file_limit() -> None:
+    """Raise RLIMIT_NOFILE's soft limit to the hard one (systemd's soft default is 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or soft == resource.RLIM_INFINITY:
+        log.info("open-file limit %s (the hard limit)", _limit(soft))
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open-file limit %s: cannot raise it to %s (%s)", soft, _limit(hard), exc)
+        return
+    log.info("open-file limit raised from %d to %s (the hard limit)", soft, _limit(hard))
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+class AcceptErrors:
+    """An event loop exception handler that rate-limits asyncio's accept failures.
+
+    When descriptors run out, asyncio logs "socket.accept() out of system resource" for
+    every failed accept, up to the backlog per loop turn (thousands of lines a second).
+    The connection is refused either way; one line per period says so.
+    """
+
+    MESSAGE = "socket.accept() out of system resource"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._previous = loop.get_exception_handler()
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self._log = RateLimitedLog(
+            f"out of file descriptors (limit {_limit(soft)}): new HTTP connections are refused (%s)"
+        )
+        loop.set_exception_handler(self)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") == self.MESSAGE:
+            self._log.hit(context.get("exception"))
+        elif self._previous is not None:
+            self._previous(loop, context)
+        else:
+            loop.default_exception_handler(context)

@@ -1,0 +1,439 @@
+"""Attacks on the HTTP door that hold connections rather than send requests.
+
+Bodies that stall after 16 MB, a body that declares 10 GB, slowloris headers, idle
+keep-alive connections, and more idle sockets than the open-file limit allows. Each runs
+beside a gRPC bystander with the server tree's RSS sampled (attack_kit.watching), against a
+real server started with short timeouts as flags so that the file runs in seconds; each
+prints one `RELIABILITY <name>:` line.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.reliability.attack_kit import MB, watching
+from tests.reliability.support import assert_alive, report
+from tests.server_process import ServerProcess, free_port
+
+HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 2.0
+KEEPALIVE_TIMEOUT_S = 2.0
+CONCURRENT_BODIES = 4
+STALLED_BODIES = 30
+BODY_BYTES = 16 * MB  # the default --max-message-mb
+SLOWLORIS = 500
+FD_LIMIT = 1024  # systemd's default soft limit
+IDLE_SOCKETS = 1100
+SLACK_S = 2.5  # scheduling noise on a shared 2-core machine
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _start(args: list[str], log_dir: Path, name: str, nofile: tuple[int, int]) -> ServerProcess:
+    """start_server's twin that starts the tree under an open-file limit of `nofile`."""
+    port = free_port()
+    log_path = log_dir / f"{name}-{port}.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "--port", str(port), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=limit,
+        )
+    server = ServerProcess(process, port, log_path)
+    try:
+        server.wait_serving()
+    except BaseException:
+        server.stop(signal.SIGKILL)
+        raise
+    return server
+
+
+def _serve(
+    model_folders: dict[str, Path], log_dir: Path, name: str, nofile: tuple[int, int], *flags: str
+) -> Iterator[tuple[ServerProcess, int]]:
+    http_port = free_port()
+    args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
+    args += ["--http-port", str(http_port), *flags]
+    server = _start(args, log_dir, name, nofile)
+    try:
+        yield server, http_port
+    finally:
+        server.stop(signal.SIGTERM, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def door(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """Short timeouts; started under a soft open-file limit of 1024 it must raise."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    flags = [
+        "--http-header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--http-body-timeout-s",
+        str(BODY_TIMEOUT_S),
+        "--http-keepalive-timeout-s",
+        str(KEEPALIVE_TIMEOUT_S),
+        "--http-max-concurrent-bodies",
+        str(CONCURRENT_BODIES),
+    ]
+    soft = min(FD_LIMIT, hard)
+    yield from _serve(
+        model_folders, tmp_path_factory.mktemp("http-door"), "door", (soft, hard), *flags
+    )
+
+
+# --------------------------------------------------------------------------- raw HTTP
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def _head(length: int | str, path: str = "/v1/embeddings") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _wait_closed(sock: socket.socket, started: float, timeout: float) -> tuple[float, bytes]:
+    """(seconds from `started` until the server closed the connection, what it sent)."""
+    received = b""
+    deadline = started + timeout
+    poller = select.poll()  # not select(): descriptors may be past 1024
+    poller.register(sock, select.POLLIN)
+    while time.monotonic() < deadline:
+        if not poller.poll(50):
+            continue
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            break
+        if not data:
+            break
+        received += data
+    else:
+        return float("inf"), received
+    return time.monotonic() - started, received
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def _stall_body(port: int, timeout: float) -> tuple[float, int, int]:
+    """Declare 16 MB, send all but 64 KB, stall: (seconds to close, status, bytes sent)."""
+    sock = _connect(port)
+    sock.settimeout(0.2)
+    started = time.monotonic()
+    sock.sendall(_head(BODY_BYTES))
+    chunk = b"x" * (256 * 1024)
+    to_send, sent = BODY_BYTES - 64 * 1024, 0
+    try:
+        while sent < to_send and time.monotonic() < started + timeout:
+            try:
+                sent += sock.send(chunk[: to_send - sent])
+            except TimeoutError:  # the server is not reading: backpressure
+                ready, _, _ = select.select([sock], [], [], 0)
+                if ready:
+                    break
+            except OSError:
+                return time.monotonic() - started, 0, sent
+        closed_s, answer = _wait_closed(sock, started, timeout)
+        return closed_s, _status(answer), sent
+    finally:
+        sock.close()
+
+
+def _tree_rss(pid: int) -> int:
+    process = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
+
+
+# --------------------------------------------------------------------------- attacks
+
+
+def test_stalled_bodies_are_closed_and_their_memory_freed(door, record_property) -> None:
+    """30 connections send 16 MB of a body and stall: only 4 are read at once, each closed
+    (408) once a window brings nothing; those waiting for a turn get 503."""
+    server, port = door
+    with watching(server) as watch:
+        started = time.monotonic()
+        with ThreadPoolExecutor(STALLED_BODIES) as pool:
+            timeout = 2 * BODY_TIMEOUT_S + 3 * SLACK_S
+            outcomes = list(pool.map(lambda _: _stall_body(port, timeout), range(STALLED_BODIES)))
+        watch.answer_s = time.monotonic() - started
+        time.sleep(0.5)
+        after_mb = (_tree_rss(server.process.pid) - watch.rss.baseline) / MB
+    closed = [seconds for seconds, _, _ in outcomes]
+    # 0: reset, the answer lost. A socket closed with body bytes unread is reset by the
+    # kernel, and the client, still sending, may see that before the 503 or 408.
+    statuses = Counter(status for _, status, _ in outcomes)
+    report(
+        record_property,
+        "http_stalled_bodies",
+        **watch.figures(),
+        connections=STALLED_BODIES,
+        slowest_close_s=max(closed),
+        statuses=dict(statuses),
+        sent_mb=sum(sent for _, _, sent in outcomes) / MB,
+        after_rss_mb=after_mb,
+    )
+    watch.assert_unharmed()
+    assert max(closed) < 2 * BODY_TIMEOUT_S + SLACK_S, closed
+    assert set(statuses) <= {0, 408, 503}, statuses
+    assert after_mb < 100
+    assert_alive(server)
+
+
+def test_body_declaring_10_gb_is_refused_unread(door, record_property) -> None:
+    server, port = door
+    with watching(server) as watch, _connect(port) as sock:
+        started = time.monotonic()
+        sock.sendall(_head(10 * 1024**3) + b'{"input": "a"')  # 15 bytes
+        closed_s, answer = _wait_closed(sock, started, 10)
+        watch.answer_s = closed_s
+    report(record_property, "http_body_10gb", **watch.figures(), status=_status(answer))
+    watch.assert_unharmed()
+    assert _status(answer) == 413 and b"REQUEST_ENTITY_TOO_LARGE" in answer
+    assert closed_s < 1.0
+
+
+def test_trickled_body_is_closed_after_the_body_timeout(door, record_property) -> None:
+    """1 MB declared, 15 bytes sent: closed (408) when the first window brings too little."""
+    server, port = door
+    with watching(server) as watch, _connect(port) as sock:
+        started = time.monotonic()
+        sock.sendall(_head(MB) + b'{"input": "a"')
+        closed_s, answer = _wait_closed(sock, started, BODY_TIMEOUT_S + 10)
+        watch.answer_s = closed_s
+    report(record_property, "http_body_trickle", **watch.figures(), status=_status(answer))
+    watch.assert_unharmed()
+    assert _status(answer) == 408 and b"BODY_TIMEOUT" in answer
+    assert BODY_TIMEOUT_S * 0.9 < closed_s < BODY_TIMEOUT_S + SLACK_S
+
+
+def test_slowloris_connections_are_closed_after_the_header_timeout(door, record_property) -> None:
+    """500 connections dribble header bytes; each is closed once its headers run late."""
+    server, port = door
+    header = _head(2)
+    with watching(server) as watch:
+        socks = [_connect(port) for _ in range(SLOWLORIS)]
+        started = time.monotonic()
+        closed: dict[int, float] = {}
+        sent = 0
+        try:
+            while len(closed) < SLOWLORIS and time.monotonic() < started + 10 * HEADER_TIMEOUT_S:
+                for index, sock in enumerate(socks):  # one more header byte on each
+                    if index not in closed and sent < len(header) - 1:
+                        try:
+                            sock.send(header[sent : sent + 1])
+                        except OSError:
+                            closed[index] = time.monotonic() - started
+                sent += 1
+                ready, _, _ = select.select(
+                    [s for i, s in enumerate(socks) if i not in closed], [], [], 0.2
+                )
+                for sock in ready:
+                    try:
+                        data = sock.recv(4096)
+                    except OSError:
+                        data = b""
+                    if not data or data.startswith(b"HTTP/1.1 408"):
+                        closed[socks.index(sock)] = time.monotonic() - started
+        finally:
+            for sock in socks:
+                sock.close()
+        watch.answer_s = max(closed.values(), default=float("inf"))
+    report(
+        record_property,
+        "http_slowloris",
+        **watch.figures(),
+        connections=SLOWLORIS,
+        closed=len(closed),
+        first_close_s=min(closed.values(), default=float("inf")),
+    )
+    watch.assert_unharmed()
+    assert len(closed) == SLOWLORIS
+    assert min(closed.values()) > HEADER_TIMEOUT_S * 0.8
+    assert max(closed.values()) < HEADER_TIMEOUT_S + SLACK_S
+
+
+def test_idle_keepalive_connection_is_closed(door, record_property) -> None:
+    """After a response, an idle keep-alive connection lives --http-keepalive-timeout-s."""
+    server, port = door
+    with watching(server) as watch, _connect(port) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"SERVING" not in answer:
+            answer += sock.recv(4096)
+        started = time.monotonic()
+        closed_s, _ = _wait_closed(sock, started, KEEPALIVE_TIMEOUT_S + 10)
+        watch.answer_s = closed_s
+    report(record_property, "http_idle_keepalive", **watch.figures())
+    watch.assert_unharmed()
+    assert _status(answer) == 200
+    assert KEEPALIVE_TIMEOUT_S * 0.9 < closed_s < KEEPALIVE_TIMEOUT_S + SLACK_S
+
+
+def test_open_file_limit_is_raised_and_logged(door) -> None:
+    server, _ = door
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    log = server.log()
+    if hard > FD_LIMIT:
+        assert f"open-file limit raised from {FD_LIMIT} to" in log
+    # Every process logs its limit once: the supervisor, the front end and the engine.
+    assert log.count("open-file limit") == 3, log
+
+
+# --------------------------------------------------------------------------- descriptors
+
+
+@pytest.fixture(scope="module")
+def starved(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """soft = hard = 1024, so the raise cannot help; timeouts long enough to hold sockets."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < IDLE_SOCKETS + 200:
+        pytest.skip(f"the test needs {IDLE_SOCKETS + 200} descriptors; the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process opens 1,100
+    flags = ["--http-header-timeout-s", "30", "--http-keepalive-timeout-s", "30"]
+    yield from _serve(
+        model_folders,
+        tmp_path_factory.mktemp("http-fds"),
+        "starved",
+        (FD_LIMIT, FD_LIMIT),
+        *flags,
+    )
+
+
+def test_idle_sockets_past_the_file_limit_leave_grpc_serving(starved, record_property) -> None:
+    """1,100 idle sockets under `ulimit -n 1024`: the cap (half the limit) holds 512, the
+    rest are answered 503 and closed at once; gRPC calls go on; the log stays quiet."""
+    server, port = starved
+    socks: list[socket.socket] = []
+    with watching(server) as watch:
+        started = time.monotonic()
+        lock = threading.Lock()
+
+        def connect(_: int) -> None:
+            sock = _connect(port)
+            with lock:
+                socks.append(sock)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(connect, range(IDLE_SOCKETS)))
+        refused = 0
+        deadline = time.monotonic() + 5
+        with selectors.DefaultSelector() as waiting:  # epoll: descriptors past 1024
+            for sock in socks:
+                waiting.register(sock, selectors.EVENT_READ)
+            while refused < IDLE_SOCKETS - FD_LIMIT // 2 and time.monotonic() < deadline:
+                for key, _ in waiting.select(0.2):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    try:
+                        data = sock.recv(4096)
+                    except OSError:
+                        data = b""
+                    if not data or data.startswith(b"HTTP/1.1 503"):
+                        refused += 1
+                    waiting.unregister(sock)
+        watch.answer_s = time.monotonic() - started
+        with _connect(port) as probe:  # one more, over the cap
+            probe.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            _, answer = _wait_closed(probe, time.monotonic(), 5)
+        time.sleep(1.0)  # the bystander goes on beside the held sockets
+    for sock in socks:
+        sock.close()
+    log = server.log()
+    accept_lines = log.count("out of system resource") + log.count("out of file descriptors")
+    report(
+        record_property,
+        "http_idle_sockets_fd_limit",
+        **watch.figures(),
+        sockets=IDLE_SOCKETS,
+        refused=refused,
+        accept_log_lines=accept_lines,
+        log_kb=len(log) / 1024,
+    )
+    watch.assert_unharmed()
+    assert refused == IDLE_SOCKETS - FD_LIMIT // 2, refused
+    assert _status(answer) == 503 and b"TOO_MANY_CONNECTIONS" in answer
+    assert f"HTTP connection cap lowered from 1024 to {FD_LIMIT // 2}" in log
+    assert accept_lines <= 3, accept_lines
+    assert_alive(server)
+
+
+# A listener in a process of its own with 64 descriptors, held connections and, with
+# `guarded`, the server's accept-error handler: how many lines a flood of accepts logs.
+_ACCEPT_FLOOD = """
+import asyncio, logging, resource, sys
+from service.http_guard import AcceptErrors
+
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+async def main() -> None:
+    loop = asyncio.get_running_loop()
+    if sys.argv[1] == "guarded":
+        AcceptErrors(loop)
+    server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0, backlog=128)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(float(sys.argv[2]))
+
+asyncio.run(main())
+"""
+
+
+def _accept_flood_lines(guarded: bool, sockets: int = 200, hold_s: float = 1.5) -> int:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ACCEPT_FLOOD, "guarded" if guarded else "bare", str(hold_s)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    port = int(child.stdout.readline())
+    socks = []
+    for _ in range(sockets):  # without waiting: past the backlog, connects hang
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+        socks.append(sock)
+    _, errors = child.communicate(timeout=hold_s + 10)
+    for sock in socks:
+        sock.close()
+    assert child.returncode == 0, errors
+    return errors.count("out of system resource") + errors.count("out of file descriptors")
+
+
+def test_accept_failures_are_logged_once_per_period(record_property) -> None:
+    """Out of descriptors, asyncio logs every failed accept; the server logs one line."""
+    bare = _accept_flood_lines(guarded=False)
+    guarded = _accept_flood_lines(guarded=True)
+    report(record_property, "http_accept_emfile_log", lines_bare=bare, lines_guarded=guarded)
+    assert bare > 10  # the flood is real
+    assert guarded == 1
