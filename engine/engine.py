@@ -170,6 +170,12 @@ class Engine:
         except asyncio.CancelledError:
             if intake.job is not None:
                 self.client.cancel(intake.job)
+            future = intake = None  # type: ignore[assignment]  # see below
+            raise
+        except BaseException:
+            # The future keeps the error it raised, and the error's traceback keeps this
+            # frame: forget the future here, or that cycle holds the request until a gc.
+            future = intake = None  # type: ignore[assignment]
             raise
         batches = timings.batches
         if batches.started is not None and batches.finished is not None:
@@ -203,7 +209,10 @@ class Engine:
                         client=entry.client,
                     )
                     jobs.setdefault(model.info.name, []).append(job)
-                except Exception as exc:  # the request's own error, or a bug: the caller hears it
+                except PoolingError as exc:  # the request's own error: no traceback kept,
+                    # which would hold this thread's frame, and `failed` with the error in it
+                    failed.append((entry, exc.with_traceback(None)))
+                except Exception as exc:  # a bug: the caller hears it
                     failed.append((entry, exc))
             for name, queued in jobs.items():
                 failed += self.client.submit(name, queued)

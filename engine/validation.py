@@ -77,12 +77,19 @@ def _score_shape(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
 def _batch_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
     if request.task is not None and request.num_items > limits.max_client_batch_size:
         path = "score.text_2" if request.task is Task.SCORE else f"{request.task}.texts"
-        yield FieldViolation(
-            path,
-            f"{request.num_items} inputs exceed the limit of {limits.max_client_batch_size} "
-            "per request (--max-client-batch-size); split the request or use PoolStream",
-            "TOO_MANY_INPUTS",
-        )
+        yield too_many_inputs(path, request.num_items, limits.max_client_batch_size)
+
+
+def too_many_inputs(path: str, count: int | None, limit: int) -> FieldViolation:
+    """The violation of a list over the per-request limit. The doors count on the wire,
+    before any text is built: gRPC stops counting at limit + 1 (`count` None)."""
+    counted = f"more than {limit}" if count is None else str(count)
+    return FieldViolation(
+        path,
+        f"{counted} inputs exceed the limit of {limit} per request "
+        "(--max-client-batch-size); split the request or use PoolStream",
+        "TOO_MANY_INPUTS",
+    )
 
 
 def request_id_too_long(request_id: str) -> bool:
@@ -467,9 +474,16 @@ def validate_request(
     for stage in rules:
         violations = [v for check in stage.checks for v in check(request, info, limits)]
         if violations:
-            error = PoolingError.invalid(violations)
-            error.kind = stage.kind
-            raise error
+            # Raised as built, never held in a local: the traceback keeps this frame (and
+            # the request in it), and a frame that held its own error would make a cycle
+            # only the garbage collector frees.
+            raise _stage_error(stage.kind, violations)
+
+
+def _stage_error(kind: ErrorKind, violations: list[FieldViolation]) -> PoolingError:
+    error = PoolingError.invalid(violations)
+    error.kind = kind
+    return error
 
 
 # Rerank is a 1:N score request (the query against every document), so it runs every

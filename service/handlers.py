@@ -3,7 +3,9 @@
 grpcio answers a message that fails to deserialize with INTERNAL ("Exception
 deserializing request"), which tells a client nothing and looks like a server bug.
 Here each method's deserializer turns bad bytes into a `Malformed` marker instead, and
-the servicer answers it with INVALID_ARGUMENT and reason MALFORMED_REQUEST.
+the servicer answers it with INVALID_ARGUMENT and reason MALFORMED_REQUEST. A large
+message has its input lists counted on its bytes first (service/wire_count.py): one over
+--max-client-batch-size is refused as TOO_MANY_INPUTS before protobuf builds it.
 
 grpcio's asyncio server never answers a unary call that ends without a message (it takes
 that for a cancellation), and serves one that carries two. So methods with one request
@@ -23,27 +25,50 @@ import grpc
 from google.protobuf.message import Message
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.validation import too_many_inputs
 from service.errors import to_grpc_status
 from service.proto import pooling_pb2 as pb
+from service.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
 
 SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 
 
 @dataclass(frozen=True, slots=True)
 class Malformed:
+    """A message refused before protobuf built it: bytes that do not parse
+    (MALFORMED_REQUEST), or an input list counted on the wire past the limit
+    (TOO_MANY_INPUTS, `path` naming it). It holds no exception, only what makes one."""
+
     problem: str
+    reason: str = "MALFORMED_REQUEST"
+    path: str = ""
 
     def error(self, field: str | None = None) -> PoolingError:
         """`field`: which message it was, where a call carries several (a stream)."""
+        if self.reason != "MALFORMED_REQUEST":
+            path = f"{field}.{self.path}" if field else self.path
+            violation = FieldViolation(path, self.problem, self.reason)
+            return PoolingError.invalid([violation])
         message = f"the request message could not be parsed as protobuf: {self.problem}"
         violations = (FieldViolation(field, message, "MALFORMED_REQUEST"),) if field else ()
         return PoolingError(ErrorKind.INVALID_ARGUMENT, "MALFORMED_REQUEST", message, violations)
 
 
-def tolerant(message_class: type[Message]) -> Callable[[bytes], Message | Malformed]:
+def tolerant(
+    message_class: type[Message], input_limit: Callable[[], int | None] = lambda: None
+) -> Callable[[bytes], Message | Malformed]:
+    """`input_limit`: the most entries an input list may hold (None: not known yet); a
+    large message is counted on its bytes first (service/wire_count.py)."""
     parse = message_class.FromString
+    spec = SPECS.get(message_class.__name__)
 
     def deserialize(data: bytes) -> Message | Malformed:
+        limit = input_limit() if spec is not None and len(data) >= PRECOUNT_BYTES else None
+        if limit is not None:
+            path = list_over_limit(data, spec, limit)  # type: ignore[arg-type]
+            if path is not None:
+                violation = too_many_inputs(path, None, limit)
+                return Malformed(violation.description, violation.reason, path)
         try:
             return parse(data)
         except Exception as exc:  # any parse failure is the client's
@@ -52,9 +77,22 @@ def tolerant(message_class: type[Message]) -> Callable[[bytes], Message | Malfor
     return deserialize
 
 
+def _input_limit(servicer: Any) -> Callable[[], int | None]:
+    """The engine's --max-client-batch-size, once the engine is there."""
+
+    def limit() -> int | None:
+        engine = getattr(servicer, "engine", None)
+        if engine is None:
+            engine = getattr(getattr(servicer, "runner", None), "engine", None)
+        return None if engine is None else engine.limits.max_client_batch_size
+
+    return limit
+
+
 def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
     """Register every method of the service's descriptor on `servicer`'s same-named method."""
     handlers = {}
+    limit = _input_limit(servicer)
     for method in SERVICE.methods:
         request_class = getattr(pb, method.input_type.name)
         response_class = getattr(pb, method.output_type.name)
@@ -68,7 +106,7 @@ def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
         )
         handlers[method.name] = kind(
             behaviour,
-            request_deserializer=tolerant(request_class),
+            request_deserializer=tolerant(request_class, limit),
             response_serializer=response_class.SerializeToString,
         )
     server.add_generic_rpc_handlers(

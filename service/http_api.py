@@ -23,6 +23,7 @@ from aiohttp import web
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
+from service.json_body import Body, BodyError, parse_body
 from service.proto import pooling_pb2 as pb
 from service.servicer import PoolingServicer
 
@@ -42,20 +43,11 @@ HTTP_STATUS: dict[ErrorKind, int] = {
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
 UNPROTECTED = frozenset({"/health"})
 _json = msgspec.json.Encoder()
-_decode = msgspec.json.Decoder()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Also the most connections asyncio accepts in one go, each a descriptor before the cap
 # sees it: the cap leaves half the open-file limit, far more than this, to the rest.
 LISTEN_BACKLOG = 128
-
-
-class BodyError(Exception):
-    """A body that is JSON but not of the route's shape: 422, with the field at fault."""
-
-    def __init__(self, field: str, description: str) -> None:
-        super().__init__(description)
-        self.violation = FieldViolation(field, description, "INVALID_BODY")
 
 
 class HttpApi:
@@ -155,19 +147,21 @@ class HttpApi:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer":
             return False
-        return any(hmac.compare_digest(token.encode(), key) for key in self._keys)
+        # aiohttp reads header bytes that are not UTF-8 as surrogates: compare the bytes sent.
+        sent = token.encode("utf-8", "surrogateescape")
+        return any(hmac.compare_digest(sent, key) for key in self._keys)
 
     # --------------------------------------------------------------------- routes
 
     async def embeddings(self, request: web.Request) -> web.Response:
         """OpenAI's POST /v1/embeddings."""
-        body = await _body(request)
+        body = await self._body(request)
         texts = _texts(body, "input")
         fmt = _string(body, "encoding_format", "float")
         if fmt not in ("float", "base64"):
             raise _invalid("encoding_format", "must be float or base64", "ENCODING_UNKNOWN")
         params = pb.PoolingParams()
-        if body.get("dimensions") is not None:
+        if body.has("dimensions"):
             params.dimensions = _int(body, "dimensions")
         message = pb.PoolRequest(
             request_id=_request_id(request, "embd"),
@@ -189,7 +183,7 @@ class HttpApi:
 
     async def score(self, request: web.Request) -> web.Response:
         """vLLM's POST /v1/score: text_1 and text_2, each a string or a list."""
-        body = await _body(request)
+        body = await self._body(request)
         message = pb.PoolRequest(
             request_id=_request_id(request, "score"),
             model=_string(body, "model", ""),
@@ -205,7 +199,7 @@ class HttpApi:
 
     async def classify(self, request: web.Request) -> web.Response:
         """vLLM's POST /classify."""
-        body = await _body(request)
+        body = await self._body(request)
         message = pb.PoolRequest(
             request_id=_request_id(request, "classify"),
             model=_string(body, "model", ""),
@@ -226,14 +220,14 @@ class HttpApi:
 
     async def pooling(self, request: web.Request) -> web.Response:
         """vLLM's POST /pooling: any task; `data` is a vector (or a row per token)."""
-        body = await _body(request)
+        body = await self._body(request)
         task = _string(body, "task", "embed")
         if task not in ("embed", "classify", "token_embed", "token_classify"):
             raise _invalid(
                 "task", "must be embed, classify, token_embed or token_classify", "TASK_UNKNOWN"
             )
         params = _params(body)
-        if body.get("dimensions") is not None:
+        if body.has("dimensions"):
             params.dimensions = _int(body, "dimensions")
         message = pb.PoolRequest(
             request_id=_request_id(request, "pool"), model=_string(body, "model", ""), params=params
@@ -256,24 +250,13 @@ class HttpApi:
 
     async def rerank(self, request: web.Request) -> web.Response:
         """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank."""
-        body = await _body(request)
-        documents = body.get("documents")
-        if not isinstance(documents, list):
-            raise BodyError("documents", "must be a list of strings (or of {text} objects)")
-        texts = []
-        for i, document in enumerate(documents):
-            if isinstance(document, dict):
-                document = document.get("text")
-            if not isinstance(document, str):
-                raise BodyError(f"documents[{i}]", "must be a string or an object with text")
-            texts.append(document)
-        query = body.get("query")
-        if not isinstance(query, str):
+        body = await self._body(request)
+        texts = body.documents()
+        if not body.has("query"):
             raise BodyError("query", "must be a string")
-        top_n = _int(body, "top_n") if body.get("top_n") is not None else 0
-        return_documents = body.get("return_documents", False)  # Cohere's and Infinity's default
-        if not isinstance(return_documents, bool):
-            raise BodyError("return_documents", "must be true or false")
+        query = _string(body, "query", "")
+        top_n = _int(body, "top_n") if body.has("top_n") else 0
+        return_documents = bool(body.boolean("return_documents"))  # Cohere's default: false
         message = pb.RerankRequest(
             request_id=_request_id(request, "rerank"),
             model=_string(body, "model", ""),
@@ -323,6 +306,11 @@ class HttpApi:
             return _ok({"status": "SERVING"})
         return _ok({"status": "NOT_SERVING"}, status=503)
 
+    async def _body(self, request: web.Request) -> Body:
+        """The body, its input lists counted against --max-client-batch-size as read."""
+        engine = self.servicer._ready_engine()
+        return await _read_body(request, engine.limits.max_client_batch_size)
+
     async def _pool(self, request: web.Request, message: pb.PoolRequest) -> pb.PoolResponse:
         record = self.servicer.telemetry.begin("Pool", message, _Caller(request), "http")
         return await self.servicer.run_pool(message, record, None, _client(request))
@@ -342,63 +330,43 @@ class _Caller:
 # ------------------------------------------------------------------ body helpers
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+# Bodies larger than this are decoded on a worker thread. The decoding is bounded either
+# way (service/json_body.py); this keeps even that off the event loop.
+OFF_LOOP_BODY_BYTES = 1024 * 1024
+
+
+async def _read_body(request: web.Request, max_inputs: int) -> Body:
     raw = await request.read()
-    try:
-        body = _decode.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise PoolingError(
-            ErrorKind.INVALID_ARGUMENT, "MALFORMED_REQUEST", f"the body is not valid JSON: {exc}"
-        ) from None
-    if not isinstance(body, dict):
-        raise BodyError("body", "must be a JSON object")
-    return body
+    if len(raw) > OFF_LOOP_BODY_BYTES:
+        return await asyncio.to_thread(parse_body, raw, max_inputs)
+    return parse_body(raw, max_inputs)
 
 
-def _texts(body: dict[str, Any], field: str) -> list[str]:
-    value = body.get(field)
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    if isinstance(value, list) and value and all(isinstance(v, (int, list)) for v in value):
-        raise _invalid(
-            field,
-            "token-id input is not supported: token ids of another tokenizer would be "
-            "meaningless to this model; send the texts",
-            "TOKEN_INPUT_NOT_SUPPORTED",
-        )
-    raise BodyError(field, "must be a string or a list of strings")
+def _texts(body: Body, field: str) -> list[str]:
+    return body.texts(field)
 
 
-def _string(body: dict[str, Any], field: str, default: str) -> str:
-    value = body.get(field)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise BodyError(field, "must be a string")
+def _string(body: Body, field: str, default: str) -> str:
+    return body.string(field, default)
+
+
+def _int(body: Body, field: str) -> int:
+    """A present integer field, range-checked against its wire type (int32)."""
+    value = body.integer(field)
+    assert value is not None  # the routes read present fields only
     return value
 
 
-def _int(body: dict[str, Any], field: str) -> int:
-    value = body.get(field)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BodyError(field, "must be an integer")
-    return value
-
-
-def _params(body: dict[str, Any]) -> pb.PoolingParams:
+def _params(body: Body) -> pb.PoolingParams:
     """vLLM's request-level pooling fields: use_activation (or its older name softmax /
     normalize) and truncate_prompt_tokens."""
     params = pb.PoolingParams()
     for name in ("use_activation", "softmax", "normalize", "activation"):
-        value = body.get(name)
+        value = body.boolean(name)
         if value is not None:
-            if not isinstance(value, bool):
-                raise BodyError(name, "must be true or false")
             params.use_activation = value
             break
-    if body.get("truncate_prompt_tokens") is not None:
+    if body.has("truncate_prompt_tokens"):
         params.truncate_prompt_tokens = _int(body, "truncate_prompt_tokens")
     return params
 
@@ -410,7 +378,16 @@ def _client(request: web.Request) -> str:
 
 
 def _request_id(request: web.Request, prefix: str) -> str:
-    return request.headers.get("X-Request-Id") or f"{prefix}-{uuid.uuid4().hex}"
+    given = request.headers.get("X-Request-Id")
+    if not given:
+        return f"{prefix}-{uuid.uuid4().hex}"
+    try:
+        given.encode()
+    except UnicodeEncodeError:  # bytes that are not UTF-8, read by aiohttp as surrogates
+        raise _invalid(
+            "X-Request-Id", "must be UTF-8 text (it becomes the request_id)", "REQUEST_ID_INVALID"
+        ) from None
+    return given
 
 
 def _invalid(field: str, description: str, reason: str) -> PoolingError:
