@@ -96,7 +96,7 @@ class PoolLoad:
                     )
                     with self.lock:
                         self.failures.append(failure)
-                    self.stop.wait(0.02)  # a closed listener refuses at once: do not spin
+                    self.stop.wait(0.1)  # a closed listener refuses at once: do not spin
                 else:
                     with self.lock:
                         self.ok += 1
