@@ -140,6 +140,23 @@ def _wait_closed(sock: socket.socket, started: float, timeout: float) -> tuple[f
     return time.monotonic() - started, received
 
 
+def _read_answer(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """One whole response on a connection that stays open (its Content-Length read)."""
+    sock.settimeout(timeout)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
 def _status(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
 
@@ -234,6 +251,26 @@ def test_trickled_body_is_closed_after_the_body_timeout(door, record_property) -
     watch.assert_unharmed()
     assert _status(answer) == 408 and b"BODY_TIMEOUT" in answer
     assert BODY_TIMEOUT_S * 0.9 < closed_s < BODY_TIMEOUT_S + SLACK_S
+
+
+def test_slow_body_above_the_minimum_rate_is_read_whole(door, record_property) -> None:
+    """A body sent at 100 KB/s over two windows is read, not cut: it reaches validation
+    (one text over --max-input-chars: 400 INPUT_TOO_LONG, refused before tokenizing)."""
+    server, port = door
+    body = b'{"input": "' + b"a" * (400 * 1024) + b'"}'
+    with watching(server) as watch, _connect(port) as sock:
+        started = time.monotonic()
+        sock.sendall(_head(len(body)))
+        for offset in range(0, len(body), 10 * 1024):
+            sock.sendall(body[offset : offset + 10 * 1024])
+            time.sleep(0.1)
+        sent_s = time.monotonic() - started
+        answer = _read_answer(sock)
+        watch.answer_s = time.monotonic() - started
+    report(record_property, "http_slow_body_served", **watch.figures(), send_s=sent_s)
+    watch.assert_unharmed()
+    assert sent_s > BODY_TIMEOUT_S  # more than one window
+    assert _status(answer) == 400 and b"INPUT_TOO_LONG" in answer, answer[:300]
 
 
 def test_slowloris_connections_are_closed_after_the_header_timeout(door, record_property) -> None:
