@@ -87,7 +87,10 @@ def faults(
     metrics_port = free_port()
     args = ["--model", DEFAULT_MODEL, "--model", f"tiny={model_folders['tiny-bert']}"]
     args += ["--dtype", "float32", "--metrics-port", str(metrics_port)]
+    # Every call here shares one connection, which may take the whole queue: these tests are
+    # about deadlines and overload, not the share per client (tests/reliability/test_fairness.py).
     args += ["--max-queued-items", str(MAX_QUEUED_ITEMS)]
+    args += ["--max-queued-items-per-client", str(MAX_QUEUED_ITEMS)]
     process = start_server(args, tmp_path_factory.mktemp("faults"), "faults")
     channel = grpc.insecure_channel(process.address)
     stub = pooling_pb2_grpc.PoolingServiceStub(channel)
