@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
+from engine.backends import RuntimeSettings
+from engine.backends.select import ModelSource, choose_backend
 from engine.dense import load_dense
 from engine.encodings import read_calibration_ranges
 from engine.model_info import (
@@ -312,7 +314,10 @@ def load_model(
     dtype: torch.dtype,
     attn_implementation: str | None = None,
     is_default: bool = False,
+    runtime: RuntimeSettings | None = None,
+    threads: int = 1,
 ) -> LoadedModel:
+    """`runtime` and `threads`: the backends' cache and the cores their forward may use."""
     path = resolve_path(spec.source, spec.revision)
     check_custom_code(path, spec)
     prompts, default_prompt_name = read_prompts(path, spec)
@@ -390,5 +395,45 @@ def load_model(
         device,
         tokenizer.encode(["warm up"]),
         torch.nn.Sequential(*projection) if projection else None,
+    )
+    source = ModelSource(
+        name=spec.served_name,
+        folder=path,
+        head=head,
+        module=module,
+        inputs=lambda texts: runner.arrays(tokenizer.encode(texts)),
+        reference=runner.raw,
+        key_extra={
+            "overrides": spec.hf_overrides,
+            "trust_remote_code": spec.trust_remote_code,
+            "attn_implementation": attn_implementation or "",
+        },
+    )
+    chosen = choose_backend(
+        source, spec.backend, runtime or RuntimeSettings(), device, dtype, threads
+    )
+    info = replace(
+        info, backend=str(chosen.kind), precision=chosen.precision, backend_file=chosen.file
+    )
+    if chosen.backend is not None:
+        del source, module  # the backend holds its own weights
+        runner = ModelRunner(
+            None,
+            info,
+            tokenizer.pad_token_id,
+            device,
+            runner.warm_up_batch,
+            runner.projection,
+            backend=chosen.backend,
+        )
+    else:
+        runner.info = info
+    log.info(
+        "model %s: forward on %s %s%s (%s)",
+        info.name,
+        info.backend,
+        info.precision,
+        f", file {info.backend_file}" if info.backend_file else "",
+        chosen.how,
     )
     return LoadedModel(info, tokenizer, runner)

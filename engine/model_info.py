@@ -98,6 +98,11 @@ class ModelInfo:
     # embed_sparse (HeadKind.SPARSE): how token weights pool into one vocabulary vector.
     splade_strategy: SpladeStrategy = SpladeStrategy.MAX
     splade_activation: SpladeActivation = SpladeActivation.RELU
+    # What runs the transformer's forward (engine/backends): torch, onnx or openvino; its
+    # precision (float32, int8, or torch's dtype) and the export file ("" for torch).
+    backend: str = "torch"
+    precision: str = ""
+    backend_file: str = ""
 
     @property
     def is_cross_encoder(self) -> bool:

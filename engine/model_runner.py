@@ -1,4 +1,9 @@
-"""One forward pass over a padded batch, returning each sequence's raw output on the CPU."""
+"""One forward pass over a padded batch, returning each sequence's raw output on the CPU.
+
+The forward runs on torch or on a compiled backend (engine/backends: ONNX Runtime,
+OpenVINO); either way its output goes through the same pooling, projection and SPLADE
+code here, so the backend is invisible to the queue and to everything after it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.backends import Backend
 from engine.model_info import HeadKind, ModelInfo
 from engine.pooling import pool, splade
 from engine.tokenization import Encoding
@@ -38,15 +44,18 @@ class ModelRunner:
 
     def __init__(
         self,
-        module: torch.nn.Module,
+        module: torch.nn.Module | None,
         info: ModelInfo,
         pad_token_id: int,
         device: torch.device,
         warm_up_batch: Sequence[Encoding] = (),
         projection: torch.nn.Module | None = None,
+        backend: Backend | None = None,
     ) -> None:
-        """`projection`: sentence-transformers' Dense modules, applied to pooled vectors."""
+        """`projection`: sentence-transformers' Dense modules, applied to pooled vectors.
+        `backend`: runs the transformer's forward instead of `module` (then None)."""
         self.module = module
+        self.backend = backend
         self.projection = projection
         self.warm_up_batch = list(warm_up_batch)
         self.info = info
@@ -54,32 +63,39 @@ class ModelRunner:
         self.device = device
         # Decoders get no token_type_ids even when the tokenizer makes them.
         self.accepts_token_type_ids = (
-            "token_type_ids" in inspect.signature(module.forward).parameters
+            "token_type_ids" in backend.input_names
+            if backend is not None
+            else module is not None
+            and "token_type_ids" in inspect.signature(module.forward).parameters
         )
         self.threads: ThreadShare | None = None  # None: leave torch's setting alone
 
-    def collate(self, batch: Sequence[Encoding]) -> dict[str, torch.Tensor]:
-        """Right-pad to the longest sequence; pinned memory speeds the copy to a GPU.
-
-        Rows are filled in numpy and wrapped without a copy: a tensor per row costs more
-        than the forward pass of a small model.
-        """
+    def arrays(self, batch: Sequence[Encoding]) -> dict[str, np.ndarray]:
+        """Right-pad to the longest sequence, filled in numpy: a tensor per row costs more
+        than the forward pass of a small model. A backend whose graph takes token types
+        gets zeros where the tokenizer makes none, as the torch module defaults them."""
         longest = max(len(e) for e in batch)
         ids = np.full((len(batch), longest), self.pad_token_id, dtype=np.int64)
         mask = np.zeros((len(batch), longest), dtype=np.int64)
         with_types = self.accepts_token_type_ids and all(
             e.token_type_ids is not None for e in batch
         )
-        types = np.zeros((len(batch), longest), dtype=np.int64) if with_types else None
+        zeros = self.backend is not None and self.accepts_token_type_ids
+        types = np.zeros((len(batch), longest), dtype=np.int64) if with_types or zeros else None
         for row, encoding in enumerate(batch):
             n = len(encoding)
             ids[row, :n] = encoding.input_ids
             mask[row, :n] = 1
-            if types is not None:
+            if with_types and types is not None:
                 types[row, :n] = encoding.token_type_ids
-        inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+        arrays = {"input_ids": ids, "attention_mask": mask}
         if types is not None:
-            inputs["token_type_ids"] = torch.from_numpy(types)
+            arrays["token_type_ids"] = types
+        return arrays
+
+    def collate(self, batch: Sequence[Encoding]) -> dict[str, torch.Tensor]:
+        """The padded batch as tensors; pinned memory speeds the copy to a GPU."""
+        inputs = {k: torch.from_numpy(v) for k, v in self.arrays(batch).items()}
         if self.device.type == "cuda":
             return {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in inputs.items()}
         return inputs
@@ -92,24 +108,43 @@ class ModelRunner:
             torch.set_num_threads(self.threads.alone if alone else self.threads.shared)
         return self._forward(batch, keep_tokens)
 
+    def raw(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The torch module's output for a padded batch (the parity reference of backends)."""
+        assert self.module is not None
+        with torch.inference_mode():
+            tensors = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
+            return self._output(self.module(**tensors)).float().cpu().numpy()
+
+    def _output(self, output: object) -> torch.Tensor:
+        if self.info.head is HeadKind.HIDDEN:
+            return output.last_hidden_state  # type: ignore[attr-defined]
+        return output.logits  # type: ignore[attr-defined]
+
     @torch.inference_mode()
     def _forward(self, batch: Sequence[Encoding], keep_tokens: Sequence[bool]) -> list[np.ndarray]:
-        inputs = self.collate(batch)
-        output = self.module(**inputs)
+        if self.backend is not None:
+            arrays = self.arrays(batch)
+            feed = {name: arrays[name] for name in self.backend.input_names}
+            result = torch.from_numpy(self.backend.run(feed))
+            inputs = {"attention_mask": torch.from_numpy(arrays["attention_mask"])}
+        else:
+            assert self.module is not None
+            inputs = self.collate(batch)
+            result = self._output(self.module(**inputs))
         lengths = [len(e) for e in batch]
         if self.info.head is HeadKind.SEQUENCE:
-            logits = output.logits.float().cpu().numpy()
+            logits = result.float().cpu().numpy()
             return [logits[i] for i in range(len(batch))]
         if self.info.head is HeadKind.TOKEN:
-            logits = output.logits.float().cpu().numpy()
+            logits = result.float().cpu().numpy()
             return [logits[i, :n] for i, n in enumerate(lengths)]
         if self.info.head is HeadKind.SPARSE:
             info = self.info
             mask = inputs["attention_mask"]
-            weights = splade(output.logits, mask, info.splade_strategy, info.splade_activation)
+            weights = splade(result, mask, info.splade_strategy, info.splade_activation)
             vocab = weights.cpu().numpy()
             return [vocab[i] for i in range(len(batch))]
-        hidden = output.last_hidden_state.float()
+        hidden = result.float()
         pooled_states = pool(hidden, inputs["attention_mask"], self.info.pooling_type)
         if self.projection is not None:
             pooled_states = self.projection(pooled_states)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.backends import BackendOptions
 from engine.model_info import LongInput, PoolingType
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -25,6 +26,8 @@ class ModelSpec:
     default_prompt_name: str | None = None
     revision: str | None = None  # a hub branch, tag or commit (None: the default branch)
     trust_remote_code: bool = False  # run modeling code shipped with the model
+    # --backend, --backend-file, --quantize, --calibration-file
+    backend: BackendOptions = field(default_factory=BackendOptions)
 
     @classmethod
     def parse(cls, value: str, **options: Any) -> ModelSpec:

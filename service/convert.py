@@ -236,6 +236,9 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         dtype=info.dtype,
         device=info.device,
         revision=info.revision,
+        backend=info.backend,
+        precision=info.precision,
+        backend_file=info.backend_file,
     )
 
 

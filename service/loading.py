@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+from engine.backends import RuntimeSettings
 from engine.batch_queue import BatchConfig
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
@@ -60,6 +62,8 @@ def load_models(config: ServerConfig) -> tuple[list[LoadedModel], BatchConfig]:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     batch = batch_config_for(config, device)
+    cache = Path(config.backend_cache_dir).expanduser() if config.backend_cache_dir else None
+    runtime = RuntimeSettings(cache_dir=cache)
     models = []
     for index, spec in enumerate(config.models):
         model = load_model(
@@ -68,10 +72,12 @@ def load_models(config: ServerConfig) -> tuple[list[LoadedModel], BatchConfig]:
             dtype=dtype,
             attn_implementation=config.attn_implementation,
             is_default=index == 0,
+            runtime=runtime,
+            threads=config.intra_op_threads or _cores(config),
         )
         info = model.info
         log.info(
-            "loaded model %s (%s) on %s/%s: tasks %s, max %d tokens, pooling %s",
+            "loaded model %s (%s) on %s/%s: tasks %s, max %d tokens, pooling %s, backend %s %s%s",
             info.name,
             info.architecture,
             device,
@@ -79,6 +85,9 @@ def load_models(config: ServerConfig) -> tuple[list[LoadedModel], BatchConfig]:
             ", ".join(info.tasks),
             info.max_input_tokens,
             info.pooling_type,
+            info.backend,
+            info.precision,
+            f" ({info.backend_file})" if info.backend_file else "",
         )
         threads = thread_share(config, device, batch.workers, info.hidden_size)
         model.runner.threads = threads

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,13 @@ from tests.fixture_models import MINILM, build_all
 from tests.server_process import ServerProcess, start_server
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+# Servers the suite starts run torch unless a test asks for a backend (--backend on the
+# command line wins over the variable), and never write exports to the user's cache.
+os.environ.setdefault("POOLING_BACKEND", "torch")
+os.environ.setdefault(
+    "POOLING_BACKEND_CACHE_DIR", tempfile.mkdtemp(prefix="pooling-backend-cache-")
+)
 MAX_CLIENT_BATCH_SIZE = 64
 
 

@@ -242,6 +242,11 @@ class ModelInfo:
     dtype: str = ""
     device: str = ""
     revision: str = ""
+    #: What runs the forward ("torch", "onnx", "openvino"), its precision ("float32",
+    #: "int8") and the export file it runs ("" for torch).
+    backend: str = ""
+    precision: str = ""
+    backend_file: str = ""
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -274,6 +279,9 @@ class ModelInfo:
             dtype=card.dtype,
             device=card.device,
             revision=card.revision,
+            backend=card.backend,
+            precision=card.precision,
+            backend_file=card.backend_file,
         )
 
 

@@ -1,0 +1,102 @@
+"""Inference backends beside torch: ONNX Runtime and OpenVINO, fp32 or int8, chosen per model.
+
+Only the transformer's forward moves to a backend: input ids, attention mask and token
+types in, the last hidden state (or the logits of a classifier, a token classifier or a
+masked-LM head) out. Pooling, Dense modules, activations and everything after them stay
+on the runner's torch code, fed by the backend's output, so every task behaves the same
+whichever backend runs the forward.
+
+The backend packages are optional: torch alone serves every model, and asking for a
+backend whose package is missing fails the load with a message naming the flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+class BackendKind(StrEnum):
+    AUTO = "auto"  # CPU: the fastest backend within cosine 0.9999 of torch; CUDA: torch
+    TORCH = "torch"
+    ONNX = "onnx"
+    OPENVINO = "openvino"
+
+
+class Quantize(StrEnum):
+    INT8 = "int8"
+
+
+# The names the forward's inputs take in every export, as transformers and
+# sentence-transformers' ONNX and OpenVINO files name them.
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class Backend(Protocol):
+    """A compiled forward; the queue's worker threads may call `run` at once."""
+
+    kind: BackendKind
+    precision: str  # "float32" or "int8"
+    file: Path  # the file it runs
+    input_names: tuple[str, ...]  # a subset of INPUT_NAMES, in the graph's order
+
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """(batch, tokens, width) states or logits, or (batch, labels) logits; float32,
+        writable, owned by the caller."""
+        ...
+
+
+class BackendUnavailable(ValueError):
+    """A backend cannot serve this model here (package missing, device, export failure).
+
+    With --backend auto the loader falls back to torch and logs the message; asked for
+    explicitly, the load fails with it."""
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What --backend and its companions ask for one model. The engine's own default is
+    torch; the server's --backend defaults to auto."""
+
+    kind: BackendKind = BackendKind.TORCH
+    file: str | None = None  # --backend-file, relative to the model folder
+    quantize: Quantize | None = None
+    calibration_file: str | None = None  # None: the calibration set shipped here
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Global settings every backend shares: where exports are cached."""
+
+    cache_dir: Path | None = None  # None: default_cache_dir()
+
+
+def default_cache_dir() -> Path:
+    """$POOLING_CACHE_DIR, else $XDG_CACHE_HOME/pooling-server/backends, else ~/.cache/..."""
+    import os
+
+    explicit = os.environ.get("POOLING_BACKEND_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pooling-server" / "backends"
+
+
+CALIBRATION_FILE = Path(__file__).with_name("calibration.txt")
+
+
+def read_calibration(path: str | None, model: str) -> list[str]:
+    """Calibration texts: UTF-8, one per line, blank lines skipped."""
+    file = Path(path).expanduser() if path else CALIBRATION_FILE
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"model {model}: --calibration-file {file}: {exc}") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        raise ValueError(f"model {model}: --calibration-file {file} holds no text")
+    return texts

@@ -1,0 +1,101 @@
+"""ONNX Runtime: export with torch.onnx (dynamic batch and length), int8 by dynamic
+quantization, and a session on ONNX Runtime's own CPU thread pool."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.backends import INPUT_NAMES, BackendKind
+from engine.backends.export import ForwardOnly, output_name
+from engine.model_info import HeadKind
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+# Operators whose presence marks a graph as quantized.
+INT8_OPS = frozenset(
+    {"DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "QGemm"}
+)
+
+
+def version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def export(
+    module: torch.nn.Module, head: HeadKind, example: dict[str, np.ndarray], path: Path
+) -> None:
+    """The traced forward (TorchScript exporter: no onnxscript needed), every input and the
+    output dynamic in batch and length."""
+    names = [name for name in INPUT_NAMES if name in example]
+    output = output_name(head)
+    axes = {name: {0: "batch", 1: "tokens"} for name in names}
+    axes[output] = {0: "batch"} if head is HeadKind.SEQUENCE else {0: "batch", 1: "tokens"}
+    tensors = tuple(torch.from_numpy(example[name]) for name in names)
+    with torch.inference_mode(False), torch.no_grad():
+        torch.onnx.export(
+            ForwardOnly(module, head),
+            tensors,
+            str(path),
+            input_names=names,
+            output_names=[output],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+
+def quantize(source: Path, target: Path) -> None:
+    """Dynamic int8: weights quantized per channel now, activations per batch at run time,
+    so no calibration data is needed (sentence-transformers' and TEI's qint8 files)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True)
+
+
+def is_quantized(path: Path) -> bool:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(node.op_type in INT8_OPS for node in graph.node)
+
+
+class OnnxBackend:
+    """One session shared by the forward workers: ONNX Runtime's run is thread-safe and
+    releases the GIL; its intra-op pool is sized to the cores."""
+
+    kind = BackendKind.ONNX
+
+    def __init__(self, path: Path, head: HeadKind, threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        inputs = [i.name for i in self.session.get_inputs()]
+        unknown = [name for name in inputs if name not in INPUT_NAMES]
+        if unknown or "input_ids" not in inputs:
+            raise ValueError(
+                f"{path}: the graph's inputs {inputs} are not input_ids, attention_mask and "
+                "optionally token_type_ids"
+            )
+        self.input_names = tuple(inputs)
+        outputs = [o.name for o in self.session.get_outputs()]
+        wanted = output_name(head)
+        self.output = wanted if wanted in outputs else outputs[0]
+        self.file = path
+        self.precision = "int8" if is_quantized(path) else "float32"
+
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        (result,) = self.session.run([self.output], inputs)
+        return np.asarray(result, dtype=np.float32)
