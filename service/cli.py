@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from engine.backends import BackendKind, BackendOptions, Quantize
 from engine.batch_queue import BatchConfig, default_client_cap
 from engine.model_info import LongInput, PoolingType
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
@@ -272,6 +273,51 @@ def build_parser() -> argparse.ArgumentParser:
         "concurrent passes share them",
     )
     models.add_argument(
+        "--backend",
+        action="append",
+        choices=[kind.value for kind in BackendKind],
+        help="what runs the transformer's forward: torch; onnx (ONNX Runtime) or openvino, "
+        "float32 on the CPU, exported at load and cached; auto (the default): openvino on "
+        "the CPU when its outputs match torch within cosine 0.9999, else onnx, else torch "
+        "(logged); torch on a GPU. " + PER_MODEL,
+    )
+    models.add_argument(
+        "--backend-file",
+        action="append",
+        metavar="PATH",
+        help="an export shipped in the model folder, relative to it, served as it is: "
+        "onnx/model.onnx, onnx/model_qint8_avx512_vnni.onnx, openvino/openvino_model.xml "
+        "(as sentence-transformers saves them); '' for none. " + PER_MODEL,
+    )
+    models.add_argument(
+        "--quantize",
+        action="append",
+        choices=["none", Quantize.INT8.value],
+        help="int8: on onnx, dynamic quantization (no data needed); on openvino, static "
+        "quantization calibrated on --calibration-file. " + PER_MODEL,
+    )
+    models.add_argument(
+        "--calibration-file",
+        action="append",
+        metavar="PATH",
+        help="openvino --quantize int8: UTF-8 texts, one per line, to calibrate on (default: "
+        "about 200 varied sentences shipped with the server). " + PER_MODEL,
+    )
+    models.add_argument(
+        "--backend-cache-dir",
+        default=None,
+        help="where onnx and openvino exports are cached, keyed by the model's files, the "
+        "backend's version and the settings (default: ~/.cache/pooling-server/backends, or "
+        "under $XDG_CACHE_HOME)",
+    )
+    models.add_argument(
+        "--intra-op-threads",
+        type=positive_int,
+        default=None,
+        help="threads of the onnx and openvino forward (default: --torch-threads, else every "
+        "CPU this process may use)",
+    )
+    models.add_argument(
         "--attn-implementation",
         default=None,
         help="transformers attention implementation (default: the fastest available, sdpa)",
@@ -395,7 +441,33 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     sources = args.model or [DEFAULT_MODEL]
     n = len(sources)
     specs = []
-    for source, pooling, side, long_input, max_chars, overrides, prompt_name, revision in zip(
+    backends = [
+        BackendOptions(
+            BackendKind(kind or BackendKind.AUTO),
+            file or None,
+            Quantize(quantize) if quantize not in (None, "none") else None,
+            calibration or None,
+        )
+        for kind, file, quantize, calibration in zip(
+            _per_model(args.backend, n, "--backend"),
+            _per_model(args.backend_file, n, "--backend-file"),
+            _per_model(args.quantize, n, "--quantize"),
+            _per_model(args.calibration_file, n, "--calibration-file"),
+            strict=True,
+        )
+    ]
+    for (
+        backend,
+        source,
+        pooling,
+        side,
+        long_input,
+        max_chars,
+        overrides,
+        prompt_name,
+        revision,
+    ) in zip(
+        backends,
         sources,
         _per_model(args.pooling_type, n, "--pooling-type"),
         _per_model(args.truncation_side, n, "--truncation-side"),
@@ -423,6 +495,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
                 default_prompt_name=None if prompt_name in (None, "auto") else prompt_name,
                 revision=revision or None,
                 trust_remote_code=args.trust_remote_code,
+                backend=backend,
             )
         )
     names = [spec.served_name for spec in specs]
@@ -459,6 +532,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         dtype=args.dtype,
         attn_implementation=args.attn_implementation,
         torch_threads=args.torch_threads,
+        intra_op_threads=args.intra_op_threads,
+        backend_cache_dir=args.backend_cache_dir,
         tokenizer_threads=args.tokenizer_threads,
         limits=Limits(
             max_client_batch_size=args.max_client_batch_size,

@@ -296,6 +296,8 @@ class HttpApi:
                 "owned_by": "pooling-server",
                 "max_model_len": info.max_input_tokens,
                 "tasks": [str(task) for task in info.tasks],
+                "backend": info.backend,
+                "precision": info.precision,
             }
             for info in engine.model_infos
         ]

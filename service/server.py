@@ -52,6 +52,8 @@ class ServerConfig:
     dtype: str = "auto"
     attn_implementation: str | None = None
     torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
+    intra_op_threads: int | None = None  # onnx and openvino; None: torch_threads, else cores
+    backend_cache_dir: str | None = None  # None: engine.backends.default_cache_dir()
     tokenizer_threads: int = 1
     limits: Limits = field(default_factory=Limits)
     # Zeros are filled in for the device by batch_config_for.

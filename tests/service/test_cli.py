@@ -14,6 +14,7 @@ COUNTS = [
     "--max-batch-size",
     "--forward-workers",
     "--max-queued-items",
+    "--max-queued-items-per-client",
     "--max-stream-inflight",
     "--data-parallel",
 ]
