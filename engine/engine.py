@@ -47,6 +47,7 @@ class TokenizedText:
     token_ids: list[int]
     tokens: list[str]
     offsets: list[tuple[int, int]]
+    special_mask: list[int] = field(default_factory=list)  # 1 for special tokens
 
 
 @dataclass
@@ -246,7 +247,9 @@ class Engine:
                 self.limits,
             )
             return [
-                TokenizedText(e.input_ids, model.tokenizer.tokens(e.input_ids), e.offsets)
+                TokenizedText(
+                    e.input_ids, model.tokenizer.tokens(e.input_ids), e.offsets, e.special_mask
+                )
                 for e in encodings
             ]
 

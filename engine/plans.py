@@ -105,7 +105,8 @@ def _encode(
     prompt = prompt_text(request, info)
     if prompt:
         texts = [prompt + text for text in texts]
-    encodings = model.tokenizer.encode(texts, pairs, truncate=truncate, side=info.truncation_side)
+    side = request.truncation_side or info.truncation_side
+    encodings = model.tokenizer.encode(texts, pairs, truncate=truncate, side=side)
     check_lengths(request, info, path, [len(e) for e in encodings])
     pooling, skip = None, 0
     if prompt and not info.include_prompt and request.task is Task.EMBED:

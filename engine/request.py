@@ -30,6 +30,8 @@ class PoolRequest:
     encoding: OutputEncoding = OutputEncoding.FLOAT  # embed and token_embed outputs
     sparse_top_k: int = 0  # embed_sparse: keep the k largest weights (0: all non-zero)
     sparse_tokens: bool = False  # embed_sparse: also return each index's token
+    # Which end truncation cuts ("left" or "right"); None: the model's --truncation-side.
+    truncation_side: str | None = None
     # The door's bound on the answer (the HTTP API's); None: the engine's, Limits.response.
     response_budget: ResponseBudget | None = None
 
@@ -52,6 +54,7 @@ class RerankRequest:
     model: str = ""
     declared_task: Task | None = None
     top_n: int = 0  # the best top_n results; 0 (or more than there are documents): all
+    truncation_side: str | None = None  # as PoolRequest's
 
     @cached_property
     def score(self) -> PoolRequest:
@@ -64,4 +67,5 @@ class RerankRequest:
             declared_task=self.declared_task,
             text_1=(self.query,),
             text_2=self.documents,
+            truncation_side=self.truncation_side,
         )

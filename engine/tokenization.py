@@ -114,6 +114,16 @@ class ModelTokenizer:
         to_token = self._shared.id_to_token
         return [to_token(i) for i in ids]
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids below this are tokens (added tokens included)."""
+        return int(self._shared.get_vocab_size(with_added_tokens=True))
+
+    def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Token id sequences back to text (TEI's /decode); ids must be below vocab_size."""
+        batch = [list(sequence) for sequence in ids]
+        return list(self._shared.decode_batch(batch, skip_special_tokens=skip_special_tokens))
+
     def chunk(self, encoding: Encoding) -> list[Encoding]:
         """Split a too-long sequence into max-length windows, each with the special tokens."""
         prefix, suffix = special_edges(encoding.special_mask)

@@ -1,0 +1,163 @@
+"""What the TEI- and Cohere-shaped HTTP doors share: reading their bodies' common fields,
+running engine requests through the runner, and rendering engine arrays as JSON.
+
+Both doors answer straight from the engine's numpy arrays (no protobuf on the way): a
+whole batch of vectors becomes nested lists in one `tolist()`, and msgspec encodes them.
+Large answers are built and encoded on a worker thread, so the event loop keeps serving
+other connections, and an answer over --max-http-response-mb is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.model_info import ModelInfo
+from engine.output_size import ResponseBudget
+from engine.validation import output_too_large
+from service import json_body
+from service.runner import Call, RequestRunner
+
+# Answers of more float values than this are built and encoded off the event loop.
+OFF_LOOP_VALUES = 100_000
+OFF_LOOP_BODY = 1024 * 1024  # bodies larger than this are checked and decoded off the loop
+JSON_FLOAT_BYTES = 21  # a float32 as the shortest double that reads back, with its comma
+
+_encoder = msgspec.json.Encoder()
+
+
+class DoorError(Exception):
+    """A body a door refuses before the engine sees it, in the door's own terms: the HTTP
+    status, the door's error type, and the message (naming the field at fault)."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+
+
+def call(request: web.Request, rpc: str) -> Call:
+    """The runner's view of an HTTP call: its headers (for the caller's trace context) and
+    its peer address (the queue's fairness between clients)."""
+    headers = [(key.lower(), value) for key, value in request.headers.items()]
+    return Call(protocol="http", rpc=rpc, headers=headers, client=request.remote or "unknown")
+
+
+def request_id(request: web.Request, prefix: str) -> str:
+    return request.headers.get("X-Request-Id") or f"{prefix}-{uuid.uuid4().hex}"
+
+
+def served_model(runner: RequestRunner, name: str) -> ModelInfo:
+    """The model a request names, or the default model (TEI's requests name none)."""
+    return runner.ready().resolve(name).info
+
+
+def budget(max_bytes: int, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
+    """The engine's bound on an answer these doors send as JSON (values only)."""
+    return ResponseBudget(
+        max_bytes=max_bytes,
+        setting="--max-http-response-mb",
+        float_bytes=float_bytes,
+        item_bytes=16,
+        row_bytes=3,
+        encodings=False,
+    )
+
+
+def present(raw: msgspec.Raw) -> bool:
+    return len(raw) > 0 and bytes(raw) != b"null"
+
+
+async def decode_body(request: web.Request, kind: type[Any]) -> Any:
+    """The body as `kind`, its nesting checked first (service/json_body.py's bound), on a
+    worker thread when large; a wrong type stops at the first wrong value."""
+    raw = await request.read()
+    if len(raw) > OFF_LOOP_BODY:
+        return await asyncio.to_thread(_decode, raw, kind)
+    return _decode(raw, kind)
+
+
+def _decode(raw: bytes, kind: type[Any]) -> Any:
+    json_body._check_depth(raw)
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        raise DoorError(422, "Validation", where(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise DoorError(422, "Validation", f"the body is not valid JSON: {exc}") from None
+
+
+def where(problem: str) -> str:
+    """msgspec's "Expected `bool`, got `str` - at `$.normalize`" as "normalize: ..."."""
+    message, _, at = problem.partition(" - at `$")
+    field = at.rstrip("`").lstrip(".")
+    if not field:
+        return f"body: {message}"
+    return f"{field}: {message}"
+
+
+def text_list(raw: msgspec.Raw, field: str, max_inputs: int) -> list[str]:
+    """A string or a list of strings, counted on the bytes before it is built."""
+    if not present(raw):
+        raise DoorError(422, "Validation", f"{field}: missing; send a string or a list of strings")
+    value = json_body._decode_list(field, raw, max_inputs)
+    if isinstance(value, tuple):
+        _, violation = value
+        status = 413 if violation.reason == "TOO_MANY_INPUTS" else 422
+        raise DoorError(status, "Validation", f"{violation.field}: {violation.description}")
+    return value
+
+
+def matrix(rows: Sequence[np.ndarray]) -> list[Any]:
+    """Equal-length float vectors as nested lists, in one conversion when they stack."""
+    if not rows:
+        return []
+    if all(row.shape == rows[0].shape for row in rows):
+        return np.stack(rows).tolist()
+    return [row.tolist() for row in rows]
+
+
+async def render(
+    build: Callable[[], Any], values: int, max_bytes: int, status: int = 200
+) -> web.Response:
+    """A JSON body from `build()`; one of many values is built and encoded on a worker
+    thread. One over `max_bytes` is refused (the engine's estimate let it through: this is
+    the safety net, not the rule)."""
+    if values > OFF_LOOP_VALUES:
+        body = await asyncio.to_thread(lambda: _encoder.encode(build()))
+    else:
+        body = _encoder.encode(build())
+    if len(body) > max_bytes:
+        raise output_too_large("", len(body), budget(max_bytes))
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def json_response(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=_encoder.encode(payload), status=status, content_type="application/json"
+    )
+
+
+def rename_fields(message: str, names: dict[str, str]) -> str:
+    """The engine names fields by the gRPC request's paths (`embed.texts[2]`); a door's
+    errors name its own (`inputs[2]`)."""
+    for engine_name, door_name in names.items():
+        message = message.replace(engine_name, door_name)
+    return message
+
+
+def unprocessable(field: str, description: str) -> PoolingError:
+    """An engine-style refusal for a field the door checks itself."""
+    return PoolingError.invalid([FieldViolation(field, description, "INVALID_BODY")])
+
+
+def is_kind(error: PoolingError, kind: ErrorKind, *reasons: str) -> bool:
+    return error.kind is kind and (not reasons or error.reason in reasons)
