@@ -22,6 +22,7 @@ from dataclasses import replace
 from engine.core import EngineCore
 from engine.ipc import EngineReady
 from engine.served import ModelDescription
+from service import logs
 from service.metrics import EngineStats, Metrics
 from service.run_dir import engine_address, write_ready
 from service.server import ServerConfig
@@ -70,7 +71,7 @@ async def run_engine(
         # is lost; a load thread cannot be interrupted, and waiting for it could take
         # minutes.
         log.info("engine %d stopped while loading", index)
-        logging.shutdown()
+        logs.shutdown()
         os._exit(0)
     stopped.cancel()
     models, batch = loading.result()

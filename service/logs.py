@@ -61,6 +61,11 @@ def _stop_listener() -> None:
 atexit.register(_stop_listener)
 
 
+def shutdown() -> None:
+    """Write every queued line now: for a process that leaves by os._exit (no atexit)."""
+    _stop_listener()
+
+
 def configure(level: str, fmt: str) -> None:
     """Log through a queue: a request's log line must not cost its event loop a write."""
     global _listener
