@@ -94,6 +94,15 @@ def token_rows_bytes(
     return len(counts) * budget.item_bytes + sum(counts) * per_row
 
 
+def fewest_tokens(texts: Iterable[str], specials: int, cap: int | None) -> list[int]:
+    """The fewest tokens each text can have, without tokenizing: its special tokens and one
+    per whitespace-separated word (WordPiece, BPE and SentencePiece never join two words
+    into one token), at most `cap` (truncation, or the maximum length past which the text
+    is refused anyway; None where texts run long, chunked)."""
+    floors = [len(text.split()) + specials for text in texts]
+    return floors if cap is None else [min(floor, cap) for floor in floors]
+
+
 def tokenize_bytes(tokens_and_lengths: Iterable[tuple[int, int]]) -> int:
     """A TokenizeResponse for texts of (tokens, characters) each: per token its id, its
     token string (of one character at least) and its offsets, whose varints grow with the

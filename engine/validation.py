@@ -17,6 +17,7 @@ from engine.model_info import LongInput, ModelInfo, SpladeStrategy
 from engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
+    fewest_tokens,
     megabytes,
     pooled_bytes,
     token_rows_bytes,
@@ -383,20 +384,33 @@ def output_violation(path: str, estimate: int, budget: ResponseBudget) -> FieldV
 
 
 def output_too_large(path: str, estimate: int, budget: ResponseBudget) -> PoolingError:
-    error = PoolingError.invalid([output_violation(path, estimate, budget)])
+    """`path`: the inputs at fault; empty where the answer as a whole is (its real size)."""
+    violation = output_violation(path, estimate, budget)
+    if path:
+        error = PoolingError.invalid([violation])
+    else:
+        error = PoolingError(ErrorKind.INVALID_ARGUMENT, violation.reason, violation.description)
     error.metadata = {"estimated_bytes": str(estimate), "limit_bytes": str(budget.max_bytes)}
     return error
 
 
 def _output_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
     """What the request alone says of its answer's size: one vector, class row or score per
-    input, and for token outputs at least the special tokens of every text (the rest is
-    counted once tokenized: check_token_output)."""
+    input; for token outputs, at least a row per word of every text (counted exactly once
+    tokenized: check_token_output), so that the tokenizer never runs for a refusal."""
     assert request.task is not None
     budget, dims = response_budget(request, limits), request.params.dimensions
+    if dims is not None and not 1 <= dims <= info.hidden_size:
+        return  # _dimensions speaks for it
     if request.task in TOKEN_TASKS:
-        floor = [info.num_special_tokens + (1 if text else 0) for text in request.texts]
-        estimate = token_rows_bytes(request.task, floor, info, dims, request.encoding, budget)
+        cap = _token_cap(request, info)
+        specials = info.num_special_tokens
+        task, encoding = request.task, request.encoding
+        most = [len(text) + specials for text in request.texts]
+        if token_rows_bytes(task, most, info, dims, encoding, budget) <= budget.max_bytes:
+            return  # fits even at one token per character: no words to count
+        floor = fewest_tokens(request.texts, specials, cap)
+        estimate = token_rows_bytes(task, floor, info, dims, encoding, budget)
     else:
         estimate = pooled_bytes(
             request.task, request.num_items, info, dims, request.encoding, budget
@@ -404,6 +418,17 @@ def _output_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
     if estimate > budget.max_bytes:
         path = "score.text_2" if request.task is Task.SCORE else f"{request.task}.texts"
         yield output_violation(path, estimate, budget)
+
+
+def _token_cap(request: PoolRequest, info: ModelInfo) -> int | None:
+    """The most tokens of one text's output rows: its truncation, or the maximum length
+    (past which check_lengths refuses it); None where long texts are chunked."""
+    truncate = request.params.truncate_prompt_tokens
+    if truncate is not None and truncate > 0:
+        return truncate
+    if truncate == -1 or info.long_input is LongInput.TRUNCATE or not info.chunks_long_input:
+        return info.max_input_tokens
+    return None
 
 
 def check_token_output(
@@ -614,9 +639,12 @@ def validate_tokenize(texts: Sequence[str], info: ModelInfo, limits: Limits) -> 
     )
     if violations:
         raise PoolingError.invalid(violations)
-    # Tokenizing is the work here, so the answer is bounded before it: at most about one
-    # token per character, plus the special tokens.
-    specials = info.num_special_tokens
-    estimate = tokenize_bytes([(len(text) + specials, len(text)) for text in texts])
-    if estimate > limits.response.max_bytes:
-        raise output_too_large("texts", estimate, limits.response)
+    # Tokenizing is the work here, so the answer is bounded before it: at least one token
+    # per word. Texts that fit even at one token per character need no counting.
+    specials, budget = info.num_special_tokens, limits.response
+    if tokenize_bytes([(len(text) + specials, len(text)) for text in texts]) <= budget.max_bytes:
+        return
+    floor = fewest_tokens(texts, specials, None)
+    estimate = tokenize_bytes(zip(floor, map(len, texts), strict=True))
+    if estimate > budget.max_bytes:
+        raise output_too_large("texts", estimate, budget)

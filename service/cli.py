@@ -15,6 +15,7 @@ from engine.backends import BackendKind, BackendOptions, Quantize
 from engine.batch_queue import BatchConfig, default_client_cap
 from engine.model_info import LongInput, PoolingType
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
+from engine.output_size import MIB, ResponseBudget
 from engine.validation import Limits
 from service import logs
 from service.auth import load_keys
@@ -72,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also serve the HTTP API on this port (--host): OpenAI /v1/embeddings, "
         "/v1/rerank, /v1/score, /pooling, /classify, /v1/models, /health",
+    )
+    net.add_argument(
+        "--max-http-response-mb",
+        type=positive_int,
+        default=64,
+        help="HTTP: largest response body; a request whose JSON answer would be larger is "
+        "refused (400 OUTPUT_TOO_LARGE) before any work (default 64: JSON floats take about "
+        "five times their protobuf size, so about what --max-message-mb allows over gRPC)",
     )
 
     http = HttpLimits()
@@ -538,6 +547,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=Limits(
             max_client_batch_size=args.max_client_batch_size,
             max_request_chars=args.max_request_chars,
+            response=ResponseBudget(max_bytes=args.max_message_mb * MIB),
         ),
         batch=BatchConfig(
             max_batch_tokens=args.max_batch_tokens,
@@ -552,6 +562,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         drain_delay_s=args.drain_delay_s,
         shutdown_grace_s=args.shutdown_grace_s,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
+        max_http_response_bytes=args.max_http_response_mb * MIB,
         metrics_host=args.metrics_host,
         metrics_port=None if args.role else args.metrics_port,  # a split server's: the parent's
         http_port=args.http_port,

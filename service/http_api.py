@@ -22,6 +22,8 @@ import numpy as np
 from aiohttp import web
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
+from engine.output_size import MIB, ResponseBudget
+from engine.validation import output_too_large
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
 from service.json_body import Body, BodyError, parse_body
 from service.proto import pooling_pb2 as pb
@@ -45,6 +47,14 @@ UNPROTECTED = frozenset({"/health"})
 _json = msgspec.json.Encoder()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The largest response body (--max-http-response-mb), and what one float costs in it: a
+# float32 printed as the shortest double that reads back takes about 21 characters with its
+# comma; in base64 (encoding_format) 4 bytes take 5.33.
+MAX_RESPONSE_BYTES = 64 * MIB
+JSON_FLOAT_BYTES = 21
+BASE64_FLOAT_BYTES = 6
+# Answers of more values are rendered to JSON off the event loop (100k take about 10 ms).
+OFF_LOOP_VALUES = 100_000
 # Also the most connections asyncio accepts in one go, each a descriptor before the cap
 # sees it: the cap leaves half the open-file limit, far more than this, to the rest.
 LISTEN_BACKLOG = 128
@@ -59,6 +69,7 @@ class HttpApi:
         self._listener: asyncio.AbstractServer | None = None
         self.guard: ConnectionGuard | None = None
         self.serving = False  # follows the gRPC health status
+        self.max_response_bytes = MAX_RESPONSE_BYTES  # --max-http-response-mb
 
     def app(
         self, max_body: int = 16 * 1024 * 1024, guard: ConnectionGuard | None = None
@@ -169,17 +180,26 @@ class HttpApi:
             params=params,
             embed=pb.TextInput(texts=texts),
         )
-        response = await self._pool(request, message)
-        data = []
-        for index, embedding in enumerate(response.embed.embeddings):
-            values: Any = list(embedding.values)
-            if fmt == "base64":
-                raw = np.asarray(embedding.values, dtype="<f4").tobytes()
-                values = base64.b64encode(raw).decode()
-            data.append({"object": "embedding", "index": index, "embedding": values})
-        return _ok(
-            {"object": "list", "data": data, "model": response.model, "usage": _usage(response)}
+        response = await self._pool(
+            request, message, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES
         )
+
+        def build() -> dict[str, Any]:
+            data = []
+            for index, embedding in enumerate(response.embed.embeddings):
+                values: Any = list(embedding.values)
+                if fmt == "base64":
+                    raw = np.asarray(embedding.values, dtype="<f4").tobytes()
+                    values = base64.b64encode(raw).decode()
+                data.append({"object": "embedding", "index": index, "embedding": values})
+            return {
+                "object": "list",
+                "data": data,
+                "model": response.model,
+                "usage": _usage(response),
+            }
+
+        return await self._render(build, _values(response))
 
     async def score(self, request: web.Request) -> web.Response:
         """vLLM's POST /v1/score: text_1 and text_2, each a string or a list."""
@@ -234,19 +254,23 @@ class HttpApi:
         )
         getattr(message, task).texts.extend(_texts(body, "input"))
         response = await self._pool(request, message)
-        rows: list[Any]
-        if task == "embed":
-            rows = [list(e.values) for e in response.embed.embeddings]
-        elif task == "classify":
-            rows = [list(c.probs) for c in response.classify.classifications]
-        else:
-            items = getattr(response, task).items
-            rows = [
-                np.asarray(m.values, dtype=np.float32).reshape(m.rows, m.cols).tolist()
-                for m in items
-            ]
-        data = [{"index": i, "object": "pooling", "data": row} for i, row in enumerate(rows)]
-        return _ok(_listing(message.request_id, response, data))
+
+        def build() -> dict[str, Any]:
+            rows: list[Any]
+            if task == "embed":
+                rows = [list(e.values) for e in response.embed.embeddings]
+            elif task == "classify":
+                rows = [list(c.probs) for c in response.classify.classifications]
+            else:
+                items = getattr(response, task).items
+                rows = [
+                    np.asarray(m.values, dtype=np.float32).reshape(m.rows, m.cols).tolist()
+                    for m in items
+                ]
+            data = [{"index": i, "object": "pooling", "data": row} for i, row in enumerate(rows)]
+            return _listing(message.request_id, response, data)
+
+        return await self._render(build, _values(response))
 
     async def rerank(self, request: web.Request) -> web.Response:
         """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank."""
@@ -313,9 +337,36 @@ class HttpApi:
         engine = self.servicer._ready_engine()
         return await _read_body(request, engine.limits.max_client_batch_size)
 
-    async def _pool(self, request: web.Request, message: pb.PoolRequest) -> pb.PoolResponse:
+    async def _pool(
+        self, request: web.Request, message: pb.PoolRequest, float_bytes: int = JSON_FLOAT_BYTES
+    ) -> pb.PoolResponse:
+        """`float_bytes`: what one output value costs in the route's JSON, for the budget."""
         record = self.servicer.telemetry.begin("Pool", message, _Caller(request), "http")
-        return await self.servicer.run_pool(message, record, None, _client(request))
+        budget = self.budget(float_bytes)
+        return await self.servicer.run_pool(message, record, None, _client(request), budget)
+
+    def budget(self, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
+        """The engine's bound on an answer sent as JSON: values only, no compact encodings."""
+        return ResponseBudget(
+            max_bytes=self.max_response_bytes,
+            setting="--max-http-response-mb",
+            float_bytes=float_bytes,
+            item_bytes=64,  # {"index": ..., "object": ..., "data": [...]}
+            row_bytes=3,  # a token row's brackets and comma
+            encodings=False,
+        )
+
+    async def _render(self, build: Callable[[], dict[str, Any]], values: int) -> web.Response:
+        """A 200 JSON body. One of many values is built and encoded on a worker thread, so
+        the event loop serves other connections meanwhile; one over the cap is refused
+        (the estimate let it through: a safety net, not the rule)."""
+        if values > OFF_LOOP_VALUES:
+            body = await asyncio.to_thread(lambda: _json.encode(build()))
+        else:
+            body = _json.encode(build())
+        if len(body) > self.max_response_bytes:
+            raise output_too_large("", len(body), self.budget())
+        return web.Response(body=body, content_type="application/json")
 
 
 class _Caller:
@@ -371,6 +422,18 @@ def _params(body: Body) -> pb.PoolingParams:
     if body.has("truncate_prompt_tokens"):
         params.truncate_prompt_tokens = _int(body, "truncate_prompt_tokens")
     return params
+
+
+def _values(response: pb.PoolResponse) -> int:
+    """How many float values an answer carries: what its JSON costs to build."""
+    case = response.WhichOneof("output")
+    if case == "embed":
+        return sum(len(e.values) for e in response.embed.embeddings)
+    if case == "classify":
+        return sum(len(c.probs) for c in response.classify.classifications)
+    if case in ("token_embed", "token_classify"):
+        return sum(m.rows * m.cols for m in getattr(response, case).items)
+    return 0
 
 
 def _client(request: web.Request) -> str:

@@ -62,6 +62,7 @@ class ServerConfig:
     drain_delay_s: float = 0.0
     shutdown_grace_s: float = 30.0
     max_message_bytes: int = 16 * 1024 * 1024
+    max_http_response_bytes: int = 64 * 1024 * 1024  # the HTTP API's largest response body
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     http_port: int | None = None  # the HTTP API (service/http_api.py) on --host; None: off
@@ -159,6 +160,7 @@ class PoolingServer:
         self.http_port = 0
         if config.http_port is not None:
             self.http = HttpApi(self.servicer, config.api_keys)
+            self.http.max_response_bytes = config.max_http_response_bytes
 
     async def _set_health(self, status: int) -> None:
         if self.http is not None:

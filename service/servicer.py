@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from engine.engine import Engine
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip, internal_error
-from engine.validation import MAX_REQUEST_ID_BYTES, request_id_too_long
+from engine.output_size import ResponseBudget
+from engine.validation import MAX_REQUEST_ID_BYTES, output_too_large, request_id_too_long
 from service import convert
 from service.errors import GRPC_CODES, to_grpc_status, to_status_proto, unavailable
 from service.handlers import Malformed
@@ -51,18 +54,25 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         record: RequestRecord,
         deadline: float | None,
         client: str = "",
+        budget: ResponseBudget | None = None,
     ) -> pb.PoolResponse:
         """Run one request; every failure comes out as a PoolingError. `client`: who asked
-        (a gRPC peer, an HTTP address), so one client cannot take the whole queue."""
+        (a gRPC peer, an HTTP address), so one client cannot take the whole queue.
+        `budget`: the door's bound on the answer, where it is not gRPC's (the HTTP API's)."""
 
         async def run(engine: Engine) -> tuple[pb.PoolResponse, int, int, str]:
+            pool_request = convert.request_from_proto(request)
+            if budget is not None:
+                pool_request = dataclasses.replace(pool_request, response_budget=budget)
             result = await engine.pool(
-                convert.request_from_proto(request),
+                pool_request,
                 deadline=deadline,
                 timings=record.timings,
                 client=client,
             )
             response = convert.response_to_proto(result)
+            if budget is None:
+                _check_sendable(response, engine.limits.response)
             return response, len(result.outputs), result.prompt_tokens, result.model
 
         return await self._observed(request, record, run)
@@ -264,7 +274,21 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise
-        return convert.tokenize_response(info, items)
+        response = convert.tokenize_response(info, items)
+        try:
+            _check_sendable(response, engine.limits.response)
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise
+        return response
+
+
+def _check_sendable(response: Message, budget: ResponseBudget) -> None:
+    """The real size, where the estimate let an answer through (sparse weights, say): a
+    clear refusal rather than gRPC's own failure at send."""
+    size = response.ByteSize()
+    if size > budget.max_bytes:
+        raise output_too_large("", size, budget)
 
 
 def _weight(request: pb.PoolRequest) -> int:

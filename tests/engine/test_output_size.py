@@ -12,6 +12,7 @@ from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
 from engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
+    fewest_tokens,
     pooled_bytes,
     token_rows_bytes,
     tokenize_bytes,
@@ -146,3 +147,28 @@ def test_tokenize_is_refused_on_its_characters_before_tokenizing() -> None:
     validate_tokenize(["a " * 131072], info(), Limits())  # one of them fits
     with pytest.raises(PoolingError):
         check_tokenize_output([(2_000_000, 4_000_000)], Limits())
+
+
+def test_fewest_tokens_counts_words_and_specials_up_to_the_cap() -> None:
+    assert fewest_tokens(["two words", "", "a b c d e"], 2, None) == [4, 2, 7]
+    assert fewest_tokens(["a b c d e"], 2, 5) == [5]
+
+
+def test_token_outputs_are_refused_on_their_words_before_tokenizing() -> None:
+    """1,024 texts of 150 words: at least 150 rows of 384 floats each, 240 MB."""
+    request = PoolRequest(task=Task.TOKEN_EMBED, texts=(" ".join(["word"] * 150),) * 1024)
+    with pytest.raises(PoolingError) as caught:
+        validate_request(request, info(), Limits())
+    assert caught.value.reason == "OUTPUT_TOO_LARGE"
+    assert [v.field for v in caught.value.violations] == ["token_embed.texts"]
+    # Truncated to 8 tokens each, they fit.
+    truncated = PoolRequest(
+        task=Task.TOKEN_EMBED,
+        texts=request.texts,
+        params=PoolingParams(truncate_prompt_tokens=8),
+    )
+    validate_request(truncated, info(), Limits())
+    # One long word per text: its tokens are unknown until tokenized, so it is not refused.
+    validate_request(
+        PoolRequest(task=Task.TOKEN_EMBED, texts=("x" * 900,) * 1024), info(), Limits()
+    )

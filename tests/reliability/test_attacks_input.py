@@ -1,0 +1,415 @@
+"""Attacks on request decoding: client input that once got 500 INTERNAL, and bodies that
+amplify into millions of objects.
+
+Integers far outside their type (`dimensions: 10^12`, `top_n: 10^18`), JSON nested 1,000
+deep, header bytes that are not UTF-8, and 16 MB requests of four million two-character
+texts sent by three clients at once, over gRPC and over HTTP. Each attack runs beside a
+bystander (tests/reliability/attack_kit.py) with the server tree's RSS sampled, and prints
+one `RELIABILITY <name>:` line. Every answer must be a documented 4xx / INVALID_ARGUMENT,
+and the log must hold no traceback.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from pooling_client.v1 import pooling_pb2 as pb
+from tests.reliability.attack_kit import (
+    ANSWER_TIMEOUT_S,
+    BYSTANDER_LIMIT_S,
+    RSS_LIMIT_MB,
+    Watch,
+    timed,
+    watching,
+)
+from tests.reliability.support import (
+    CLIENT_ERROR_CODES,
+    assert_alive,
+    check_rpc_error,
+    check_status,
+    report,
+)
+from tests.server_process import ServerProcess, free_port, start_server
+
+SERVICE = "/pooling.v1.PoolingService"
+KEY = "input-attack-key"
+KEYED = (("authorization", f"Bearer {KEY}"),)
+# Two-character texts in a message just under --max-message-mb's default 16 MiB: four bytes
+# each in protobuf, five in a JSON list.
+GRPC_TEXTS = 4_100_000
+HTTP_TEXTS = 3_300_000
+ATTACKERS = 3
+ATTACK_S = 2.0
+# While a 16 MB message is read it is held twice (gRPC core's buffer, then the bytes handed
+# to Python; aiohttp's chunks, then the joined body), and glibc keeps freed blocks that
+# large for reuse rather than returning them at once: so three attackers' peak is bounded
+# by the messages in flight (measured: +90 to +270 MB, the first flood on a fresh server
+# the highest), no longer by the objects their texts would make (+3.2 GB before).
+IN_FLIGHT_COPIES = 5
+
+
+@dataclass
+class Served:
+    process: ServerProcess
+    http_port: int
+
+    def post(
+        self, path: str, body: bytes, headers: dict[str, str] | None = None, key: bool = True
+    ) -> tuple[int, dict[str, Any]]:
+        """(status, JSON) of one POST on a connection of its own. Header values are sent
+        as latin-1, so "\\xff" arrives as the byte 0xFF: not UTF-8."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        try:
+            sent = {"Content-Type": "application/json", **(headers or {})}
+            if key and "Authorization" not in sent:
+                sent["Authorization"] = f"Bearer {KEY}"
+            connection.request("POST", path, body=body, headers=sent)
+            response = connection.getresponse()
+            return response.status, json.loads(response.read() or b"{}")
+        finally:
+            connection.close()
+
+
+@pytest.fixture(scope="module")
+def served(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    http_port = free_port()
+    args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
+    args += ["--http-port", str(http_port), "--api-key", KEY]
+    process = start_server(args, tmp_path_factory.mktemp("attacks-input"), "input")
+    try:
+        yield Served(process, http_port)
+    finally:
+        process.stop(signal.SIGTERM, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def channel(served: Served) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(served.process.address) as channel:
+        yield channel
+
+
+def _no_tracebacks(served: Served) -> None:
+    log = served.process.log()
+    assert "Traceback" not in log, log[-3000:]
+    assert_alive(served.process)
+
+
+# ----------------------------------------------------------------- integers out of range
+
+HUGE = [10**12, 10**18, -(10**18), 2**31, -(2**31) - 1, 10**30]
+NOT_INTS = ["2.5", "1e3", "true", '"7"', "[1]", "{}"]
+
+
+def _integer_cases() -> Iterator[tuple[str, str, str]]:
+    """(route, field, raw JSON value) for every integer field of every route."""
+    fields = [
+        ("/v1/embeddings", "dimensions"),
+        ("/pooling", "dimensions"),
+        ("/pooling", "truncate_prompt_tokens"),
+        ("/classify", "truncate_prompt_tokens"),
+        ("/v1/score", "truncate_prompt_tokens"),
+        ("/v1/rerank", "top_n"),
+        ("/v1/rerank", "truncate_prompt_tokens"),
+    ]
+    for route, field in fields:
+        for value in [*map(str, HUGE), *NOT_INTS]:
+            yield route, field, value
+
+
+BASE = {
+    "/v1/embeddings": {"input": "x"},
+    "/pooling": {"input": "x"},
+    "/classify": {"input": "x"},
+    "/v1/score": {"text_1": "a", "text_2": "b"},
+    "/v1/rerank": {"query": "q", "documents": ["a", "b"]},
+}
+
+
+def test_http_integers_out_of_range(served: Served, record_property) -> None:
+    """Each integer field with values beyond int32 (400 VALUE_OUT_OF_RANGE, naming the
+    field and the range) and values of other types (422 INVALID_BODY): never a 500."""
+    statuses: Counter[int] = Counter()
+    with watching(served.process, KEYED) as watch:
+        started = time.monotonic()
+        slowest = 0.0
+        for route, field, value in _integer_cases():
+            body = json.dumps(BASE[route])[:-1] + f', "{field}": {value}}}'
+            took, (status, answer) = timed(served.post, route, body.encode())
+            slowest = max(slowest, took)
+            statuses[status] += 1
+            error = answer["error"]
+            assert error["param"] == field, (route, field, value, answer)
+            if value in NOT_INTS:
+                assert (status, error["reason"]) == (422, "INVALID_BODY"), (route, value, answer)
+            else:
+                assert (status, error["reason"]) == (400, "VALUE_OUT_OF_RANGE"), answer
+                assert "from -2147483648 to 2147483647" in error["message"]
+        watch.answer_s = slowest
+        total_s = time.monotonic() - started
+    report(
+        record_property,
+        "http_integers_out_of_range",
+        cases=sum(statuses.values()),
+        statuses=dict(statuses),
+        total_s=total_s,
+        **watch.figures(),
+    )
+    assert slowest < 1.0
+    watch.assert_unharmed()
+    _no_tracebacks(served)
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative values as protobuf writes them: ten bytes
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, value: int) -> bytes:
+    return _varint(number << 3) + _varint(value)
+
+
+def test_grpc_integers_out_of_range(served: Served, channel: grpc.Channel, record_property) -> None:
+    """Varints too wide for their int32 field (protobuf keeps the low 32 bits) and enum
+    values nobody defined: each is served, or refused with a documented client error."""
+    embed = pb.PoolRequest(model="tiny-bert", embed=pb.TextInput(texts=["x"])).SerializeToString()
+    rerank = pb.RerankRequest(query="q", documents=["a", "b"]).SerializeToString()
+    sparse_texts = b"\x0a\x01x"  # SparseInput.texts = ["x"]
+    cases: list[tuple[str, bytes]] = []
+    for value in [*HUGE, -1, 2**63 - 1, -(2**63)]:
+        for number in (2, 3, 4):  # dimensions, task, truncate_prompt_tokens
+            params = _field(number, value)
+            cases.append(("Pool", embed + b"\x1a" + _varint(len(params)) + params))
+        cases.append(("Pool", embed + _field(12, value)))  # encoding
+        sparse = sparse_texts + _field(2, value)  # top_k
+        cases.append(("Pool", b"\x4a" + _varint(len(sparse)) + sparse))
+        cases.append(("Rerank", rerank + _field(5, value)))  # top_n
+    outcomes: Counter[str] = Counter()
+    with watching(served.process, KEYED) as watch:
+        slowest = 0.0
+        for method, data in cases:
+            call = channel.unary_unary(f"{SERVICE}/{method}")  # bytes in, bytes out
+            took, result = timed(call, data, timeout=ANSWER_TIMEOUT_S, metadata=KEYED)
+            slowest = max(slowest, took)
+            if isinstance(result, grpc.RpcError):
+                outcomes[check_rpc_error(result, CLIENT_ERROR_CODES).code.name] += 1
+            else:
+                outcomes["OK"] += 1
+        watch.answer_s = slowest
+    report(
+        record_property,
+        "grpc_integers_out_of_range",
+        cases=len(cases),
+        outcomes=dict(outcomes),
+        **watch.figures(),
+    )
+    assert slowest < 1.0
+    watch.assert_unharmed()
+    _no_tracebacks(served)
+
+
+# ------------------------------------------------------------------- nesting and headers
+
+
+@pytest.mark.parametrize("depth", [33, 1000, 1_000_000])
+def test_json_nested_deep(served: Served, depth: int, record_property) -> None:
+    nested = b"[" * depth + b"]" * depth
+    body = b'{"input": "x", "user": ' + nested + b"}"
+    with watching(served.process, KEYED) as watch:
+        watch.answer_s, (status, answer) = timed(served.post, "/v1/embeddings", body)
+    report(record_property, f"json_nested_{depth}", status=status, **watch.figures())
+    assert (status, answer["error"]["reason"]) == (400, "MALFORMED_REQUEST"), answer
+    assert watch.answer_s < 1.0
+    watch.assert_unharmed()
+    _no_tracebacks(served)
+
+
+BAD_BYTES = "\xff\xfe\x80"  # latin-1 on the wire: bytes that are not UTF-8
+
+
+def test_header_bytes_that_are_not_utf8(served: Served, record_property) -> None:
+    body = b'{"input": "x"}'
+    with watching(served.process, KEYED) as watch:
+        started = time.monotonic()
+        request_id = served.post("/v1/embeddings", body, {"X-Request-Id": f"id-{BAD_BYTES}"})
+        auth = served.post("/v1/embeddings", body, {"Authorization": f"Bearer {BAD_BYTES}"})
+        scheme = served.post("/v1/embeddings", body, {"Authorization": f"{BAD_BYTES} {KEY}"})
+        trace = served.post("/v1/embeddings", body, {"traceparent": f"00-{BAD_BYTES}"})
+        other = served.post("/v1/embeddings", body, {"X-Anything": BAD_BYTES})
+        watch.answer_s = time.monotonic() - started
+    report(
+        record_property,
+        "header_bytes_not_utf8",
+        statuses=",".join(str(s) for s, _ in (request_id, auth, scheme, trace, other)),
+        **watch.figures(),
+    )
+    status, answer = request_id
+    assert (status, answer["error"]["param"]) == (400, "X-Request-Id"), answer
+    assert answer["error"]["reason"] == "REQUEST_ID_INVALID"
+    for status, answer in (auth, scheme):
+        assert (status, answer["error"]["reason"]) == (401, "UNAUTHENTICATED"), answer
+    for status, answer in (trace, other):  # headers the server need not read: served
+        assert status == 200, answer
+    watch.assert_unharmed()
+    _no_tracebacks(served)
+
+
+# --------------------------------------------------------------- millions of tiny texts
+
+
+def _flood(
+    send: Callable[[], object], refused: Callable[[object], bool]
+) -> tuple[int, float, Counter[str]]:
+    """ATTACKERS threads sending for ATTACK_S: (calls, slowest answer, what came back)."""
+    calls, slowest, seen = 0, 0.0, Counter[str]()
+    lock = threading.Lock()
+    stop = time.monotonic() + ATTACK_S
+
+    def attacker() -> None:
+        nonlocal calls, slowest
+        while time.monotonic() < stop:
+            took, result = timed(send)
+            with lock:
+                calls += 1
+                slowest = max(slowest, took)
+                seen["refused" if refused(result) else repr(result)[:120]] += 1
+
+    threads = [threading.Thread(target=attacker) for _ in range(ATTACKERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return calls, slowest, seen
+
+
+def _assert_bounded(watch: Watch, message_mb: float) -> None:
+    """The bystander unharmed; the RSS within the flood's messages in flight (see above)."""
+    assert not watch.bystander.failures, f"bystander failures: {dict(watch.bystander.failures)}"
+    slowest = max(watch.bystander.latencies, default=0.0)
+    assert slowest < BYSTANDER_LIMIT_S, f"a bystander call took {slowest:.2f}s"
+    bound = RSS_LIMIT_MB + IN_FLIGHT_COPIES * ATTACKERS * message_mb
+    assert watch.rss.extra_mb < bound, f"server RSS grew {watch.rss.extra_mb:.0f} MB"
+
+
+def _too_many(result: object) -> bool:
+    if not isinstance(result, grpc.RpcError):
+        return False
+    decoded = check_rpc_error(result, [grpc.StatusCode.INVALID_ARGUMENT])
+    return decoded.info is not None and decoded.info.reason == "TOO_MANY_INPUTS"
+
+
+def _grpc_messages() -> Iterator[tuple[str, bytes]]:
+    texts = ["ab"] * GRPC_TEXTS
+    yield "Pool", pb.PoolRequest(embed=pb.TextInput(texts=texts)).SerializeToString()
+    yield "Rerank", pb.RerankRequest(query="q", documents=texts).SerializeToString()
+    yield "Tokenize", pb.TokenizeRequest(texts=texts).SerializeToString()
+
+
+@pytest.mark.parametrize("method", ["Pool", "Rerank", "Tokenize", "PoolStream"])
+def test_millions_of_texts_over_grpc(served: Served, method: str, record_property) -> None:
+    """Three clients send 16 MB messages of four million two-character texts for two
+    seconds: each is refused as TOO_MANY_INPUTS, counted on the wire, in well under 1 s."""
+    messages = dict(_grpc_messages())
+    # Each attacker has a connection of its own, as three clients would.
+    channels = [
+        grpc.insecure_channel(
+            served.process.address,
+            options=[("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", -1)],
+        )
+        for _ in range(ATTACKERS)
+    ]
+    counter = iter(range(1 << 30))
+    if method == "PoolStream":
+        inner = messages["Pool"]
+        data = b"\x0a" + _varint(len(inner)) + inner  # PoolStreamRequest.request
+
+        def send() -> object:
+            call = channels[next(counter) % ATTACKERS].stream_stream(f"{SERVICE}/PoolStream")
+            try:
+                responses = list(call(iter([data]), timeout=ANSWER_TIMEOUT_S, metadata=KEYED))
+            except grpc.RpcError as error:
+                return error
+            return responses
+
+        def refused(result: object) -> bool:
+            if not isinstance(result, list) or len(result) != 1:
+                return False
+            answer = pb.PoolStreamResponse.FromString(result[0])
+            decoded = check_status(answer.error, [grpc.StatusCode.INVALID_ARGUMENT])
+            return decoded.info is not None and decoded.info.reason == "TOO_MANY_INPUTS"
+
+    else:
+        data = messages[method]
+
+        def send() -> object:
+            call = channels[next(counter) % ATTACKERS].unary_unary(f"{SERVICE}/{method}")
+            return call(data, timeout=ANSWER_TIMEOUT_S, metadata=KEYED)
+
+        refused = _too_many
+    try:
+        with watching(served.process, KEYED) as watch:
+            calls, watch.answer_s, seen = _flood(send, refused)
+    finally:
+        for channel in channels:
+            channel.close()
+    report(
+        record_property,
+        f"million_texts_grpc_{method}",
+        message_mb=len(data) / (1 << 20),
+        attackers=ATTACKERS,
+        calls=calls,
+        outcomes=dict(seen),
+        **watch.figures(),
+    )
+    assert set(seen) == {"refused"}, seen
+    assert watch.answer_s < 1.0, f"a refusal took {watch.answer_s:.2f}s"
+    _assert_bounded(watch, len(data) / (1 << 20))
+    _no_tracebacks(served)
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/v1/rerank"])
+def test_millions_of_texts_over_http(served: Served, route: str, record_property) -> None:
+    texts = b"[" + b",".join([b'"ab"'] * HTTP_TEXTS) + b"]"
+    if route == "/v1/rerank":
+        body = b'{"query": "q", "documents": ' + texts + b"}"
+    else:
+        body = b'{"input": ' + texts + b"}"
+
+    def send() -> object:
+        return served.post(route, body)
+
+    def refused(result: object) -> bool:
+        status, answer = result  # type: ignore[misc]
+        return status == 400 and answer["error"]["reason"] == "TOO_MANY_INPUTS"
+
+    with watching(served.process, KEYED) as watch:
+        calls, watch.answer_s, seen = _flood(send, refused)
+    report(
+        record_property,
+        f"million_texts_http_{route.strip('/').replace('/', '_')}",
+        body_mb=len(body) / (1 << 20),
+        attackers=ATTACKERS,
+        calls=calls,
+        outcomes=dict(seen),
+        **watch.figures(),
+    )
+    assert set(seen) == {"refused"}, seen
+    assert watch.answer_s < 1.0, f"a refusal took {watch.answer_s:.2f}s"
+    _assert_bounded(watch, len(body) / (1 << 20))
+    _no_tracebacks(served)
