@@ -60,7 +60,7 @@ class HttpLimits:
     body_min_bytes_per_s: int = 16 * 1024
     keepalive_timeout_s: float = 75.0
     max_connections: int = 1024
-    max_concurrent_bodies: int = 4
+    max_concurrent_bodies: int = 3
 
 
 def connection_budget(requested: int) -> int:
