@@ -72,7 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="also serve the HTTP API on this port (--host): OpenAI /v1/embeddings, "
-        "/v1/rerank, /v1/score, /pooling, /classify, /v1/models, /health",
+        "/v1/rerank, /v1/score, /pooling, /classify, /v1/models, /health; TEI's /embed, "
+        "/rerank, /predict, /info ...; Cohere's /v2/embed and /v2/rerank",
+    )
+    net.add_argument(
+        "--cohere-input-type-prompt",
+        action="append",
+        default=[],
+        metavar="TYPE=PROMPT_NAME",
+        type=type_equals_prompt,
+        help="HTTP /v2/embed: the model prompt an input_type takes, tried before the defaults "
+        "(search_query: query; search_document: document, passage; classification; "
+        "clustering); repeatable, e.g. search_query=retrieval",
     )
     net.add_argument(
         "--max-http-response-mb",
@@ -532,6 +543,14 @@ def api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
+def type_equals_prompt(value: str) -> str:
+    """--cohere-input-type-prompt's TYPE=PROMPT_NAME, both sides given."""
+    input_type, sep, prompt = value.partition("=")
+    if not sep or not input_type.strip() or not prompt.strip():
+        raise argparse.ArgumentTypeError(f"expected TYPE=PROMPT_NAME, got {value!r}")
+    return value
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         models=model_specs(args),
@@ -566,6 +585,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics_host=args.metrics_host,
         metrics_port=None if args.role else args.metrics_port,  # a split server's: the parent's
         http_port=args.http_port,
+        cohere_input_type_prompts=tuple(args.cohere_input_type_prompt),
         http=HttpLimits(
             header_timeout_s=args.http_header_timeout_s,
             body_timeout_s=args.http_body_timeout_s,

@@ -27,6 +27,7 @@ from engine.validation import output_too_large
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
 from service.json_body import Body, BodyError, parse_body
 from service.proto import pooling_pb2 as pb
+from service.runner import RequestRunner
 from service.servicer import PoolingServicer
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,14 @@ LISTEN_BACKLOG = 128
 
 
 class HttpApi:
-    def __init__(self, servicer: PoolingServicer, api_keys: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        servicer: PoolingServicer,
+        api_keys: Sequence[str] = (),
+        runner: RequestRunner | None = None,
+    ) -> None:
         self.servicer = servicer
+        self.runner = runner or RequestRunner(servicer.telemetry)
         self._keys = [key.encode() for key in api_keys]
         self._created = int(time.time())
         self._runner: web.AppRunner | None = None
@@ -70,6 +77,7 @@ class HttpApi:
         self.guard: ConnectionGuard | None = None
         self.serving = False  # follows the gRPC health status
         self.max_response_bytes = MAX_RESPONSE_BYTES  # --max-http-response-mb
+        self.cohere_prompts: dict[str, tuple[str, ...]] | None = None  # None: the defaults
 
     def app(
         self, max_body: int = 16 * 1024 * 1024, guard: ConnectionGuard | None = None
@@ -80,10 +88,16 @@ class HttpApi:
         if guard is not None:
             middlewares = [guard.track, self._guard, guard.read_body]
         app = web.Application(middlewares=middlewares, client_max_size=max_body)
+        # TEI's and Cohere's routes (service/http_tei.py, http_cohere.py): /rerank is
+        # both TEI's ({query, texts}) and Cohere/Jina's ({query, documents}), by body shape.
+        from service.http_cohere import CohereRoutes
+        from service.http_tei import TeiRoutes
+
+        tei = TeiRoutes(self)
         post = [
             ("/v1/embeddings", self.embeddings),
             ("/v1/rerank", self.rerank),
-            ("/rerank", self.rerank),
+            ("/rerank", tei.rerank_or(self.rerank)),
             ("/v1/score", self.score),
             ("/score", self.score),
             ("/pooling", self.pooling),
@@ -91,6 +105,7 @@ class HttpApi:
         ]
         app.add_routes([web.post(path, handler) for path, handler in post])
         app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health)])
+        app.add_routes(tei.routes() + CohereRoutes(self, self.cohere_prompts).routes())
         return app
 
     async def start(

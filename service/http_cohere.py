@@ -217,7 +217,9 @@ class CohereRoutes:
         for n, name in enumerate(types):
             if name not in EMBEDDING_TYPES:
                 known = ", ".join(EMBEDDING_TYPES)
-                raise DoorError(400, "", f"embedding_types[{n}]: must be one of {known}")
+                raise DoorError(
+                    400, "", f"embedding_types[{n}]: must be one of {known}, got {name[:64]!r}"
+                )
             wanted = EMBEDDING_TYPES[name]
             if (
                 wanted in (OutputEncoding.INT8, OutputEncoding.UINT8)
@@ -322,14 +324,14 @@ def _embed_texts(body: _Embed, max_inputs: int) -> list[str]:
     if len(body.texts) and bytes(body.texts) != b"null":
         try:
             return text_list(body.texts, "texts", max_inputs)
-        except DoorError as error:
-            raise DoorError(
-                error.status if error.status == 413 else 400, "", error.message
-            ) from None
+        except DoorError as error:  # Cohere answers 400 for too many texts too
+            raise DoorError(400, "", error.message) from None
     if body.inputs is None:
         raise DoorError(400, "", "texts: missing; send a list of strings (or inputs)")
     if len(body.inputs) > max_inputs:
-        raise DoorError(413, "", f"inputs: {len(body.inputs)} inputs, more than {max_inputs}")
+        raise DoorError(
+            400, "", f"inputs: {len(body.inputs)} inputs exceed the limit of {max_inputs}"
+        )
     texts = []
     for n, item in enumerate(body.inputs):
         parts = []

@@ -22,6 +22,7 @@ from service.auth import BearerTokenInterceptor
 from service.handlers import add_pooling_service
 from service.health import HealthServicer
 from service.http_api import HttpApi
+from service.http_cohere import input_type_prompts
 from service.http_guard import HttpLimits
 from service.metrics import Metrics
 from service.proto import pooling_pb2
@@ -32,6 +33,7 @@ from service.run_dir import (
     mark_frontend_ready,
     read_ready,
 )
+from service.runner import RequestRunner
 from service.servicer import PoolingServicer
 from service.telemetry import Telemetry
 from service.telemetry import tracer_provider as make_tracer_provider
@@ -67,6 +69,7 @@ class ServerConfig:
     metrics_port: int | None = None
     http_port: int | None = None  # the HTTP API (service/http_api.py) on --host; None: off
     http: HttpLimits = field(default_factory=HttpLimits)  # its timeouts and caps
+    cohere_input_type_prompts: Sequence[str] = ()  # --cohere-input-type-prompt TYPE=NAME
     transport: TransportConfig = field(default_factory=TransportConfig)
     tls: TlsConfig | None = None
     api_keys: Sequence[str] = ()
@@ -140,6 +143,7 @@ class PoolingServer:
             config.log_inputs,
             config.log_requests,
         )
+        self.runner = RequestRunner(telemetry)
         self.servicer = PoolingServicer(telemetry, config.max_stream_inflight)
         self.health = HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = []
@@ -159,7 +163,8 @@ class PoolingServer:
         self.http: HttpApi | None = None
         self.http_port = 0
         if config.http_port is not None:
-            self.http = HttpApi(self.servicer, config.api_keys)
+            self.http = HttpApi(self.servicer, config.api_keys, self.runner)
+            self.http.cohere_prompts = input_type_prompts(config.cohere_input_type_prompts)
             self.http.max_response_bytes = config.max_http_response_bytes
 
     async def _set_health(self, status: int) -> None:
@@ -217,7 +222,7 @@ class PoolingServer:
             engine = connect_engine(self.config, self.frontend)
         await engine.start()
         self.metrics.attach(engine)
-        self.servicer.engine = engine
+        self.servicer.engine = self.runner.engine = engine
         log.info("loaded %d model(s)", len(engine.model_infos))
 
     def _engine_died(self, engine: int) -> None:

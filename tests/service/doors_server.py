@@ -1,0 +1,98 @@
+"""One real server for the TEI and Cohere door tests (tests/service/test_http_tei.py and
+test_http_cohere.py share it through tests/service/conftest.py): an embedding model with
+prompts and calibration ranges (the default), a classifier and a cross-encoder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pooling_client import PoolingClient
+from tests.server_process import ServerProcess, free_port, start_server
+
+KEY = "doors-test-key"
+PROMPTS = {"query": "query: ", "document": "passage: "}
+MAX_CLIENT_BATCH_SIZE = 16
+WIDTH = 32  # the tiny models' hidden size
+
+
+@dataclass
+class DoorsServer:
+    process: ServerProcess
+    http_port: int
+
+    def url(self, path: str = "") -> str:
+        return f"http://127.0.0.1:{self.http_port}{path}"
+
+    def call(
+        self, path: str, body: Any = None, key: str | None = KEY, raw: bytes | None = None
+    ) -> tuple[int, dict[str, str], Any]:
+        """(status, headers, parsed JSON) of a request; errors are answers too."""
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        request = urllib.request.Request(
+            self.url(path), data=data, method="POST" if data else "GET"
+        )
+        request.add_header("Content-Type", "application/json")
+        if key is not None:
+            request.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, dict(response.headers), json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), json.loads(error.read())
+
+    def grpc(self) -> PoolingClient:
+        return PoolingClient(self.process.address, timeout=60, api_key=KEY)
+
+
+def prompted_folder(model_folders: dict[str, Path], root: Path) -> Path:
+    """tiny-st-mean with sentence-transformers prompts and int8 calibration ranges."""
+    folder = Path(shutil.copytree(model_folders["tiny-st-mean"], root / "st-prompts"))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
+    spread = np.linspace(0.2, 0.4, WIDTH)
+    np.save(folder / "calibration_ranges.npy", np.vstack([-spread, spread]))
+    return folder
+
+
+def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsServer]:
+    http_port = free_port()
+    args = [
+        "--model",
+        f"embedder={prompted_folder(model_folders, root)}",
+        "--model",
+        f"classifier={model_folders['tiny-classifier']}",
+        "--model",
+        f"cross={model_folders['tiny-cross-encoder']}",
+        "--dtype",
+        "float32",
+        "--max-client-batch-size",
+        str(MAX_CLIENT_BATCH_SIZE),
+        "--http-port",
+        str(http_port),
+        "--api-key",
+        KEY,
+        "--cohere-input-type-prompt",
+        "clustering=document",
+    ]
+    process = start_server(args, root, "doors")
+    try:
+        yield DoorsServer(process, http_port)
+    finally:
+        process.stop(signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def doors(
+    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DoorsServer]:
+    yield from start_doors(model_folders, tmp_path_factory.mktemp("doors"))
