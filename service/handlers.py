@@ -28,7 +28,7 @@ from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.validation import too_many_inputs
 from service.errors import to_grpc_status
 from service.proto import pooling_pb2 as pb
-from service.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
+from service.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit, string_at
 
 SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 
@@ -42,6 +42,7 @@ class Malformed:
     problem: str
     reason: str = "MALFORMED_REQUEST"
     path: str = ""
+    request_id: str = ""  # a stream message's, when it could be read: its answer carries it
 
     def error(self, field: str | None = None) -> PoolingError:
         """`field`: which message it was, where a call carries several (a stream)."""
@@ -61,6 +62,7 @@ def tolerant(
     large message is counted on its bytes first (service/wire_count.py)."""
     parse = message_class.FromString
     spec = SPECS.get(message_class.__name__)
+    stream = message_class.__name__ == "PoolStreamRequest"  # request (1) .request_id (1)
 
     def deserialize(data: bytes) -> Message | Malformed:
         limit = input_limit() if spec is not None and len(data) >= PRECOUNT_BYTES else None
@@ -68,7 +70,8 @@ def tolerant(
             path = list_over_limit(data, spec, limit)  # type: ignore[arg-type]
             if path is not None:
                 violation = too_many_inputs(path, None, limit)
-                return Malformed(violation.description, violation.reason, path)
+                request_id = string_at(data, (1, 1)) if stream else ""
+                return Malformed(violation.description, violation.reason, path, request_id)
         try:
             return parse(data)
         except Exception as exc:  # any parse failure is the client's

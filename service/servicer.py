@@ -204,7 +204,14 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
                     # client that writes garbage and never reads is held back all the same.
                     await limit.acquire(1)
                     error = to_status_proto(message.error(f"messages[{index}]"))
-                    await done.put((pb.PoolStreamResponse(error=error), 1))
+                    # One refused on the wire for its size answers to its id, if usable.
+                    request_id = message.request_id
+                    if _stream_id_error(request_id, seen, index) is None:
+                        seen.add(request_id)
+                    else:
+                        request_id = ""
+                    answer = pb.PoolStreamResponse(request_id=request_id, error=error)
+                    await done.put((answer, 1))
                     continue
                 request = message.request
                 weight = _weight(request)

@@ -111,3 +111,39 @@ def list_over_limit(data: bytes, spec: Spec, limit: int) -> str | None:
         return _Walk(data, limit).over(0, len(data), spec, "")
     except (_Undecided, IndexError, RecursionError):
         return None
+
+
+def string_at(data: bytes, path: tuple[int, ...], steps: int = 1024) -> str:
+    """The string at field-number `path` (submessages, then a string field), as protobuf
+    would read it (the last occurrence wins); "" when absent or not cheaply found. A
+    refused stream message keeps its request_id this way."""
+    try:
+        return _string_at(data, 0, len(data), path, [steps])
+    except (_Undecided, IndexError, UnicodeDecodeError):
+        return ""
+
+
+def _string_at(data: bytes, pos: int, end: int, path: tuple[int, ...], steps: list[int]) -> str:
+    found = ""
+    while pos < end:
+        key, pos = _varint(data, pos)
+        steps[0] -= 1
+        if steps[0] < 0:
+            raise _Undecided
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire == 1 or wire == 5:
+            pos += 8 if wire == 1 else 4
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            stop = pos + length
+            if number == path[0]:
+                if len(path) == 1:
+                    found = data[pos:stop].decode()
+                else:
+                    found = _string_at(data, pos, stop, path[1:], steps) or found
+            pos = stop
+        else:
+            raise _Undecided
+    return found
