@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -226,32 +227,45 @@ class BatchQueue:
         )
 
     def _drop_dead(self) -> list[Job]:
-        """Remove the items nobody waits for; fail and return the jobs past their deadline."""
+        """Remove the items nobody waits for; fail and return the jobs past their deadline.
+
+        Each client's items are checked in one comprehension; only a client with items to
+        drop is walked again, to count them and fail the expired jobs.
+        """
         now = time.monotonic()
-        expired = []
+        expired: list[Job] = []
         for key, items in list(self._pending.items()):
-            alive = []
-            for item in items:
-                job = item.job
-                if job.future.done():
-                    self.stats.dropped_cancelled += 1
-                elif job.deadline is not None and now >= job.deadline:
-                    self.stats.dropped_expired += 1
-                    if not job.failed:
-                        job.failed = True
-                        expired.append(job)
-                elif job.failed:  # another of its items failed
-                    self.stats.dropped_cancelled += 1
-                else:
-                    alive.append(item)
+            alive = [
+                item
+                for item in items
+                if not (
+                    (job := item.job).failed
+                    or job.future.done()
+                    or (job.deadline is not None and now >= job.deadline)
+                )
+            ]
             if len(alive) == len(items):
                 continue
+            self._count_dropped(items, now, expired)
             self._size -= len(items) - len(alive)
             if alive:
                 self._pending[key] = alive  # its turn is kept
             else:
                 del self._pending[key]
         return expired
+
+    def _count_dropped(self, items: list[QueuedItem], now: float, expired: list[Job]) -> None:
+        for item in items:
+            job = item.job
+            if job.future.done():
+                self.stats.dropped_cancelled += 1
+            elif job.deadline is not None and now >= job.deadline:
+                self.stats.dropped_expired += 1
+                if not job.failed:
+                    job.failed = True
+                    expired.append(job)
+            elif job.failed:  # another of its items failed
+                self.stats.dropped_cancelled += 1
 
     def _take_batch(self) -> list[QueuedItem]:
         """The next client's oldest item, then the items closest to it in length while the
@@ -266,13 +280,15 @@ class BatchQueue:
         if not self._pending:
             return []
         config = self.config
-        clients = list(self._pending)
-        parts = self._window(clients)
-        window = [item for part in parts for item in part]
+        parts = self._window()
+        window: list[QueuedItem] = []
+        owner: list[int] = []  # the part each window item came from
+        rank: list[int] = []  # depth in its client's queue, then turn
         turns = len(parts)
-        rank = [
-            depth * turns + turn for turn, part in enumerate(parts) for depth in range(len(part))
-        ]
+        for turn, (_, part) in enumerate(parts):
+            window += part
+            owner += [turn] * len(part)
+            rank += range(turn, turn + turns * len(part), turns)
         anchor_len = len(window[0].encoding)
         by_closeness = sorted(
             range(1, len(window)),
@@ -291,37 +307,43 @@ class BatchQueue:
                 continue
             chosen.append(i)
             longest, real = max(longest, n), real + n
-        taken = set(chosen)
-        start = 0
-        for key, part in zip(clients, parts, strict=True):
-            end = start + len(part)
-            if any(i in taken for i in range(start, end)):
-                kept = [item for i, item in enumerate(part, start) if i not in taken]
-                rest = kept + self._pending[key][len(part) :]
-                if rest:
-                    self._pending[key] = rest
-                else:
-                    del self._pending[key]
-            start = end
-        anchor = clients[0]
+        chosen.sort()
+        batch = [window[i] for i in chosen]
+        taken = {id(item) for item in batch}
+        for turn in sorted({owner[i] for i in chosen}):  # only the clients that gave items
+            key, part = parts[turn]
+            kept = [item for item in part if id(item) not in taken]
+            rest = kept + self._pending[key][len(part) :]
+            if rest:
+                self._pending[key] = rest
+            else:
+                del self._pending[key]
+        anchor = parts[0][0]
         if anchor in self._pending and len(self._pending) > 1:  # its turn passes to the back
             self._pending[anchor] = self._pending.pop(anchor)
-        self._size -= len(chosen)
-        return [window[i] for i in sorted(taken)]
+        self._size -= len(batch)
+        return batch
 
-    def _window(self, clients: list[ClientKey]) -> list[list[QueuedItem]]:
+    def _window(self) -> list[tuple[ClientKey, list[QueuedItem]]]:
         """Each client's oldest items, `lookahead` in all (which bounds a step's cost), shared
-        out evenly: a client with less than its share leaves the rest to the others."""
-        queues = [self._pending[key] for key in clients]
+        out evenly: an equal share each, then what clients with less left over to the
+        others in turn. Clients in turn order, the anchor's first; with more clients than
+        lookahead, the first `lookahead` in turn."""
         lookahead = self.config.lookahead
-        if len(queues) == 1:
-            return [queues[0][:lookahead]]
-        takes, left = [0] * len(queues), lookahead
-        for n, k in enumerate(sorted(range(len(queues)), key=lambda k: len(queues[k]))):
-            takes[k] = min(len(queues[k]), left // (len(queues) - n))
-            left -= takes[k]
-        takes[0] = max(takes[0], 1)  # the anchor, even with more clients than lookahead
-        return [queue[:take] for queue, take in zip(queues, takes, strict=True)]
+        if len(self._pending) == 1:
+            [(key, queue)] = self._pending.items()
+            return [(key, queue[:lookahead])]
+        queues = list(itertools.islice(self._pending.items(), lookahead))
+        share = lookahead // len(queues)
+        takes = [min(len(queue), share) for _, queue in queues]
+        left = lookahead - sum(takes)
+        for k, (_, queue) in enumerate(queues):
+            if not left:
+                break
+            more = min(len(queue) - takes[k], left)
+            takes[k] += more
+            left -= more
+        return [(key, queue[:take]) for (key, queue), take in zip(queues, takes, strict=True)]
 
     def _work(self, index: int) -> None:
         """A worker thread: warm up, then take a batch, run it, hand the results to the loop.
