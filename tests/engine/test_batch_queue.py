@@ -825,3 +825,11 @@ def test_one_client_is_batched_oldest_first_as_before(bert: LoadedModel, client:
     index = {id(e): i for i, e in enumerate(encodings)}
     got = [sorted(index[id(e)] for e in batch) for batch in runner.batches[1:]]
     assert got == _oldest_first(lengths, config)
+
+
+def test_more_clients_than_the_lookahead_are_served_in_turn(bert: LoadedModel) -> None:
+    """A step looks at the first `lookahead` clients in turn, one item each at least."""
+    config = BatchConfig(max_batch_size=2, lookahead=4)
+    queued = [(f"c{k}", 5) for k in range(6)]
+    batches = _batches_by_client(bert, config, queued)
+    assert batches == [["c0", "c1"], ["c2", "c3"], ["c4", "c5"]], batches
