@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -30,6 +31,7 @@ import grpc
 import psutil
 import pytest
 
+from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.reliability.support import embed_request, report
 from tests.rpc_errors import decode_rpc_error
@@ -251,3 +253,45 @@ def test_split_server_drains_when_only_its_front_end_gets_the_signal(
 ) -> None:
     """The engine ignores a SIGTERM of its own; the front end's starts the whole drain."""
     drain_case(model_args, tmp_path, record_property, signal.SIGTERM, "engine, then front end")
+
+
+def test_exit_code_is_1_when_the_grace_runs_out(
+    model_args: list[str],
+    tmp_path: Path,
+    record_property,  # type: ignore[no-untyped-def]
+) -> None:
+    """A stream still open when --shutdown-grace-s runs out is cancelled by grpcio: that is
+    a loss, so the front end exits 1 and so does the supervisor."""
+    args = [*model_args, "--device", "cpu", "--shutdown-grace-s", "1"]
+    server = start_server(args, tmp_path, "drain_grace", new_session=True)
+    outbox: queue.SimpleQueue[pb.PoolStreamRequest | None] = queue.SimpleQueue()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            call = pooling_pb2_grpc.PoolingServiceStub(channel).PoolStream(
+                iter(outbox.get, None), timeout=EXIT_TIMEOUT_S
+            )
+            request = embed_request(["held open past the grace"], request_id="s0")
+            outbox.put(pb.PoolStreamRequest(request=request))
+            assert next(call).request_id == "s0"
+            signalled_at = time.monotonic()
+            os.killpg(server.process.pid, signal.SIGTERM)
+            returncode = server.process.wait(EXIT_TIMEOUT_S)
+            exit_s = time.monotonic() - signalled_at
+            with pytest.raises(grpc.RpcError) as ended:
+                next(call)
+        code = ended.value.code()  # type: ignore[attr-defined]
+        report(
+            record_property,
+            "drain_grace_ran_out",
+            stream_code=code.name,
+            exit_code=returncode,
+            exit_s=exit_s,
+        )
+        assert returncode == 1, server.log()[-3000:]
+        assert "--shutdown-grace-s 1 ran out" in server.log()
+        assert exit_s < 10
+    finally:
+        outbox.put(None)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
