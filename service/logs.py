@@ -78,3 +78,35 @@ def configure(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [_Enqueue(records)]
     root.setLevel(level.upper())
+    grpc_core = logging.getLogger("grpc._cython.cygrpc")
+    if not any(isinstance(f, BadMetadataFilter) for f in grpc_core.filters):
+        grpc_core.addFilter(BadMetadataFilter())
+
+
+class BadMetadataFilter(logging.Filter):
+    """grpcio logs an ERROR with a traceback for every metadata value that is not UTF-8
+    (it then hands the value on as bytes, which auth refuses): a client could fill the
+    log with them. They become one WARNING line a minute, with how many came."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = float("-inf")
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Invalid encoding"):
+            return True
+        self._held += 1
+        if record.created - self._last < self.EVERY_S:
+            return False
+        record.msg, record.args = (
+            "%d metadata value(s) that are not UTF-8 received (served as bytes; "
+            "refused where they matter) in the last minute",
+            (self._held,),
+        )
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        self._last, self._held = record.created, 0
+        return True

@@ -249,11 +249,11 @@ class PoolingServer:
 
     async def _stop_grpc(self) -> None:
         """grpcio cancels whatever still runs when the grace runs out: that is a loss, and
-        the exit code says so (serve returns 1)."""
+        the exit code says so (serve returns 1). With no grace, nothing tells."""
         grace = self.config.shutdown_grace_s
         started = asyncio.get_running_loop().time()
         await self.server.stop(grace)
-        if asyncio.get_running_loop().time() - started >= grace:
+        if grace > 0 and asyncio.get_running_loop().time() - started >= grace:
             self.grace_ran_out = True
             log.error("--shutdown-grace-s %g ran out: calls still running were cancelled", grace)
 

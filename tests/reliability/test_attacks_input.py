@@ -413,3 +413,36 @@ def test_millions_of_texts_over_http(served: Served, route: str, record_property
     assert watch.answer_s < 1.0, f"a refusal took {watch.answer_s:.2f}s"
     _assert_bounded(watch, len(body) / (1 << 20))
     _no_tracebacks(served)
+
+
+def test_grpc_metadata_bytes_that_are_not_utf8(served: Served, record_property) -> None:
+    """Metadata grpcio's clients would refuse to send, over a bare HTTP/2 connection: an
+    Authorization, a request id and a traceparent of bytes that are not UTF-8. A bad key is
+    UNAUTHENTICATED; with a good key the call is served or refused as a client error."""
+    from tests.reliability.test_attacks import grpc_frame, raw_connection
+
+    body = grpc_frame(pb.PoolRequest(embed=pb.TextInput(texts=["x"])).SerializeToString())
+    bad = BAD_BYTES.encode("latin-1")
+    keyed = (b"authorization", f"Bearer {KEY}".encode())
+    cases = {
+        "authorization": ((b"authorization", b"Bearer " + bad),),
+        "scheme": ((b"authorization", bad + b" " + KEY.encode()),),
+        "x-request-id": (keyed, (b"x-request-id", bad)),
+        "traceparent": (keyed, (b"traceparent", b"00-" + bad)),
+    }
+    with watching(served.process, KEYED) as watch, raw_connection(served.process) as raw:
+        started = time.monotonic()
+        streams = {
+            name: raw.start("Pool", body, metadata)  # type: ignore[arg-type]
+            for name, metadata in cases.items()
+        }
+        raw.wait(list(streams.values()), ANSWER_TIMEOUT_S)
+        watch.answer_s = time.monotonic() - started
+        outcomes = {name: raw.calls[stream].outcome() for name, stream in streams.items()}
+    report(record_property, "grpc_metadata_not_utf8", outcomes=outcomes, **watch.figures())
+    assert outcomes["authorization"] == outcomes["scheme"] == "grpc-status 16", outcomes
+    for name in ("x-request-id", "traceparent"):  # served (0) or a documented client error
+        assert outcomes[name] in ("grpc-status 0", "grpc-status 3"), outcomes
+    watch.assert_unharmed()
+    _no_tracebacks(served)  # grpcio's traceback per value: one rate-limited line instead
+    assert "metadata value(s) that are not UTF-8" in served.process.log()

@@ -169,6 +169,17 @@ def test_lists_are_counted_on_the_wire(cls: type, message: object, path: str) ->
     assert f"more than {LIMIT} inputs" in error.message
 
 
+def test_a_refused_stream_message_keeps_its_request_id() -> None:
+    texts = pb.TextInput(texts=["ab"] * 100_000)
+    for request in (
+        pb.PoolRequest(request_id="big", embed=texts),
+        pb.PoolRequest(embed=texts, request_id="big"),
+    ):
+        data = pb.PoolStreamRequest(request=request).SerializeToString()
+        refused = tolerant(pb.PoolStreamRequest, lambda: LIMIT)(data)
+        assert isinstance(refused, Malformed) and refused.request_id == "big"
+
+
 def test_split_lists_are_counted_together() -> None:
     """Protobuf merges repeated occurrences of a submessage: so does the count."""
     part = pb.PoolRequest(embed=pb.TextInput(texts=["a" * 60] * 600)).SerializeToString()
