@@ -1,6 +1,7 @@
 """One real server for the TEI and Cohere door tests (tests/service/test_http_tei.py and
 test_http_cohere.py share it through tests/service/conftest.py): an embedding model with
-prompts and calibration ranges (the default), a classifier and a cross-encoder."""
+prompts and calibration ranges (the default), a classifier, a cross-encoder and a SPLADE
+model (a masked LM with --pooling-type splade); JSON answers are capped at 4 MB."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from pooling_client import PoolingClient
+from tests.fixture_models import MAX_POSITIONS, MINILM
 from tests.server_process import ServerProcess, free_port, start_server
 
 KEY = "doors-test-key"
@@ -64,6 +68,22 @@ def prompted_folder(model_folders: dict[str, Path], root: Path) -> Path:
     return folder
 
 
+def splade_folder(root: Path) -> Path:
+    """A tiny random masked LM (the MiniLM vocabulary), served with --pooling-type splade."""
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+    )
+    folder = root / "splade"
+    BertForMaskedLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
+    return folder
+
+
 def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsServer]:
     http_port = free_port()
     args = [
@@ -73,6 +93,13 @@ def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsSer
         f"classifier={model_folders['tiny-classifier']}",
         "--model",
         f"cross={model_folders['tiny-cross-encoder']}",
+        "--model",
+        f"splade={splade_folder(root)}",
+        *("--pooling-type", "auto") * 3,
+        "--pooling-type",
+        "splade",
+        "--max-http-response-mb",
+        "4",
         "--dtype",
         "float32",
         "--max-client-batch-size",

@@ -82,6 +82,28 @@ def test_embed_all_and_embed_sparse(doors: DoorsServer) -> None:
     assert all(len(token) == 32 for r in rows for token in r)
     # The embedder is not SPLADE: TEI's 424 for a model that cannot do the task.
     assert_tei_error(doors.call("/embed_sparse", {"inputs": "hello"}), 424, "Backend")
+    # Random weights keep most of the 30,522 entries: two texts' answer is about 2 MB.
+    status, _, sparse = doors.call("/embed_sparse", {"inputs": TEXTS[:2], "model": "splade"})
+    assert status == 200 and len(sparse) == 2
+    with doors.grpc() as client:
+        expected = client.embed_sparse(TEXTS[:2], model="splade")
+    for weights, grpc in zip(sparse, expected, strict=True):
+        indices = [w["index"] for w in weights]
+        assert indices == sorted(indices) and weights and all(w["value"] > 0 for w in weights)
+        assert {w["index"]: w["value"] for w in weights} == pytest.approx(grpc.outputs.to_dict())
+    _, _, routed = doors.call("/", {"inputs": TEXTS[0], "model": "splade"})
+    assert routed == sparse[:1]
+
+
+def test_answers_over_the_http_response_cap_are_refused(doors: DoorsServer) -> None:
+    """Sparse weights of 16 texts take about 18 MB of JSON, over the server's 4 MB: a size
+    the engine cannot estimate before the work, so the rendered body is measured (built off
+    the event loop, being large) and refused."""
+    body = {"inputs": TEXTS[:1] * MAX_CLIENT_BATCH_SIZE, "model": "splade"}
+    message = assert_tei_error(doors.call("/embed_sparse", body), 413, "Validation")
+    assert "max-http-response-mb" in message
+    status, _, _ = doors.call("/embed", {"inputs": "still serving"})
+    assert status == 200
 
 
 def test_predict_single_batch_pairs_and_raw_scores(doors: DoorsServer) -> None:
