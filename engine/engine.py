@@ -94,6 +94,11 @@ class Engine:
         return [model.info for model in self._models.values()]
 
     @property
+    def tokenizer_threads(self) -> int:
+        """Threads tokenizing requests (--tokenizer-threads), as TEI's /info reports them."""
+        return len(self._tokenizers)
+
+    @property
     def queues(self) -> dict[str, BatchQueue]:
         """The batching queues in this process (none when an engine process computes)."""
         return self.client.queues

@@ -579,7 +579,7 @@ class TeiRoutes:
                 "max_batch_requests": batch.max_batch_size or None,
                 "max_client_batch_size": engine.limits.max_client_batch_size,
                 "auto_truncate": info.long_input is LongInput.TRUNCATE,
-                "tokenization_workers": len(getattr(engine, "_tokenizers", ())) or 1,
+                "tokenization_workers": engine.tokenizer_threads,
                 "version": server_version(),
                 "sha": None,
                 "docker_label": None,
