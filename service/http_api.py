@@ -24,7 +24,9 @@ from aiohttp import web
 from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from engine.output_size import MIB, ResponseBudget
 from engine.validation import output_too_large
+from service.http_cohere import CohereRoutes
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
+from service.http_tei import TeiRoutes
 from service.json_body import Body, BodyError, parse_body
 from service.proto import pooling_pb2 as pb
 from service.runner import RequestRunner
@@ -90,9 +92,6 @@ class HttpApi:
         app = web.Application(middlewares=middlewares, client_max_size=max_body)
         # TEI's and Cohere's routes (service/http_tei.py, http_cohere.py): /rerank is
         # both TEI's ({query, texts}) and Cohere/Jina's ({query, documents}), by body shape.
-        from service.http_cohere import CohereRoutes
-        from service.http_tei import TeiRoutes
-
         tei = TeiRoutes(self)
         post = [
             ("/v1/embeddings", self.embeddings),
