@@ -190,7 +190,7 @@ def test_unread_streams_writing_garbage_stay_bounded(
     watch.assert_unharmed()
     # What stays is gRPC core's receive windows of unread garbage (about 17 MB over the
     # four streams, +12 MB measured); without the slots the server turned all of it into
-    # queued errors, +41 MB in these 6 s and growing (over 1 GB once worked through).
+    # queued errors: +41 MB in these 6 s, and still growing as it worked through them.
     assert watch.rss.extra_mb < GARBAGE_RSS_MB, f"server RSS grew {watch.rss.extra_mb:.0f} MB"
     assert_alive(process)
 
@@ -266,7 +266,7 @@ def test_large_answers_under_the_limits_are_served(
     """Under the limits, and cheap to compute: Tokenize answering megabytes over gRPC, and
     /pooling embed answering megabytes of JSON (rendered off the event loop)."""
     process, http_port = server
-    texts = [PARAGRAPH * 20] * 16  # 256,000 characters: about 66,000 tokens
+    texts = [PARAGRAPH * 20] * 16  # 256,000 characters: about 66,000 tokens, 1 MB
     inputs = [f"short text {i}" for i in range(300)]  # 115,200 floats of JSON
     with watching(process) as watch:
         grpc_s, answer = timed(stub.Tokenize, pb.TokenizeRequest(texts=texts), timeout=60)
@@ -284,7 +284,7 @@ def test_large_answers_under_the_limits_are_served(
         **watch.figures(),
     )
     assert not isinstance(answer, grpc.RpcError), answer
-    assert len(answer.items) == 16 and answer.ByteSize() > 1 << 20
+    assert len(answer.items) == 16 and answer.ByteSize() > 1 << 19
     assert status == 200, raw[:300]
     data = json.loads(raw)["data"]
     assert len(data) == 300 and len(data[0]["data"]) == 384
