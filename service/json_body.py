@@ -109,7 +109,8 @@ def structure(raw: bytes) -> tuple[int, int]:
     return deepest, (commas + 1 if len(raw) > 2 else 0)
 
 
-def _check_depth(raw: bytes) -> None:
+def check_depth(raw: bytes) -> None:
+    """MALFORMED_REQUEST for JSON nested deeper than MAX_DEPTH; cheap for the usual body."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
         return  # the common case: too few brackets to nest that deep
     deepest, _ = structure(raw)
@@ -131,7 +132,7 @@ class Body:
         for name in LIST_FIELDS:
             raw = getattr(fields, name)
             if len(raw) and not _is_null(raw):
-                self._lists[name] = _decode_list(name, raw, max_inputs)
+                self._lists[name] = decode_list(name, raw, max_inputs)
 
     def _raw(self, name: str) -> msgspec.Raw | None:
         raw: msgspec.Raw = getattr(self._fields, name)
@@ -185,7 +186,6 @@ class Body:
             raise PoolingError.invalid([violation])
         return value
 
-
     def documents(self) -> list[str]:
         """Rerank's documents: strings, or objects whose text is read."""
         if "documents" not in self._lists:
@@ -193,7 +193,7 @@ class Body:
         return self.texts("documents")
 
 
-def _decode_list(
+def decode_list(
     name: str, raw: msgspec.Raw, max_inputs: int
 ) -> list[str] | tuple[str, FieldViolation]:
     """The field's texts, or why not: counted on the bytes first when the list is large."""
@@ -239,7 +239,7 @@ def _decode_documents(raw: msgspec.Raw) -> list[str] | tuple[str, FieldViolation
 def parse_body(raw: bytes, max_inputs: int) -> Body:
     """The body's fields, its lists counted and decoded; MALFORMED_REQUEST for what is
     not JSON or nests too deep, 422 for JSON that is not an object."""
-    _check_depth(raw)
+    check_depth(raw)
     try:
         fields = _fields.decode(raw)
     except msgspec.ValidationError:
@@ -247,3 +247,8 @@ def parse_body(raw: bytes, max_inputs: int) -> Body:
     except (msgspec.DecodeError, RecursionError) as exc:
         raise malformed(f"the body is not valid JSON: {exc}") from None
     return Body(fields, max_inputs)
+
+
+# The names other doors first imported (service/http_doors.py).
+_check_depth = check_depth
+_decode_list = decode_list
