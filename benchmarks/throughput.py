@@ -1048,6 +1048,15 @@ def main() -> None:
         default=2.0,
         help="seconds of C=64 load on each server before its memory is read (memory row)",
     )
+    parser.add_argument(
+        "--backends",
+        action="store_true",
+        help="the backend rows instead (benchmarks/backends.py): MiniLM on torch, onnx and "
+        "openvino, fp32 and int8, in-process and through the server with h2load",
+    )
+    parser.add_argument(
+        "--backend-seconds", type=float, default=4.0, help="seconds per in-process backend row"
+    )
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--mixed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -1064,6 +1073,16 @@ def main() -> None:
             address, mode, int(concurrency), float(duration), args.mixed, args.shared_channel
         )
         print(json.dumps(load))
+    elif args.backends:
+        from benchmarks import backends
+
+        args.work_dir = tempfile.mkdtemp(prefix="bench-backends-")
+        result = backends.run(args)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(
+            json.dumps(result, indent=2, default=str) if args.json else backends.format_rows(result)
+        )
     elif args.load == "h2load":
         result = orchestrate_h2load(args)
         if args.json_out:
