@@ -657,6 +657,10 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["batch"]:  # `pooling-server batch`: an offline job, no server
+        from service.batch_job import main as batch_main
+
+        return batch_main(argv[1:])
     args = parse_args(argv)
     if args.role == "engine":
         _ignore_stop_signals()

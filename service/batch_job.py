@@ -1,0 +1,448 @@
+"""`pooling-server batch`: a file of OpenAI batch lines in, a file of answers out.
+
+The models load in this process (no server, no port); each line
+`{"custom_id", "method": "POST", "url", "body"}` is parsed and rendered by the HTTP route
+of its url (service/routes.py) and run through the RequestRunner, so its answer is the
+one the HTTP API would give. What the job promises:
+
+- Every line gets exactly one output line, in input order; a bad line (not JSON, an
+  unknown url, a method other than POST, an invalid body, an engine refusal) becomes an
+  error line and the job goes on.
+- Memory is bounded by the window of lines in flight (--batch-window), not by the file:
+  input is read in chunks and answers are written as the window's head completes.
+- --resume reads the output first, cuts a trailing line left half-written by a kill, and
+  skips the input lines already answered there; custom_ids may repeat (each occurrence is
+  one line: a custom_id found k times in the output skips its first k occurrences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import msgspec
+
+from engine.engine import Engine
+from engine.errors import ErrorKind, PoolingError
+from engine.output_size import MIB, ResponseBudget
+from engine.request import PoolRequest
+from service import logs
+from service.errors import HTTP_STATUS
+from service.json_body import BodyError, parse_body
+from service.metrics import Metrics
+from service.routes import ROUTES, Parsed, error_body
+from service.runner import Call, RequestRunner
+from service.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 512  # lines in flight: enough to fill batches of the largest size
+READ_CHUNK_BYTES = 1 << 20  # input read per step, in whole lines
+WRITE_CHUNK_BYTES = 1 << 18  # output written when this much is ready, or the head waits
+MAX_LINE_BYTES = 64 * MIB  # one answer's JSON, as the HTTP API caps a response
+QUEUE_FULL_RETRY_S = 0.05
+
+_encode = msgspec.json.Encoder()
+
+
+class _Done(msgspec.Struct):
+    """What --resume reads of an output line."""
+
+    custom_id: Any = None
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    input: str  # a path, or "-" for stdin
+    output: str  # a path, or "-" for stdout
+    resume: bool = False
+    window: int = DEFAULT_WINDOW
+    progress: bool | None = None  # None: when stderr is a terminal
+
+
+@dataclass
+class JobStats:
+    lines: int = 0  # answered in this run
+    errors: int = 0
+    skipped: int = 0  # already in the output (--resume)
+    seconds: float = 0.0
+
+
+# ------------------------------------------------------------------ one line
+
+
+class LineError(Exception):
+    """A line refused before any route ran: its HTTP status and reason."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+def _line_id() -> str:
+    return f"batch_req_{uuid.uuid4().hex}"
+
+
+def _output(custom_id: Any, status: int, request_id: str, body: dict[str, Any]) -> bytes:
+    """OpenAI's batch output line. A failure also sets `error` (as vLLM's run-batch does),
+    so a reader that checks only `error`, or only the status code, sees it."""
+    error = None
+    if status >= 400:
+        detail = body.get("error", {})
+        error = {"code": detail.get("code"), "message": detail.get("message")}
+    line = {
+        "id": _line_id(),
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": error,
+    }
+    return _encode.encode(line) + b"\n"
+
+
+def _pooling_error_line(custom_id: Any, request_id: str, error: PoolingError) -> bytes:
+    status = HTTP_STATUS[error.kind]
+    body = error_body(
+        status, error.reason, error.message, error.violations, error.metadata, error.retry_after_s
+    )
+    return _output(custom_id, status, request_id, body)
+
+
+def _line_error(custom_id: Any, error: LineError) -> bytes:
+    body = error_body(error.status, error.reason, error.message)
+    return _output(custom_id, error.status, "", body)
+
+
+class _Line(msgspec.Struct):
+    """A batch input line; its body stays raw JSON for the route's own body reader."""
+
+    custom_id: Any = None
+    method: Any = "POST"
+    url: Any = None
+    body: msgspec.Raw = msgspec.Raw()
+
+
+_decode_line = msgspec.json.Decoder(_Line)
+
+
+def read_line(raw: bytes, number: int) -> _Line:
+    """The decoded line, or LineError; a custom_id that is not a scalar reads as None."""
+    try:
+        line = _decode_line.decode(raw)
+    except msgspec.ValidationError:
+        raise LineError(400, "MALFORMED_REQUEST", f"line {number} is not a JSON object") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        message = f"line {number} is not valid JSON: {exc}"
+        raise LineError(400, "MALFORMED_REQUEST", message) from None
+    if not isinstance(line.custom_id, (str, int, float, bool)):
+        line.custom_id = None  # echoed as null: it must be a string
+    return line
+
+
+def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
+    """The route's rpc and its parsed body; LineError, BodyError or PoolingError. The body
+    is read as the HTTP route reads it (service/json_body.py), with the same bounds."""
+    if not isinstance(line.custom_id, str):
+        raise LineError(400, "INVALID_LINE", f"line {number}: custom_id must be a string")
+    method = line.method
+    if not isinstance(method, str) or method.upper() != "POST":
+        raise LineError(405, "METHOD_NOT_ALLOWED", f"line {number}: method must be POST")
+    route = ROUTES.get(line.url) if isinstance(line.url, str) else None
+    if route is None:
+        known = ", ".join(sorted(ROUTES))
+        raise LineError(404, "UNKNOWN_URL", f"line {number}: url must be one of {known}")
+    if not len(line.body):
+        raise BodyError("body", "must be a JSON object")
+    body = parse_body(bytes(line.body), max_inputs)
+    request_id = f"{route.prefix}-{uuid.uuid4().hex}"
+    return route.rpc, route.parse(body, request_id)
+
+
+class LineRunner:
+    """Runs decoded lines through the request runner and renders each as an output line."""
+
+    def __init__(self, runner: RequestRunner) -> None:
+        self.runner = runner
+        self.budget = ResponseBudget(
+            max_bytes=MAX_LINE_BYTES,
+            setting="the batch job's line limit (64 MiB)",
+            item_bytes=64,
+            row_bytes=3,
+            encodings=False,
+        )
+
+    def start(self, line: _Line, number: int) -> bytes | asyncio.Task[bytes]:
+        """The answer now (a line refused before running), or a task that makes it."""
+        custom_id = line.custom_id
+        try:
+            max_inputs = self.runner.ready().limits.max_client_batch_size
+            rpc, parsed = parse_line(line, number, max_inputs)
+        except LineError as error:
+            return _line_error(custom_id, error)
+        except BodyError as error:
+            v = error.violation
+            message = f"{v.field}: {v.description}"
+            return _output(custom_id, 422, "", error_body(422, v.reason, message, [v]))
+        except PoolingError as error:
+            return _pooling_error_line(custom_id, "", error)
+        return asyncio.ensure_future(self._run(custom_id, rpc, parsed))
+
+    async def _run(self, custom_id: Any, rpc: str, parsed: Parsed) -> bytes:
+        request = parsed.request
+        if isinstance(request, PoolRequest):
+            budget = dataclasses.replace(self.budget, float_bytes=parsed.float_bytes)
+            parsed = dataclasses.replace(
+                parsed, request=dataclasses.replace(request, response_budget=budget)
+            )
+        call = Call(protocol="batch", rpc=rpc, client="batch")
+        while True:
+            try:
+                ran = await parsed.run(self.runner, call)
+                return _output(custom_id, 200, request.request_id, parsed.render(ran.result))
+            except PoolingError as error:
+                if error.kind is ErrorKind.RESOURCE_EXHAUSTED and error.reason == "QUEUE_FULL":
+                    await asyncio.sleep(QUEUE_FULL_RETRY_S)  # the window outgrew the queue
+                    continue
+                return _pooling_error_line(custom_id, request.request_id, error)
+
+
+# ------------------------------------------------------------------ files
+
+
+def read_done(path: str) -> collections.Counter[Any]:
+    """How often each custom_id is already answered in `path`, after cutting a last line
+    that a kill left without its newline (it is answered again)."""
+    done: collections.Counter[Any] = collections.Counter()
+    if not os.path.exists(path):
+        return done
+    with open(path, "rb+") as file:
+        size = file.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:  # find the last newline, reading backwards in chunks
+            start = max(0, end - READ_CHUNK_BYTES)
+            file.seek(start)
+            at = file.read(end - start).rfind(b"\n")
+            if at >= 0:
+                end = start + at + 1
+                break
+            end = start
+        if end < size:
+            log.warning("cut a partial last line (%d bytes) from %s", size - end, path)
+            file.truncate(end)
+        file.seek(0)
+        decode = msgspec.json.Decoder(_Done)
+        for number, raw in enumerate(file, 1):
+            if not raw.strip():
+                continue
+            try:
+                done[decode.decode(raw).custom_id] += 1
+            except msgspec.DecodeError:
+                log.warning("%s line %d is not an output line; ignored", path, number)
+    return done
+
+
+def count_lines(path: str) -> int | None:
+    """Lines in the input, for the progress bar's time left (None for stdin)."""
+    if path == "-":
+        return None
+    count = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(READ_CHUNK_BYTES):
+            count += chunk.count(b"\n")
+        if file.tell() and not chunk.endswith(b"\n"):
+            file.seek(-1, os.SEEK_END)
+            count += file.read(1) != b"\n"
+    return count
+
+
+def _chunks(stream: IO[bytes]) -> Iterator[list[bytes]]:
+    while lines := stream.readlines(READ_CHUNK_BYTES):
+        yield lines
+
+
+# ------------------------------------------------------------------ the job
+
+
+async def run_job(engine: Engine, options: JobOptions) -> JobStats:
+    """Answer every line of the input; the engine is started and stopped by the caller."""
+    runner = RequestRunner(Telemetry(Metrics()))
+    runner.engine = engine
+    lines = LineRunner(runner)
+    stats = JobStats()
+    begun = time.monotonic()
+    done = read_done(options.output) if options.resume else collections.Counter()
+    source = sys.stdin.buffer if options.input == "-" else open(options.input, "rb")  # noqa: SIM115
+    if options.output == "-":
+        sink: IO[bytes] = sys.stdout.buffer
+    else:
+        sink = open(options.output, "ab" if options.resume else "wb")  # noqa: SIM115
+    show = sys.stderr.isatty() if options.progress is None else options.progress
+    bar = _progress(options.input, show, sum(done.values()))
+    window: collections.deque[bytes | asyncio.Task[bytes]] = collections.deque()
+    pending: list[bytes] = []
+    pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending_bytes
+        if pending:
+            sink.write(b"".join(pending))
+            sink.flush()
+            if bar is not None:
+                bar.update(len(pending))
+            pending.clear()
+            pending_bytes = 0
+
+    async def retire(wait: bool) -> None:
+        """Write the finished head of the window; with `wait`, the head at least."""
+        nonlocal pending_bytes
+        while window:
+            head = window[0]
+            if isinstance(head, asyncio.Task):
+                if not head.done():
+                    if not wait:
+                        return
+                    flush()  # what is ready goes out before the wait
+                    await asyncio.wait([head])
+                head = head.result()
+            window.popleft()
+            wait = False
+            stats.lines += 1
+            stats.errors += b'"error":null}' not in head[-16:]
+            pending.append(head)
+            pending_bytes += len(head)
+            if pending_bytes >= WRITE_CHUNK_BYTES:
+                flush()
+
+    number = 0
+    chunks = _chunks(source)
+    try:
+        while chunk := await asyncio.to_thread(next, chunks, None):  # type: ignore[arg-type]
+            for raw in chunk:
+                number += 1
+                if not raw.strip():
+                    continue
+                try:
+                    line = read_line(raw, number)
+                    custom_id, answer = line.custom_id, None
+                except LineError as error:
+                    custom_id, answer = None, _line_error(None, error)
+                if done and done[custom_id] > 0:
+                    done[custom_id] -= 1
+                    stats.skipped += 1
+                    continue
+                window.append(answer if answer is not None else lines.start(line, number))
+                if len(window) >= options.window:
+                    await retire(wait=True)
+                else:
+                    await retire(wait=False)
+        while window:
+            await retire(wait=True)
+        flush()
+    finally:
+        for item in window:
+            if isinstance(item, asyncio.Task):
+                item.cancel()
+        if source is not sys.stdin.buffer:
+            source.close()
+        if sink is not sys.stdout.buffer:
+            sink.close()
+        if bar is not None:
+            bar.close()
+    stats.seconds = time.monotonic() - begun
+    return stats
+
+
+def _progress(path: str, show: bool, initial: int) -> Any:
+    """tqdm on stderr: lines per second and, for a file, the time left."""
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(
+        total=count_lines(path), initial=initial, unit="line", file=sys.stderr, smoothing=0.1
+    )
+
+
+# ------------------------------------------------------------------ command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    job = parser.add_argument_group("batch job")
+    job.add_argument("--input", required=True, help="JSONL of OpenAI batch lines; - for stdin")
+    job.add_argument("--output", required=True, help="JSONL of answers; - for stdout")
+    job.add_argument(
+        "--resume",
+        action="store_true",
+        help="append to --output, skipping the lines already answered there",
+    )
+    job.add_argument(
+        "--batch-window",
+        type=_positive,
+        default=DEFAULT_WINDOW,
+        help="lines in flight at once: bounds memory; enough of them keep batches full",
+    )
+    bar = job.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
+    bar.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
+    return value
+
+
+def main(argv: Sequence[str]) -> int:
+    """`pooling-server batch ...`: the server's model, device and batching flags apply."""
+    from service import cli
+
+    parser = cli.build_parser()
+    parser.prog = "pooling-server batch"
+    parser.description = "Answer a JSONL file of OpenAI batch lines with the models in-process."
+    add_arguments(parser)
+    extra = cli.environment_arguments(parser, argv, os.environ)
+    args = parser.parse_args([*extra, *argv])
+    if args.resume and args.output == "-":
+        parser.error("--resume needs --output to be a file")
+    logs.configure(args.log_level, args.log_format)
+    options = JobOptions(args.input, args.output, args.resume, args.batch_window, args.progress)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return asyncio.run(_main(cli.config_from_args(args), options))
+
+
+async def _main(config: Any, options: JobOptions) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from service.loading import load_engine  # torch and transformers: only here
+
+    hf_logging.disable_progress_bar()
+    engine = await asyncio.to_thread(load_engine, config)
+    await engine.start()
+    try:
+        stats = await run_job(engine, options)
+    finally:
+        await engine.stop()
+    log.info(
+        "batch done: %d lines answered (%d errors), %d already done, in %.1f s (%.0f lines/s)",
+        stats.lines,
+        stats.errors,
+        stats.skipped,
+        stats.seconds,
+        stats.lines / stats.seconds if stats.seconds else 0.0,
+    )
+    return 0
