@@ -6,122 +6,30 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
-from engine.batch_queue import BatchConfig
-from engine.engine import Engine
-from engine.model_spec import DEFAULT_MODEL, ModelSpec
-from engine.remote import RemoteEngineClient
-from engine.validation import Limits
 from service.auth import BearerTokenInterceptor
+from service.config import ServerConfig
 from service.handlers import add_pooling_service
 from service.health import HealthServicer
 from service.http_api import HttpApi
 from service.http_cohere import input_type_prompts
-from service.http_guard import HttpLimits
 from service.metrics import Metrics
 from service.proto import pooling_pb2
-from service.run_dir import (
-    frontend_address,
-    frontend_ready,
-    is_ready,
-    mark_frontend_ready,
-    read_ready,
-)
 from service.runner import RequestRunner
 from service.servicer import PoolingServicer
+from service.split.frontend import FrontendRole, connect_engine
 from service.telemetry import Telemetry
 from service.telemetry import tracer_provider as make_tracer_provider
-from service.transport import TlsConfig, TransportConfig
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pooling_pb2.DESCRIPTOR.services_by_name["PoolingService"].full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
-
-
-@dataclass
-class ServerConfig:
-    models: Sequence[ModelSpec] = field(default_factory=lambda: [ModelSpec(DEFAULT_MODEL)])
-    host: str = "127.0.0.1"
-    port: int = 50051
-    device: str = "auto"
-    dtype: str = "auto"
-    attn_implementation: str | None = None
-    torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
-    intra_op_threads: int | None = None  # onnx and openvino; None: torch_threads, else cores
-    backend_cache_dir: str | None = None  # None: engine.backends.default_cache_dir()
-    tokenizer_threads: int = 1
-    limits: Limits = field(default_factory=Limits)
-    # Zeros are filled in for the device by batch_config_for.
-    batch: BatchConfig = field(default_factory=lambda: BatchConfig(max_batch_size=0, workers=0))
-    max_stream_inflight: int = 256
-    drain_delay_s: float = 0.0
-    shutdown_grace_s: float = 30.0
-    max_message_bytes: int = 16 * 1024 * 1024
-    max_http_response_bytes: int = 64 * 1024 * 1024  # the HTTP API's largest response body
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None
-    http_port: int | None = None  # the HTTP API (service/http_api.py) on --host; None: off
-    http: HttpLimits = field(default_factory=HttpLimits)  # its timeouts and caps
-    cohere_input_type_prompts: Sequence[str] = ()  # --cohere-input-type-prompt TYPE=NAME
-    transport: TransportConfig = field(default_factory=TransportConfig)
-    tls: TlsConfig | None = None
-    api_keys: Sequence[str] = ()
-    otlp_endpoint: str | None = None
-    log_inputs: bool = False
-    log_requests: bool = False
-    frontends: int = 0  # front-end processes beside engine processes; 0: all in this one
-    data_parallel: int = 1  # engine processes (one per device)
-
-
-@dataclass
-class FrontendRole:
-    """This process is front end `index` of `frontends` in a split server (supervisor.py).
-
-    It listens at once (NOT_SERVING), connects once every engine is warm, and reports
-    SERVING only once every front end has connected.
-    """
-
-    index: int
-    frontends: int
-    run_dir: str
-    engines: int
-    alive_fds: Sequence[int] = ()
-    on_engine_dead: Callable[[int], None] | None = None
-
-    async def engines_ready(self) -> None:
-        while not all(is_ready(self.run_dir, k) for k in range(self.engines)):
-            await asyncio.sleep(READY_POLL_S)
-
-    async def all_ready(self) -> None:
-        mark_frontend_ready(self.run_dir, self.index)
-        while not all(frontend_ready(self.run_dir, i) for i in range(self.frontends)):
-            await asyncio.sleep(READY_POLL_S)
-
-
-READY_POLL_S = 0.05
-
-
-def connect_engine(config: ServerConfig, frontend: FrontendRole) -> Engine:
-    """A front end's engine: tokenizers from the engine processes' descriptions, and a
-    client that sends them the jobs. Loads no weights, and neither torch nor transformers."""
-    engines = [read_ready(frontend.run_dir, k) for k in range(frontend.engines)]
-    served = [description.served() for description in engines[0].models]
-    client = RemoteEngineClient(
-        engines,
-        frontend_address(frontend.run_dir, frontend.index),
-        origin=frontend.index,
-        alive_fds=frontend.alive_fds,
-        on_engine_dead=frontend.on_engine_dead,
-    )
-    return Engine(served, config.limits, tokenizer_threads=config.tokenizer_threads, client=client)
 
 
 class PoolingServer:
