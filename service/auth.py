@@ -7,22 +7,10 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from pathlib import Path
 
 import grpc
 
 PROTECTED_PREFIX = "/pooling.v1.PoolingService/"
-
-
-def load_keys(keys: Iterable[str], key_file: str | None) -> list[str]:
-    """Keys from the command line and from a file of one key per line (# comments allowed)."""
-    found = [key for key in keys if key]
-    if key_file:
-        for line in Path(key_file).read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                found.append(line)
-    return found
 
 
 async def _refuse(requests: object, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:

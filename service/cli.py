@@ -18,11 +18,15 @@ from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.output_size import MIB, ResponseBudget
 from engine.validation import Limits
 from service import logs
-from service.auth import load_keys
-from service.http_guard import HttpLimits, raise_open_file_limit
-from service.server import FrontendRole, ServerConfig, serve
-from service.supervisor import Supervisor
-from service.transport import TlsConfig, TransportConfig
+from service.config import (
+    HttpLimits,
+    ServerConfig,
+    TlsConfig,
+    TransportConfig,
+    load_keys,
+    raise_open_file_limit,
+)
+from service.split.supervisor import Supervisor
 
 PER_MODEL = "Give it once for every model, or once per --model in the same order."
 
@@ -679,7 +683,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role is not None:
         _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Each role imports only what it runs: an engine process neither grpc nor aiohttp.
     if args.role == "frontend":
+        from service.server import serve
+        from service.split.frontend import FrontendRole
+
         fds = [int(fd) for fd in args.alive_fds.split(",") if fd]
         frontend = FrontendRole(
             args.role_index, args.frontends, args.run_dir, args.data_parallel, fds
@@ -689,9 +697,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     if args.role == "engine":
-        from service.engine_process import run_engine
+        from service.split.engine_process import run_engine
 
         return asyncio.run(run_engine(config, args.role_index, args.run_dir, args.stop_fd))
+    from service.server import serve
+
     return asyncio.run(serve(config))
 
 

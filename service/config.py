@@ -1,10 +1,27 @@
-"""Transport settings: HTTP/2 keepalive and limits, and TLS credentials."""
+"""A server's configuration: ServerConfig and the settings beside it (HTTP/2 transport,
+TLS, the HTTP door's limits, API keys), and the open-file limit every server process raises.
+
+Every process of a server reads this, the engine processes included, so it imports no
+grpc, no aiohttp and no torch: what needs them (TLS credentials) imports them when called.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import resource
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
+from engine.batch_queue import BatchConfig
+from engine.model_spec import DEFAULT_MODEL, ModelSpec
+from engine.validation import Limits
+
+if TYPE_CHECKING:
+    import grpc
+
+log = logging.getLogger(__name__)
 
 # Calls accepted by gRPC core but not yet taken up by the server, server-wide. gRPC core's
 # default (1,000 soft, 3,000 hard) cancels calls of an ordinary burst unseen; past this bound
@@ -63,6 +80,8 @@ class TlsConfig:
     client_ca_file: str | None = None  # set: mutual TLS, clients must present a certificate
 
     def credentials(self) -> grpc.ServerCredentials:
+        import grpc
+
         with open(self.key_file, "rb") as key, open(self.cert_file, "rb") as cert:
             pair = (key.read(), cert.read())
         client_ca = None
@@ -72,3 +91,81 @@ class TlsConfig:
         return grpc.ssl_server_credentials(
             [pair], root_certificates=client_ca, require_client_auth=client_ca is not None
         )
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What the HTTP door allows a connection (service/http_guard.py enforces them); README
+    "HTTP API" gives the reasons."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    body_min_bytes_per_s: int = 16 * 1024
+    keepalive_timeout_s: float = 75.0
+    max_connections: int = 1024
+    max_concurrent_bodies: int = 3
+
+
+@dataclass
+class ServerConfig:
+    models: Sequence[ModelSpec] = field(default_factory=lambda: [ModelSpec(DEFAULT_MODEL)])
+    host: str = "127.0.0.1"
+    port: int = 50051
+    device: str = "auto"
+    dtype: str = "auto"
+    attn_implementation: str | None = None
+    torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
+    intra_op_threads: int | None = None  # onnx and openvino; None: torch_threads, else cores
+    backend_cache_dir: str | None = None  # None: engine.backends.default_cache_dir()
+    tokenizer_threads: int = 1
+    limits: Limits = field(default_factory=Limits)
+    # Zeros are filled in for the device by batch_config_for.
+    batch: BatchConfig = field(default_factory=lambda: BatchConfig(max_batch_size=0, workers=0))
+    max_stream_inflight: int = 256
+    drain_delay_s: float = 0.0
+    shutdown_grace_s: float = 30.0
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_http_response_bytes: int = 64 * 1024 * 1024  # the HTTP API's largest response body
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    http_port: int | None = None  # the HTTP API (service/http_api.py) on --host; None: off
+    http: HttpLimits = field(default_factory=HttpLimits)  # its timeouts and caps
+    cohere_input_type_prompts: Sequence[str] = ()  # --cohere-input-type-prompt TYPE=NAME
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    tls: TlsConfig | None = None
+    api_keys: Sequence[str] = ()
+    otlp_endpoint: str | None = None
+    log_inputs: bool = False
+    log_requests: bool = False
+    frontends: int = 0  # front-end processes beside engine processes; 0: all in this one
+    data_parallel: int = 1  # engine processes (one per device)
+
+
+def load_keys(keys: Iterable[str], key_file: str | None) -> list[str]:
+    """API keys from the command line and from a file of one key per line (# comments
+    allowed); service/auth.py checks them."""
+    found = [key for key in keys if key]
+    if key_file:
+        for line in Path(key_file).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                found.append(line)
+    return found
+
+
+def raise_open_file_limit() -> None:
+    """Raise RLIMIT_NOFILE's soft limit to the hard one (systemd's soft default is 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or soft == resource.RLIM_INFINITY:
+        log.info("open-file limit %s (the hard limit)", _limit(soft))
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("open-file limit %s: cannot raise it to %s (%s)", soft, _limit(hard), exc)
+        return
+    log.info("open-file limit raised from %d to %s (the hard limit)", soft, _limit(hard))
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)

@@ -3,7 +3,7 @@
 aiohttp alone bounds a request's size but not its time: headers may trickle in forever, a
 body may stall after its first megabytes (holding them), an idle keep-alive connection lives
 an hour, and nothing caps how many connections are open. This module adds, each from a flag
-(HttpLimits):
+(HttpLimits, in service/config.py):
 
 - a header timeout: from the connection's start, or from the first byte of each later
   request, to the end of its headers;
@@ -26,10 +26,11 @@ import logging
 import resource
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from service.config import HttpLimits
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +50,6 @@ _OVER_CAP_BODY = (
 _HEADER_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 ABORT_AFTER_S = 1.0  # a closed socket whose answer the client does not read is reset then
 LOG_EVERY_S = 10.0  # one line per this many seconds for refusals that come in floods
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """What the HTTP door allows a connection; README "HTTP API" gives the reasons."""
-
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 10.0
-    body_min_bytes_per_s: int = 16 * 1024
-    keepalive_timeout_s: float = 75.0
-    max_connections: int = 1024
-    max_concurrent_bodies: int = 3
 
 
 def connection_budget(requested: int) -> int:
@@ -329,20 +318,6 @@ class ConnectionGuard:
 
 
 # ----------------------------------------------------------------- whole process
-
-
-def raise_open_file_limit() -> None:
-    """Raise RLIMIT_NOFILE's soft limit to the hard one (systemd's soft default is 1024)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == hard or soft == resource.RLIM_INFINITY:
-        log.info("open-file limit %s (the hard limit)", _limit(soft))
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError) as exc:
-        log.warning("open-file limit %s: cannot raise it to %s (%s)", soft, _limit(hard), exc)
-        return
-    log.info("open-file limit raised from %d to %s (the hard limit)", soft, _limit(hard))
 
 
 def _limit(value: int) -> str:

@@ -17,7 +17,7 @@ from engine.batch_queue import BatchConfig
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
 from engine.model_runner import ThreadShare
-from service.server import ServerConfig
+from service.config import ServerConfig
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from engine.core import EngineCore
 from engine.ipc import EngineReady
 from engine.served import ModelDescription
 from service import logs
+from service.config import ServerConfig
 from service.metrics import EngineStats, Metrics
-from service.run_dir import engine_address, write_ready
-from service.server import ServerConfig
+from service.split.run_dir import engine_address, write_ready
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A split server: engine processes (one per device) and front-end processes on one port.
 
 Started by `pooling-server --frontends N`. It starts the engines and the front ends
-together: front ends listen at once, wait for the engines (see FrontendRole) and share
+together: front ends listen at once, wait for the engines (see frontend.py) and share
 the port with SO_REUSEPORT, as in gRPC's multiprocessing example. It serves the one
 /metrics endpoint (prometheus_client's multiprocess mode over the run folder).
 
@@ -56,7 +56,7 @@ class Supervisor:
         self.stop_pipes: list[int] = []  # the write end of each engine's stop pipe
 
     def _env(self) -> dict[str, str]:
-        from service.run_dir import metrics_dir
+        from service.split.run_dir import metrics_dir
 
         env = dict(os.environ)
         env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir(self.run_dir)
@@ -75,7 +75,7 @@ class Supervisor:
         self.children.append((f"{role} {index}", child))
 
     def run(self) -> int:
-        from service.run_dir import metrics_dir
+        from service.split.run_dir import metrics_dir
 
         os.makedirs(metrics_dir(self.run_dir))
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -177,6 +177,6 @@ class Supervisor:
     def _mark_dead(self, pid: int) -> None:
         from prometheus_client import multiprocess
 
-        from service.run_dir import metrics_dir
+        from service.split.run_dir import metrics_dir
 
         multiprocess.mark_process_dead(pid, metrics_dir(self.run_dir))

@@ -348,7 +348,7 @@ def test_open_file_limit_is_raised_and_logged(door) -> None:
     if hard > FD_LIMIT:
         assert f"open-file limit raised from {FD_LIMIT} to" in log
     # Every process logs its limit once: the supervisor, the front end and the engine.
-    assert log.count("http_guard: open-file limit") == 3, log
+    assert log.count("config: open-file limit") == 3, log
 
 
 # --------------------------------------------------------------------------- descriptors

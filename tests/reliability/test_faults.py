@@ -25,7 +25,8 @@ import pytest
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.server import PoolingServer, ServerConfig
+from service.config import ServerConfig
+from service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.reliability.support import (
@@ -400,8 +401,8 @@ def test_forward_failure_fails_only_its_requests(
     async def check_forward_failures(
         server: PoolingServer, stub: pooling_pb2_grpc.PoolingServiceStub
     ) -> None:
-        assert server.servicer.engine is not None
-        model = server.servicer.engine.resolve("tiny")
+        assert server.runner.engine is not None
+        model = server.runner.engine.resolve("tiny")
         runner, forward = model.runner, model.runner.forward
         poison_ids = tuple(model.tokenizer.encode([POISON])[0].input_ids)
         reference = vector(await stub.Pool(embed_request(["healthy text"]), timeout=30))
@@ -445,7 +446,7 @@ def test_forward_failure_fails_only_its_requests(
         assert oom.retry is not None
         final = await stub.Pool(embed_request(["healthy text", "another"]), timeout=30)
         assert same_vector(vector(final), reference)
-        assert server.servicer.engine.queues["tiny"].stats.failed_batches == failures["count"]
+        assert server.runner.engine.queues["tiny"].stats.failed_batches == failures["count"]
 
     asyncio.run(body())
     report(record_property, "faults_forward_failure", failed_batches=failures["count"])

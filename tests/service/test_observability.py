@@ -22,7 +22,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.server import PoolingServer, ServerConfig
+from service.config import ServerConfig
+from service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL
 from tests.metrics_endpoint import scrape
 from tests.server_process import ServerProcess, free_port, start_server

@@ -37,7 +37,8 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.server import PoolingServer, ServerConfig
+from service.config import ServerConfig
+from service.server import PoolingServer
 from tests.conftest import Served, server_args
 from tests.fixture_models import MINILM
 from tests.metrics_endpoint import metric_sum, scrape

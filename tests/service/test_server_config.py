@@ -10,8 +10,8 @@ import torch
 
 from engine.batch_queue import BatchConfig
 from engine.model_runner import ThreadShare
+from service.config import ServerConfig
 from service.loading import batch_config_for, thread_share
-from service.server import ServerConfig
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 

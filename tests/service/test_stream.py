@@ -24,7 +24,8 @@ from grpc_health.v1 import health_pb2
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.server import PoolingServer, ServerConfig
+from service.config import ServerConfig
+from service.server import PoolingServer
 from tests.responses import assert_same_response
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
 from tests.server_process import ServerProcess, start_server
@@ -334,7 +335,7 @@ def _reads_while_held(folder: Path, inflight: int, count: int) -> dict[str, Any]
         )
         server = PoolingServer(config)
         await server.start()
-        engine = server.servicer.engine
+        engine = server.runner.engine
         assert engine is not None
         queue = engine.queues["tiny-bert"]
         held = HeldRunner(queue.runner)
