@@ -334,6 +334,26 @@ def test_two_front_ends_over_two_engines_answer_as_one_by_one_calls(two_by_two: 
         assert batches("pooling_batch_size_count") < alone_batches
 
 
+def _native_libraries(process: psutil.Process) -> set[str]:
+    """The folders under site-packages of the shared libraries `process` has mapped."""
+    maps = Path(f"/proc/{process.pid}/maps").read_text()
+    found = set()
+    for line in maps.splitlines():
+        path = line.split()[-1]
+        if path.endswith(".so") and "site-packages/" in path:
+            found.add(path.split("site-packages/", 1)[1].split("/", 1)[0])
+    return found
+
+
+def test_engine_processes_hold_no_grpc_nor_aiohttp(two_by_two: Split) -> None:
+    """The live engines, models loaded and serving, have not loaded grpc's or aiohttp's
+    native code; the front ends have (so the check sees them where they are)."""
+    for engine in two_by_two.processes("engine"):
+        assert not {"grpc", "aiohttp"} & _native_libraries(engine), engine.cmdline()
+    for frontend in two_by_two.processes("frontend"):
+        assert {"grpc", "aiohttp"} <= _native_libraries(frontend), frontend.cmdline()
+
+
 def test_one_metrics_endpoint_counts_every_front_ends_requests(two_by_two: Split) -> None:
     calls = 30
     delta = Delta(two_by_two)
