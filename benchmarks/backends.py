@@ -10,6 +10,7 @@ optimum, which pins transformers below the project's version, so they are not me
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import signal
@@ -163,7 +164,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     logging.disable(logging.WARNING)
     cache = Path(tempfile.mkdtemp(prefix="bench-backend-cache-"))
     try:
-        result = {"in_process": in_process(args, cache)}
+        result: dict[str, Any] = {"in_process": in_process(args, cache), "server": {}}
+        if args.json_out:  # kept should the server rows fail
+            Path(args.json_out).write_text(json.dumps(result, indent=2, default=str) + "\n")
         result["server"] = served(args, cache)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
