@@ -29,6 +29,7 @@ from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
 from engine.validation import (
     Limits,
+    Resolved,
     check_model_name,
     check_tokenize_output,
     rerank_error,
@@ -55,7 +56,15 @@ class Timings:
     """Where a request's time went, in seconds; `batches` holds the raw time.monotonic() marks.
 
     Inference is the span from the first of the request's batches starting to the last
-    ending; queue is the wait before that.
+    ending; queue is the wait before that. Each field has one writer, and is read only
+    once the request's future has resolved (which orders the writes before the reads):
+
+    - `tokenize_s`: the tokenizer thread, once the request is planned;
+    - `batches`: the batching queue (`enqueued` on submit, the span per batch on the
+      forward worker), or the engine process's marks copied once by the remote client;
+    - `queue_s`, `inference_s`: the engine, on the event loop, once from those marks;
+    - `total_s`: whoever observes the whole call (the request record, at its finish);
+      the engine leaves it alone.
     """
 
     tokenize_s: float = 0.0
@@ -130,13 +139,15 @@ class Engine:
         deadline: float | None = None,
         timings: Timings | None = None,
         client: str = "",
+        model: ServedModel | None = None,
     ) -> PoolResult:
         """Run a request; `deadline` is on time.monotonic()'s clock; `client` names who
-        asked (a connection or address), for the queue's per-client bound and turns."""
+        asked (a connection or address), for the queue's per-client bound and turns;
+        `model`: request.model as the caller already resolved it (`resolve`)."""
         started = time.monotonic()
-        model = self.resolve(request.model)
-        validate_request(request, model.info, self.limits)
-        return await self._run(request, model, deadline, timings, started, client)
+        model = model or self.resolve(request.model)
+        resolved = validate_request(request, model.info, self.limits)
+        return await self._run(resolved, model, deadline, timings, started, client)
 
     async def rerank(
         self,
@@ -145,21 +156,22 @@ class Engine:
         deadline: float | None = None,
         timings: Timings | None = None,
         client: str = "",
+        model: ServedModel | None = None,
     ) -> RerankResult:
         """Score every document against the query (score's 1:N path: pairs through a
         cross-encoder, or cosine similarity of embeddings), then rank them, best first."""
         started = time.monotonic()
-        model = self.resolve(request.model)
-        validate_rerank(request, model.info, self.limits)
+        model = model or self.resolve(request.model)
+        resolved = validate_rerank(request, model.info, self.limits)
         try:
-            result = await self._run(request.score, model, deadline, timings, started, client)
+            result = await self._run(resolved, model, deadline, timings, started, client)
         except PoolingError as error:
             raise rerank_error(error) from None
         return _ranking(request, result)
 
     async def _run(
         self,
-        request: PoolRequest,
+        request: Resolved,
         model: ServedModel,
         deadline: float | None,
         timings: Timings | None,
@@ -183,11 +195,10 @@ class Engine:
             # frame: forget the future here, or that cycle holds the request until a gc.
             future = intake = None  # type: ignore[assignment]
             raise
-        batches = timings.batches
+        batches = timings.batches  # their writers are done: the future resolved
         if batches.started is not None and batches.finished is not None:
             timings.queue_s = batches.started - batches.enqueued
             timings.inference_s = batches.finished - batches.started
-        timings.total_s = time.monotonic() - started
         return result
 
     def _tokenize_and_queue(self) -> None:
@@ -202,7 +213,7 @@ class Engine:
                     continue
                 try:
                     request, model = entry.request, entry.model
-                    plan = plan_request(request, model, self.limits)
+                    plan = plan_request(request, model, self.limits)  # tokenized here
                     entry.timings.tokenize_s = time.monotonic() - entry.started
                     finish = _finisher(request, model, plan)
                     batches = entry.timings.batches
@@ -265,7 +276,7 @@ class Engine:
 class _Intake:
     """A validated request on its way to a tokenizer thread, then its job once queued."""
 
-    request: PoolRequest
+    request: Resolved
     model: ServedModel
     deadline: float | None
     timings: Timings
@@ -275,9 +286,9 @@ class _Intake:
     job: Job | None = None
 
 
-def _finisher(request: PoolRequest, model: ServedModel, plan: Plan) -> Callable[..., PoolResult]:
+def _finisher(resolved: Resolved, model: ServedModel, plan: Plan) -> Callable[..., PoolResult]:
     """Raw outputs to the request's result (heads included), run where the last batch ran."""
-    name, tokens = model.info.name, plan.prompt_tokens
+    name, tokens, request = model.info.name, plan.prompt_tokens, resolved.request
 
     def finish(raws: list[np.ndarray]) -> PoolResult:
         return PoolResult(request.request_id, name, request.task, tokens, plan.finish(raws))

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
-from engine.model_info import Activation, LongInput, ModelInfo, PoolingType, SpladeStrategy
+from engine.model_info import Activation, ModelInfo, PoolingType, SpladeStrategy
 from engine.outputs import (
     Classification,
     Embedding,
@@ -27,7 +27,7 @@ from engine.params import OutputEncoding, Task
 from engine.request import PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import Encoding, special_edges
-from engine.validation import TOKEN_TASKS, Limits, check_lengths, check_token_output, prompt_text
+from engine.validation import TOKEN_TASKS, Limits, Resolved, check_tokenized, resolve
 
 Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
 
@@ -54,19 +54,25 @@ class _Text:
     skip: int = 0
 
 
-def plan_request(request: PoolRequest, model: ServedModel, limits: Limits | None = None) -> Plan:
-    """`limits`: the engine's; the answer's size is checked against them once tokenized."""
+def plan_request(
+    request: Resolved | PoolRequest, model: ServedModel, limits: Limits | None = None
+) -> Plan:
+    """`request`: as validation resolved it (a bare PoolRequest is resolved here, unchecked);
+    `limits`: the engine's, which the tokenized rules check the counts against."""
+    resolved = request if isinstance(request, Resolved) else resolve(request, model.info)
+    return _plan(resolved, model, limits or Limits())
+
+
+def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    request = resolved.request
     if request.task is Task.SCORE and model.info.is_cross_encoder:
-        return _plan_cross_encoder(request, model)
+        return _plan_cross_encoder(resolved, model, limits)
     if request.task is Task.SCORE:
-        return _plan_bi_encoder(request, model)
+        return _plan_bi_encoder(resolved, model, limits)
     if request.task is Task.EMBED_SPARSE:
-        return _plan_sparse(request, model)
-    texts = _encode(request, model, request.texts, f"{request.task}.texts")
-    keep_tokens = request.task in TOKEN_TASKS
-    if keep_tokens:  # one row per token of each text, its chunks joined back
-        rows = [len(text.encoding) for text in texts]
-        check_token_output(request, model.info, limits or Limits(), rows)
+        return _plan_sparse(resolved, model, limits)
+    texts = _encode(resolved, model, limits, request.texts, f"{request.task}.texts")
+    keep_tokens = request.task in TOKEN_TASKS  # one row per token of each text
     keep_tokens = keep_tokens or any(text.pooling is not None for text in texts)
     finish_one = _FINISHERS[request.task]
     return _plan_texts(
@@ -92,24 +98,23 @@ def _plan_texts(
 
 
 def _encode(
-    request: PoolRequest,
+    resolved: Resolved,
     model: ServedModel,
+    limits: Limits,
     texts: Sequence[str],
     path: str,
     pairs: Sequence[str] | None = None,
 ) -> list[_Text]:
-    info = model.info
-    truncate = request.params.truncate_prompt_tokens
-    if truncate is None and info.long_input is LongInput.TRUNCATE:
-        truncate = -1
-    prompt = prompt_text(request, info)
+    """Tokenize one list of inputs as validation resolved the request (prompt, truncation,
+    side), check the counts (TOKENIZED_RULES), and chunk what runs past the maximum
+    length (only a chunking request gets this far with such a text)."""
+    info, prompt = model.info, resolved.prompt
     if prompt:
         texts = [prompt + text for text in texts]
-    side = request.truncation_side or info.truncation_side
-    encodings = model.tokenizer.encode(texts, pairs, truncate=truncate, side=side)
-    check_lengths(request, info, path, [len(e) for e in encodings])
+    encodings = model.tokenizer.encode(texts, pairs, truncate=resolved.truncate, side=resolved.side)
+    check_tokenized(resolved, limits, path, [len(e) for e in encodings])
     pooling, skip = None, 0
-    if prompt and not info.include_prompt and request.task is Task.EMBED:
+    if prompt and not info.include_prompt and resolved.request.task is Task.EMBED:
         pooling, skip = info.pooling_type, _prompt_length(model, prompt)
     return [
         _Text(e, model.tokenizer.chunk(e) if len(e) > info.max_input_tokens else [e], pooling, skip)
@@ -242,8 +247,9 @@ _FINISHERS = {
 }
 
 
-def _plan_sparse(request: PoolRequest, model: ServedModel) -> Plan:
-    texts = _encode(request, model, request.texts, "embed_sparse.texts")
+def _plan_sparse(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    request = resolved.request
+    texts = _encode(resolved, model, limits, request.texts, "embed_sparse.texts")
     return _plan_texts(texts, False, lambda text, raws: _finish_sparse(request, model, raws))
 
 
@@ -281,11 +287,13 @@ def _pair_index(request: PoolRequest) -> list[tuple[int, int]]:
     return [(0 if one else i, i) for i in range(len(request.text_2))]
 
 
-def _plan_cross_encoder(request: PoolRequest, model: ServedModel) -> Plan:
+def _plan_cross_encoder(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    request = resolved.request
     pairs = _pair_index(request)
     texts = _encode(
-        request,
+        resolved,
         model,
+        limits,
         [request.text_1[i] for i, _ in pairs],
         "score.text_2",
         [request.text_2[j] for _, j in pairs],
@@ -298,10 +306,11 @@ def _plan_cross_encoder(request: PoolRequest, model: ServedModel) -> Plan:
     return _plan_texts(texts, False, finish_one)
 
 
-def _plan_bi_encoder(request: PoolRequest, model: ServedModel) -> Plan:
+def _plan_bi_encoder(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     """Embed every text once, then the cosine similarity of each pair, in float32."""
-    firsts = _encode(request, model, request.text_1, "score.text_1")
-    seconds = _encode(request, model, request.text_2, "score.text_2")
+    request = resolved.request
+    firsts = _encode(resolved, model, limits, request.text_1, "score.text_1")
+    seconds = _encode(resolved, model, limits, request.text_2, "score.text_2")
     vectors = _plan_texts(
         firsts + seconds, False, lambda text, raws: Embedding(_pooled_vector(text, raws))
     )

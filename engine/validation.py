@@ -27,6 +27,7 @@ from engine.params import PROMPT_TASKS, TASK_PARAMS, OutputEncoding, Task
 from engine.request import PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
+TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})  # one output row per token
 
 
 # Identifiers are echoed in answers and logs: bounded, so neither can be made huge.
@@ -41,19 +42,72 @@ class Limits:
     response: ResponseBudget = GRPC_BUDGET  # the largest answer (gRPC's send limit)
 
 
-Check = Callable[[PoolRequest, ModelInfo, Limits], Iterator[FieldViolation]]
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A request with the facts it settles on its model, found once (by `resolve`, before
+    the rules run) and then read by the rules, the planner and the engine alike.
+
+    `long_input` is this request's own policy for a text past the maximum length: TRUNCATE
+    where it sets truncate_prompt_tokens or the model truncates, CHUNK where the model
+    chunks (and can), else REJECT. `truncate` is what the tokenizer truncates to (-1: the
+    maximum length; None: it does not truncate), cutting the `side` end. `rerank` is the
+    rerank request this score request computes, if any.
+    """
+
+    request: PoolRequest
+    info: ModelInfo
+    prompt: str | None  # prepended to every input (see prompt_text)
+    long_input: LongInput
+    truncate: int | None
+    side: str
+    rerank: RerankRequest | None = None
+
+    @property
+    def may_run_long(self) -> bool:
+        """Whether a text may rightly run past the maximum length, so that the long-text
+        character bound applies: truncated, or chunked into pooled outputs (chunked token
+        outputs grow with the text, so those keep the tighter bound)."""
+        if self.long_input is LongInput.CHUNK:
+            return self.request.task not in TOKEN_TASKS
+        return self.long_input is LongInput.TRUNCATE
+
+    @property
+    def token_cap(self) -> int | None:
+        """The most tokens of one text's output rows: its truncation, or the maximum length
+        (past which the length rule refuses it); None where long texts are chunked."""
+        if self.truncate is not None and self.truncate > 0:
+            return self.truncate
+        if self.long_input is LongInput.CHUNK:
+            return None
+        return self.info.max_input_tokens
 
 
-def _input_present(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def resolve(request: PoolRequest, info: ModelInfo, rerank: RerankRequest | None = None) -> Resolved:
+    """The one place a request's prompt, long-input policy and truncation are decided."""
+    truncate = request.params.truncate_prompt_tokens
+    if truncate is not None:
+        policy = LongInput.TRUNCATE
+    elif info.long_input is LongInput.TRUNCATE:
+        policy, truncate = LongInput.TRUNCATE, -1
+    elif info.chunks_long_input:
+        policy = LongInput.CHUNK
+    else:
+        policy = LongInput.REJECT
+    side = request.truncation_side or info.truncation_side
+    return Resolved(request, info, prompt_text(request, info), policy, truncate, side, rerank)
+
+
+Check = Callable[[Resolved, Limits], Iterator[FieldViolation]]
+
+
+def _input_present(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     if request.task is None:
         yield FieldViolation("input", f"set one input case: {INPUT_CASES}", "INPUT_MISSING")
 
 
-def _input_not_empty(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def _input_not_empty(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     if request.task is None:
         return
     if request.task is Task.SCORE:
@@ -64,7 +118,8 @@ def _input_not_empty(
         yield FieldViolation(f"{request.task}.texts", "must hold at least one text", "EMPTY_INPUT")
 
 
-def _score_shape(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _score_shape(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     n1, n2 = len(request.text_1), len(request.text_2)
     if request.task is Task.SCORE and n1 and n2 and n1 != 1 and n1 != n2:
         yield FieldViolation(
@@ -75,7 +130,8 @@ def _score_shape(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
         )
 
 
-def _batch_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _batch_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     if request.task is not None and request.num_items > limits.max_client_batch_size:
         path = "score.text_2" if request.task is Task.SCORE else f"{request.task}.texts"
         yield too_many_inputs(path, request.num_items, limits.max_client_batch_size)
@@ -97,7 +153,8 @@ def request_id_too_long(request_id: str) -> bool:
     return len(request_id.encode()) > MAX_REQUEST_ID_BYTES
 
 
-def _request_id(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _request_id(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     if request_id_too_long(request.request_id):
         yield FieldViolation(
             "request_id",
@@ -116,19 +173,15 @@ def _inputs(request: PoolRequest) -> Iterator[tuple[str, tuple[str, ...]]]:
         yield f"{request.task}.texts", request.texts
 
 
-def _characters(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _characters(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """Bound every text, and all of them, by characters before anything is tokenized."""
+    request, info = r.request, r.info
     if request.task is None or request.num_items > limits.max_client_batch_size:
         return  # _batch_size speaks for a request this large
-    # Truncated texts and chunked pooled ones may rightly run long; chunked token outputs
-    # grow with the text, so those keep the tighter bound.
-    chunked = info.chunks_long_input and request.task not in (Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY)
-    truncated = request.params.truncate_prompt_tokens is not None
-    may_run_long = truncated or chunked or info.long_input is LongInput.TRUNCATE
     lists = list(_inputs(request))
     whole = "score" if request.task is Task.SCORE else lists[0][0]
-    prompt = len(prompt_text(request, info) or "")  # counted with every text it precedes
-    yield from _character_bounds(lists, whole, info.char_limit(may_run_long), limits, prompt)
+    prompt = len(r.prompt or "")  # counted with every text it precedes
+    yield from _character_bounds(lists, whole, info.char_limit(r.may_run_long), limits, prompt)
 
 
 def _character_bounds(
@@ -160,7 +213,8 @@ def _character_bounds(
         )
 
 
-def _task_agrees(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _task_agrees(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     declared = request.declared_task
     if declared is not None and request.task is not None and declared is not request.task:
         yield FieldViolation(
@@ -170,9 +224,8 @@ def _task_agrees(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
         )
 
 
-def _task_supported(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def _task_supported(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request, info = r.request, r.info
     if request.task is not None and request.task not in info.tasks:
         supported = ", ".join(task.value for task in info.tasks)
         yield FieldViolation(
@@ -182,9 +235,8 @@ def _task_supported(
         )
 
 
-def _params_for_task(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def _params_for_task(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     assert request.task is not None
     allowed = TASK_PARAMS[request.task]
     for name in request.params.set_fields():
@@ -197,7 +249,8 @@ def _params_for_task(
             )
 
 
-def _dimensions(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _dimensions(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request, info = r.request, r.info
     dims = request.params.dimensions
     if dims is None or "dimensions" not in TASK_PARAMS[request.task]:  # type: ignore[index]
         return
@@ -224,7 +277,8 @@ def _dimensions(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterat
         )
 
 
-def _truncate(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _truncate(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request, info = r.request, r.info
     n = request.params.truncate_prompt_tokens
     if n is None or n == -1:
         return
@@ -256,9 +310,8 @@ def prompt_text(request: PoolRequest, info: ModelInfo) -> str | None:
     return None if name is None else info.prompts.get(name)
 
 
-def _prompt_conflict(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def _prompt_conflict(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     if request.prompt is not None and request.prompt_name is not None:
         yield FieldViolation(
             "prompt",
@@ -267,9 +320,8 @@ def _prompt_conflict(
         )
 
 
-def _prompt_for_task(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def _prompt_for_task(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     if request.task in PROMPT_TASKS:
         return
     takes = ", ".join(task.value for task in Task if task in PROMPT_TASKS)
@@ -282,7 +334,8 @@ def _prompt_for_task(
             )
 
 
-def _prompt_name(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _prompt_name(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request, info = r.request, r.info
     name = request.prompt_name
     if name is None or request.task not in PROMPT_TASKS or name in info.prompts:
         return
@@ -297,9 +350,8 @@ def _prompt_name(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
     )
 
 
-def _sparse_top_k(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def _sparse_top_k(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request = r.request
     if request.task is Task.EMBED_SPARSE and request.sparse_top_k < 0:
         yield FieldViolation(
             "embed_sparse.top_k",
@@ -309,11 +361,10 @@ def _sparse_top_k(
         )
 
 
-def _sparse_activation(
-    request: PoolRequest, info: ModelInfo, limits: Limits
-) -> Iterator[FieldViolation]:
+def _sparse_activation(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """use_activation=false skips SPLADE's log saturation after max pooling; sum pooling
     saturates each token before summing, so it has no unsaturated form to return."""
+    request, info = r.request, r.info
     if (
         request.task is Task.EMBED_SPARSE
         and request.params.use_activation is False
@@ -331,7 +382,8 @@ def _sparse_activation(
 ENCODING_TASKS = frozenset({Task.EMBED, Task.TOKEN_EMBED})
 
 
-def _encoding(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _encoding(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request, info = r.request, r.info
     encoding = request.encoding
     if encoding is OutputEncoding.FLOAT:
         return
@@ -354,7 +406,8 @@ def _encoding(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator
         )
 
 
-def _calibration(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _calibration(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    request, info = r.request, r.info
     if request.encoding in NEEDS_RANGES and info.calibration_ranges is None:
         files = " or ".join(CALIBRATION_FILES)
         yield FieldViolation(
@@ -363,9 +416,6 @@ def _calibration(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
             f"(ship {files} in its folder); use binary, ubinary, float16 or bfloat16 instead",
             "CALIBRATION_RANGES_MISSING",
         )
-
-
-TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})
 
 
 def response_budget(request: PoolRequest, limits: Limits) -> ResponseBudget:
@@ -394,16 +444,17 @@ def output_too_large(path: str, estimate: int, budget: ResponseBudget) -> Poolin
     return error
 
 
-def _output_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
+def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """What the request alone says of its answer's size: one vector, class row or score per
     input; for token outputs, at least a row per word of every text (counted exactly once
     tokenized: check_token_output), so that the tokenizer never runs for a refusal."""
+    request, info = r.request, r.info
     assert request.task is not None
     budget, dims = response_budget(request, limits), request.params.dimensions
     if dims is not None and not 1 <= dims <= info.hidden_size:
         return  # _dimensions speaks for it
     if request.task in TOKEN_TASKS:
-        cap = _token_cap(request, info)
+        cap = r.token_cap
         specials = info.num_special_tokens
         task, encoding = request.task, request.encoding
         most = [len(text) + specials for text in request.texts]
@@ -420,27 +471,70 @@ def _output_size(request: PoolRequest, info: ModelInfo, limits: Limits) -> Itera
         yield output_violation(path, estimate, budget)
 
 
-def _token_cap(request: PoolRequest, info: ModelInfo) -> int | None:
-    """The most tokens of one text's output rows: its truncation, or the maximum length
-    (past which check_lengths refuses it); None where long texts are chunked."""
-    truncate = request.params.truncate_prompt_tokens
-    if truncate is not None and truncate > 0:
-        return truncate
-    if truncate == -1 or info.long_input is LongInput.TRUNCATE or not info.chunks_long_input:
-        return info.max_input_tokens
-    return None
+# Rules that need token counts: run once tokenized (on a tokenizer thread), before the
+# forward pass, for each list of inputs. `path` names the list, `counts` holds each
+# input's tokens as tokenized (truncation applied, before chunking).
+
+TokenizedCheck = Callable[[Resolved, Limits, str, Sequence[int]], PoolingError | None]
+
+
+def _lengths(r: Resolved, limits: Limits, path: str, counts: Sequence[int]) -> PoolingError | None:
+    """Inputs over the model's maximum length, where the request neither truncates nor
+    chunks them."""
+    if r.long_input is not LongInput.REJECT:
+        return None
+    limit = r.info.max_input_tokens
+    if max(counts, default=0) <= limit:
+        return None
+    return PoolingError.invalid(
+        [
+            FieldViolation(
+                f"{path}[{i}]",
+                f"has {count} tokens, more than the model's maximum of {limit}; "
+                "shorten it or set params.truncate_prompt_tokens (-1 truncates to the maximum)",
+                "INPUT_TOO_LONG",
+            )
+            for i, count in enumerate(counts)
+            if count > limit
+        ]
+    )
+
+
+def _token_output(
+    r: Resolved, limits: Limits, path: str, counts: Sequence[int]
+) -> PoolingError | None:
+    """Token outputs: one row per token of each text (its chunks joined back), counted."""
+    request = r.request
+    task = request.task
+    if task not in TOKEN_TASKS:
+        return None
+    budget = response_budget(request, limits)
+    estimate = token_rows_bytes(
+        task, counts, r.info, request.params.dimensions, request.encoding, budget
+    )
+    if estimate <= budget.max_bytes:
+        return None
+    return output_too_large(f"{task}.texts", estimate, budget)
+
+
+TOKENIZED_RULES: tuple[TokenizedCheck, ...] = (_lengths, _token_output)
 
 
 def check_token_output(
     request: PoolRequest, info: ModelInfo, limits: Limits, rows: Sequence[int]
 ) -> None:
-    """Once tokenized, before the forward pass: token outputs of `rows` tokens per text."""
-    task, budget = request.task, response_budget(request, limits)
-    assert task in TOKEN_TASKS
-    dims = request.params.dimensions
-    estimate = token_rows_bytes(task, rows, info, dims, request.encoding, budget)
-    if estimate > budget.max_bytes:
-        raise output_too_large(f"{request.task}.texts", estimate, budget)
+    """The token-output rule alone, for a request not yet resolved: `rows` tokens per text."""
+    error = _token_output(resolve(request, info), limits, f"{request.task}.texts", rows)
+    if error is not None:
+        raise error
+
+
+def check_tokenized(r: Resolved, limits: Limits, path: str, counts: Sequence[int]) -> None:
+    """Raise the first error of TOKENIZED_RULES for one tokenized list of inputs."""
+    for check in TOKENIZED_RULES:
+        error = check(r, limits, path, counts)
+        if error is not None:
+            raise error
 
 
 def check_tokenize_output(tokens_and_lengths: Sequence[tuple[int, int]], limits: Limits) -> None:
@@ -490,19 +584,25 @@ RULES: tuple[Stage, ...] = (
 
 
 def validate_request(
-    request: PoolRequest | RerankRequest,
+    request: PoolRequest,
     info: ModelInfo,
     limits: Limits,
     rules: tuple[Stage, ...] = RULES,
-) -> None:
-    """Raise PoolingError for the first stage of `rules` that finds violations."""
+) -> Resolved:
+    """The request resolved on `info`, for the planner; raise PoolingError for the first
+    stage of `rules` that finds violations."""
+    return _validate(resolve(request, info), limits, rules)
+
+
+def _validate(resolved: Resolved, limits: Limits, rules: tuple[Stage, ...]) -> Resolved:
     for stage in rules:
-        violations = [v for check in stage.checks for v in check(request, info, limits)]
+        violations = [v for check in stage.checks for v in check(resolved, limits)]
         if violations:
             # Raised as built, never held in a local: the traceback keeps this frame (and
             # the request in it), and a frame that held its own error would make a cycle
             # only the garbage collector frees.
             raise _stage_error(stage.kind, violations)
+    return resolved
 
 
 def _stage_error(kind: ErrorKind, violations: list[FieldViolation]) -> PoolingError:
@@ -515,7 +615,7 @@ def _stage_error(kind: ErrorKind, violations: list[FieldViolation]) -> PoolingEr
 # rule of RULES on that request, with the paths renamed as RerankRequest names its fields,
 # plus its own rule for top_n.
 
-RerankCheck = Callable[[RerankRequest, ModelInfo, Limits], Iterator[FieldViolation]]
+RerankCheck = Check  # on the score request, its `rerank` set
 
 
 def rerank_violation(violation: FieldViolation) -> FieldViolation:
@@ -543,17 +643,19 @@ def rerank_error(error: PoolingError) -> PoolingError:
 
 
 def _for_rerank(check: Check) -> RerankCheck:
-    def run(request: RerankRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
-        return (rerank_violation(v) for v in check(request.score, info, limits))
+    def run(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+        return (rerank_violation(v) for v in check(r, limits))
 
     return run
 
 
-def _top_n(request: RerankRequest, info: ModelInfo, limits: Limits) -> Iterator[FieldViolation]:
-    if request.top_n < 0:
+def _top_n(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    assert r.rerank is not None
+    top_n = r.rerank.top_n
+    if top_n < 0:
         yield FieldViolation(
             "top_n",
-            f"top_n must be 0 (every document) or a positive count, got {request.top_n}",
+            f"top_n must be 0 (every document) or a positive count, got {top_n}",
             "TOP_N_INVALID",
         )
 
@@ -564,9 +666,10 @@ RERANK_RULES: tuple[Stage, ...] = tuple(
 )
 
 
-def validate_rerank(request: RerankRequest, info: ModelInfo, limits: Limits) -> None:
-    """Raise PoolingError for the first stage of RERANK_RULES that finds violations."""
-    validate_request(request, info, limits, RERANK_RULES)
+def validate_rerank(request: RerankRequest, info: ModelInfo, limits: Limits) -> Resolved:
+    """The score request that computes the rerank, resolved on `info`; raise PoolingError
+    for the first stage of RERANK_RULES that finds violations."""
+    return _validate(resolve(request.score, info, request), limits, RERANK_RULES)
 
 
 def check_model_name(name: str) -> None:
@@ -591,32 +694,6 @@ def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
         f'model "{clip(name)}" is not served; served models: {listed}',
         (FieldViolation("model", f"unknown model; use one of {listed}", "MODEL_NOT_FOUND"),),
         metadata={"model": clip(name), "served_models": ",".join(served)},
-    )
-
-
-def check_lengths(request: PoolRequest, info: ModelInfo, path: str, counts: Sequence[int]) -> None:
-    """Reject inputs over the model's maximum length, unless truncation or chunking applies.
-
-    `counts` holds each input's token count before truncation; input i is `path[i]`.
-    """
-    if request.params.truncate_prompt_tokens is not None:
-        return
-    if info.chunks_long_input or info.long_input is LongInput.TRUNCATE:
-        return
-    limit = info.max_input_tokens
-    if max(counts, default=0) <= limit:
-        return
-    raise PoolingError.invalid(
-        [
-            FieldViolation(
-                f"{path}[{i}]",
-                f"has {count} tokens, more than the model's maximum of {limit}; "
-                "shorten it or set params.truncate_prompt_tokens (-1 truncates to the maximum)",
-                "INPUT_TOO_LONG",
-            )
-            for i, count in enumerate(counts)
-            if count > limit
-        ]
     )
 
 

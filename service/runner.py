@@ -21,6 +21,7 @@ from engine.errors import PoolingError, clip, internal_error
 from engine.model_info import ModelInfo
 from engine.outputs import PoolResult, RerankResult
 from engine.request import PoolRequest, RerankRequest
+from engine.served import ServedModel
 from service.errors import status_label, unavailable
 from service.telemetry import RequestRecord, Telemetry
 
@@ -69,8 +70,10 @@ class RequestRunner:
         return self.ready().model_infos
 
     async def pool(self, request: PoolRequest, call: Call) -> Ran[PoolResult]:
-        def run(engine: Engine, timings: Timings) -> Awaitable[PoolResult]:
-            return engine.pool(request, deadline=call.deadline, timings=timings, client=call.client)
+        def run(engine: Engine, model: ServedModel, timings: Timings) -> Awaitable[PoolResult]:
+            return engine.pool(
+                request, deadline=call.deadline, timings=timings, client=call.client, model=model
+            )
 
         task = request.task.value if request.task is not None else "none"
         return await self._run(
@@ -78,9 +81,9 @@ class RequestRunner:
         )
 
     async def rerank(self, request: RerankRequest, call: Call) -> Ran[RerankResult]:
-        def run(engine: Engine, timings: Timings) -> Awaitable[RerankResult]:
+        def run(engine: Engine, model: ServedModel, timings: Timings) -> Awaitable[RerankResult]:
             return engine.rerank(
-                request, deadline=call.deadline, timings=timings, client=call.client
+                request, deadline=call.deadline, timings=timings, client=call.client, model=model
             )
 
         def inputs() -> dict[str, Any]:
@@ -101,19 +104,24 @@ class RequestRunner:
         request_id: str,
         task: str,
         model: str,
-        run: Callable[[Engine, Timings], Awaitable[T]],
+        run: Callable[[Engine, ServedModel, Timings], Awaitable[T]],
         inputs: Callable[[], dict[str, Any]],
         items: int | None = None,
     ) -> Ran[T]:
         """`items`: what a success counts, when not the result's outputs (a rerank's
-        documents)."""
+        documents). The model is resolved once, here: the engine runs what it names, and
+        metrics label every outcome with it (names not served share the label "unknown",
+        so clients cannot grow the series)."""
         record = self.telemetry.open(
             call.rpc, request_id, task, call.headers, call.protocol, inputs
         )
         code, reason, ok, counted, tokens, label = "", "", False, 0, 0, ""
         try:
-            result = await run(self.ready(), record.timings)
-            counted, tokens, label = _size(result)
+            engine = self.ready()
+            served = engine.resolve(model)
+            label = served.info.name
+            result = await run(engine, served, record.timings)
+            counted, tokens = _size(result)
             counted = counted if items is None else items
             code, ok = status_label(call.protocol, None), True
             return Ran(result, record.timings, record)
@@ -129,25 +137,16 @@ class RequestRunner:
             log.exception("request %r failed", clip(request_id, 64))
             raise error from exc
         finally:
-            record.finish(code, label or self.model_label(model), counted, tokens, reason, ok)
-
-    def model_label(self, name: str) -> str:
-        """The served name; unknown names share one label so clients cannot grow the series."""
-        if self.engine is None:
-            return "unknown"
-        try:
-            return self.engine.resolve(name).info.name
-        except PoolingError:
-            return "unknown"
+            record.finish(code, label or "unknown", counted, tokens, reason, ok)
 
 
-def _size(result: object) -> tuple[int, int, str]:
-    """(items, prompt tokens, model) of a result, for its metrics."""
+def _size(result: object) -> tuple[int, int]:
+    """(items, prompt tokens) of a result, for its metrics."""
     if isinstance(result, PoolResult):
-        return len(result.outputs), result.prompt_tokens, result.model
+        return len(result.outputs), result.prompt_tokens
     if isinstance(result, RerankResult):
-        return 0, result.prompt_tokens, result.model
-    return 0, 0, ""
+        return 0, result.prompt_tokens
+    return 0, 0
 
 
 def _pool_inputs(request: PoolRequest) -> Callable[[], dict[str, Any]]:
