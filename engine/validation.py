@@ -8,7 +8,7 @@ rules can rely on what earlier ones checked. Field paths follow the wire schema
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass
 
 from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
@@ -162,6 +162,31 @@ def _request_id(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
             f"{MAX_REQUEST_ID_BYTES}",
             "REQUEST_ID_TOO_LONG",
         )
+
+
+def stream_request_id_error(request_id: str, seen: Set[str], index: int) -> PoolingError | None:
+    """The rule for the id of stream message `index`: present, not too long, and not one
+    an earlier message of the stream used (`seen`), since answers come back in any order
+    and the id is all that pairs them with their requests."""
+    too_long = request_id_too_long(request_id)
+    if request_id and request_id not in seen and not too_long:
+        return None
+    metadata = {}
+    if not request_id:
+        reason, problem = "REQUEST_ID_MISSING", "request_id is required on a stream"
+    elif too_long:
+        reason = "REQUEST_ID_TOO_LONG"
+        problem = f"request_id has more than {MAX_REQUEST_ID_BYTES} bytes"
+    else:
+        reason, problem = "REQUEST_ID_DUPLICATE", "request_id repeats an earlier request_id"
+        metadata["request_id"] = request_id
+    return PoolingError(
+        ErrorKind.INVALID_ARGUMENT,
+        reason,
+        problem,
+        (FieldViolation(f"messages[{index}].request.request_id", problem, reason),),
+        metadata=metadata,
+    )
 
 
 def _inputs(request: PoolRequest) -> Iterator[tuple[str, tuple[str, ...]]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import logging
 import time
 import uuid
@@ -24,6 +23,7 @@ from aiohttp import web
 from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from engine.output_size import MIB, ResponseBudget
 from engine.validation import output_too_large
+from service.auth import BearerKeys
 from service.http_cohere import CohereRoutes
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
 from service.http_tei import TeiRoutes
@@ -72,7 +72,7 @@ class HttpApi:
     ) -> None:
         self.servicer = servicer
         self.runner = runner or RequestRunner(servicer.telemetry)
-        self._keys = [key.encode() for key in api_keys]
+        self._keys = BearerKeys(api_keys)  # service/auth.py: the check every door makes
         self._created = int(time.time())
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
@@ -169,12 +169,7 @@ class HttpApi:
             return _pooling_error(internal_error())
 
     def _authorized(self, request: web.Request) -> bool:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        # aiohttp reads header bytes that are not UTF-8 as surrogates: compare the bytes sent.
-        sent = token.encode("utf-8", "surrogateescape")
-        return any(hmac.compare_digest(sent, key) for key in self._keys)
+        return self._keys.allow(request.headers.get("Authorization"))
 
     # --------------------------------------------------------------------- routes
 

@@ -249,7 +249,7 @@ class CohereRoutes:
             truncation_side=TRUNCATE_SIDES.get(truncate),
             response_budget=budget(self.api.max_response_bytes, 21 * len(set(types))),
         )
-        result = (await self.runner.pool(pool, call(request, "Pool"))).result
+        result = (await self.runner.pool(pool, call(request, "Pool", cohere_status))).result
         vectors = [_embedding(output).values for output in result.outputs]
         ranges = ranges_array(info.calibration_ranges)
 
@@ -299,7 +299,7 @@ class CohereRoutes:
             model=body.model,
             top_n=top_n or 0,
         )
-        ran = await self.runner.rerank(rerank, call(request, "Rerank"))
+        ran = await self.runner.rerank(rerank, call(request, "Rerank", cohere_status))
         results = []
         for ranked in ran.result.ranking:
             item: dict[str, Any] = {"index": ranked.index, "relevance_score": ranked.score}

@@ -44,11 +44,20 @@ class DoorError(Exception):
         self.message = message
 
 
-def call(request: web.Request, rpc: str) -> Call:
-    """The runner's view of an HTTP call: its headers (for the caller's trace context) and
-    its peer address (the queue's fairness between clients)."""
+def call(
+    request: web.Request, rpc: str, statuses: Callable[[PoolingError], int] | None = None
+) -> Call:
+    """The runner's view of an HTTP call: its headers (for the caller's trace context), its
+    peer address (the queue's fairness between clients), and the door's status for an
+    error where it is not the generic HTTP one (TEI's 422), for the metrics."""
     headers = [(key.lower(), value) for key, value in request.headers.items()]
-    return Call(protocol="http", rpc=rpc, headers=headers, client=request.remote or "unknown")
+    return Call(
+        protocol="http",
+        rpc=rpc,
+        headers=headers,
+        client=request.remote or "unknown",
+        statuses=statuses,
+    )
 
 
 def request_id(request: web.Request, prefix: str) -> str:

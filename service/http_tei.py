@@ -208,6 +208,11 @@ def tei_status(error: PoolingError) -> tuple[int, str]:
     }.get(kind, (424, "Backend"))
 
 
+def tei_code(error: PoolingError) -> int:
+    """The status alone, which the runner's metrics record."""
+    return tei_status(error)[0]
+
+
 def error_response(status: int, error_type: str, message: str) -> web.Response:
     return json_response({"error": message, "error_type": error_type}, status)
 
@@ -293,7 +298,7 @@ class TeiRoutes:
 
     async def _pool(self, request: web.Request, pool: PoolRequest) -> Any:
         pool = _with_budget(pool, self._max_bytes)
-        return (await self.runner.pool(pool, call(request, "Pool"))).result
+        return (await self.runner.pool(pool, call(request, "Pool", tei_code))).result
 
     # POST / ----------------------------------------------------------------
 
@@ -477,7 +482,7 @@ class TeiRoutes:
             model=body.model,
             truncation_side=_side(body.truncation_direction),
         )
-        ran = await self.runner.rerank(rerank, call(request, "Rerank"))
+        ran = await self.runner.rerank(rerank, call(request, "Rerank", tei_code))
         ranks: list[dict[str, Any]] = []
         for ranked in ran.result.ranking:
             rank: dict[str, Any] = {"index": ranked.index, "score": ranked.score}

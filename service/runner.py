@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from engine.engine import Engine, Timings, TokenizedText
 from engine.errors import PoolingError, clip, internal_error
@@ -28,6 +28,7 @@ from service.telemetry import RequestRecord, Telemetry
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,23 @@ class Call:
     `rpc` names the operation in metrics (Pool, Rerank, ...); `headers` carry the caller's
     trace context; `deadline` is on time.monotonic()'s clock; `client` identifies the
     caller (a connection or an address), for the queue's fairness between clients.
+    `statuses` gives the status a door answers an error with, where it is not
+    service/errors.py's for its protocol (TEI's 422 for a bad field), so that metrics
+    and logs record what the client actually got.
     """
 
     protocol: str
     rpc: str
-    headers: Iterable[tuple[str, str]] = ()
+    headers: Iterable[tuple[str, str | bytes]] = ()
     deadline: float | None = None
     client: str = ""
+    statuses: Callable[[PoolingError], int | str] | None = None
+
+    def status(self, error: PoolingError | None) -> str:
+        """The status label of an outcome (None: success)."""
+        if error is not None and self.statuses is not None:
+            return str(self.statuses(error))
+        return status_label(self.protocol, None if error is None else error.kind)
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,21 @@ class RequestRunner:
     def model_infos(self) -> list[ModelInfo]:
         return self.ready().model_infos
 
-    async def pool(self, request: PoolRequest, call: Call) -> Ran[PoolResult]:
+    @overload
+    async def pool(self, request: PoolRequest, call: Call) -> Ran[PoolResult]: ...
+    @overload
+    async def pool(
+        self, request: PoolRequest, call: Call, render: Callable[[PoolResult], R]
+    ) -> Ran[R]: ...
+    async def pool(
+        self,
+        request: PoolRequest,
+        call: Call,
+        render: Callable[[PoolResult], Any] | None = None,
+    ) -> Ran[Any]:
+        """`render`: the door's answer built from the result inside the recorded call, so
+        that a refusal while rendering (an answer too large to send) is what metrics count."""
+
         def run(engine: Engine, model: ServedModel, timings: Timings) -> Awaitable[PoolResult]:
             return engine.pool(
                 request, deadline=call.deadline, timings=timings, client=call.client, model=model
@@ -77,10 +102,21 @@ class RequestRunner:
 
         task = request.task.value if request.task is not None else "none"
         return await self._run(
-            call, request.request_id, task, request.model, run, _pool_inputs(request)
+            call, request.request_id, task, request.model, run, _pool_inputs(request), render
         )
 
-    async def rerank(self, request: RerankRequest, call: Call) -> Ran[RerankResult]:
+    @overload
+    async def rerank(self, request: RerankRequest, call: Call) -> Ran[RerankResult]: ...
+    @overload
+    async def rerank(
+        self, request: RerankRequest, call: Call, render: Callable[[RerankResult], R]
+    ) -> Ran[R]: ...
+    async def rerank(
+        self,
+        request: RerankRequest,
+        call: Call,
+        render: Callable[[RerankResult], Any] | None = None,
+    ) -> Ran[Any]:
         def run(engine: Engine, model: ServedModel, timings: Timings) -> Awaitable[RerankResult]:
             return engine.rerank(
                 request, deadline=call.deadline, timings=timings, client=call.client, model=model
@@ -90,7 +126,14 @@ class RequestRunner:
             return {"query": request.query, "documents": list(request.documents)}
 
         return await self._run(
-            call, request.request_id, "score", request.model, run, inputs, len(request.documents)
+            call,
+            request.request_id,
+            "score",
+            request.model,
+            run,
+            inputs,
+            render,
+            len(request.documents),
         )
 
     async def tokenize(
@@ -106,8 +149,9 @@ class RequestRunner:
         model: str,
         run: Callable[[Engine, ServedModel, Timings], Awaitable[T]],
         inputs: Callable[[], dict[str, Any]],
+        render: Callable[[T], Any] | None = None,
         items: int | None = None,
-    ) -> Ran[T]:
+    ) -> Ran[Any]:
         """`items`: what a success counts, when not the result's outputs (a rerank's
         documents). The model is resolved once, here: the engine runs what it names, and
         metrics label every outcome with it (names not served share the label "unknown",
@@ -123,17 +167,18 @@ class RequestRunner:
             result = await run(engine, served, record.timings)
             counted, tokens = _size(result)
             counted = counted if items is None else items
-            code, ok = status_label(call.protocol, None), True
-            return Ran(result, record.timings, record)
+            answer = result if render is None else render(result)
+            code, ok = call.status(None), True
+            return Ran(answer, record.timings, record)
         except PoolingError as error:
-            code, reason = status_label(call.protocol, error.kind), error.reason
+            code, reason = call.status(error), error.reason
             raise
         except asyncio.CancelledError:
             code = "CANCELLED"
             raise
         except Exception as exc:
             error = internal_error()
-            code, reason = status_label(call.protocol, error.kind), error.reason
+            code, reason = call.status(error), error.reason
             log.exception("request %r failed", clip(request_id, 64))
             raise error from exc
         finally:

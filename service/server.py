@@ -53,7 +53,7 @@ class PoolingServer:
             config.log_requests,
         )
         self.runner = RequestRunner(telemetry)
-        self.servicer = PoolingServicer(telemetry, config.max_stream_inflight)
+        self.servicer = PoolingServicer(self.runner, config.max_stream_inflight)
         self.health = HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if config.api_keys:
@@ -132,7 +132,7 @@ class PoolingServer:
             engine = connect_engine(self.config, self.frontend)
         await engine.start()
         self.metrics.attach(engine)
-        self.servicer.engine = self.runner.engine = engine
+        self.runner.engine = engine
         log.info("loaded %d model(s)", len(engine.model_infos))
 
     def _engine_died(self, engine: int) -> None:
@@ -151,8 +151,8 @@ class PoolingServer:
         if self.http is not None:
             stopping.append(self.http.stop())
         await asyncio.gather(*stopping)
-        if self.servicer.engine is not None:
-            await self.servicer.engine.stop()
+        if self.runner.engine is not None:
+            await self.runner.engine.stop()
         log.info("stopped")
 
     async def _stop_grpc(self) -> None:
