@@ -697,6 +697,25 @@ def validate_rerank(request: RerankRequest, info: ModelInfo, limits: Limits) -> 
     return _validate(resolve(request.score, info, request), limits, RERANK_RULES)
 
 
+# Enum values a door could not map onto the engine's types. An engine request cannot hold
+# a value its enum lacks, so the door asks this table as it maps (`unknown_value`), before
+# any stage of RULES; the door keeps only the mapping. Keyed by field path; the
+# description is formatted with the value received.
+UNKNOWN_VALUES: dict[str, tuple[str, str]] = {
+    "encoding": ("ENCODING_UNKNOWN", "unknown encoding value {value}"),  # gRPC's enum
+    "params.task": ("TASK_UNKNOWN", "unknown task value {value}"),  # gRPC's enum
+    "encoding_format": ("ENCODING_UNKNOWN", "must be float or base64"),  # OpenAI's
+    "task": ("TASK_UNKNOWN", "must be embed, classify, token_embed or token_classify"),  # vLLM's
+}
+
+
+def unknown_value(path: str, value: object) -> PoolingError:
+    """The refusal of `value` at `path`, which the door's mapping does not know."""
+    reason, description = UNKNOWN_VALUES[path]
+    violation = FieldViolation(path, description.format(value=value), reason)
+    return PoolingError.invalid([violation])
+
+
 def check_model_name(name: str) -> None:
     """Before the name is looked up: a name is echoed in errors, so it is bounded."""
     if len(name) > MAX_MODEL_NAME_CHARS:

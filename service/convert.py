@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.engine import TokenizedText
-from engine.errors import FieldViolation, PoolingError
 from engine.model_info import ModelInfo, PoolingType
 from engine.outputs import (
     Classification,
@@ -20,6 +19,7 @@ from engine.outputs import (
 )
 from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
+from engine.validation import unknown_value
 from service.proto import pooling_pb2 as pb
 
 TASK_FROM_PROTO: dict[int, Task] = {
@@ -56,9 +56,7 @@ ENCODING_TO_PROTO = {encoding: value for value, encoding in ENCODING_FROM_PROTO.
 def encoding_from_proto(value: int) -> OutputEncoding:
     encoding = ENCODING_FROM_PROTO.get(value)
     if encoding is None:
-        raise PoolingError.invalid(
-            [FieldViolation("encoding", f"unknown encoding value {value}", "ENCODING_UNKNOWN")]
-        )
+        raise unknown_value("encoding", value)
     return encoding
 
 
@@ -68,9 +66,7 @@ def params_from_proto(params: pb.PoolingParams) -> tuple[PoolingParams, Task | N
     if params.task != pb.POOLING_TASK_UNSPECIFIED:
         declared = TASK_FROM_PROTO.get(params.task)
         if declared is None:
-            raise PoolingError.invalid(
-                [FieldViolation("params.task", f"unknown task value {params.task}", "TASK_UNKNOWN")]
-            )
+            raise unknown_value("params.task", params.task)
     return (
         PoolingParams(
             use_activation=params.use_activation if params.HasField("use_activation") else None,

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from engine.output_size import MIB, ResponseBudget
-from engine.validation import output_too_large
+from engine.validation import output_too_large, unknown_value
 from service.auth import BearerKeys
 from service.http_cohere import CohereRoutes
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
@@ -179,7 +179,7 @@ class HttpApi:
         texts = _texts(body, "input")
         fmt = _string(body, "encoding_format", "float")
         if fmt not in ("float", "base64"):
-            raise _invalid("encoding_format", "must be float or base64", "ENCODING_UNKNOWN")
+            raise unknown_value("encoding_format", fmt)
         params = pb.PoolingParams()
         if body.has("dimensions"):
             params.dimensions = _int(body, "dimensions")
@@ -252,9 +252,7 @@ class HttpApi:
         body = await self._body(request)
         task = _string(body, "task", "embed")
         if task not in ("embed", "classify", "token_embed", "token_classify"):
-            raise _invalid(
-                "task", "must be embed, classify, token_embed or token_classify", "TASK_UNKNOWN"
-            )
+            raise unknown_value("task", task)
         params = _params(body)
         if body.has("dimensions"):
             params.dimensions = _int(body, "dimensions")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import FieldViolation, PoolingError
+from engine.errors import FieldViolation
 from engine.outputs import (
     Classification,
     Embedding,
@@ -28,6 +28,7 @@ from engine.outputs import (
 )
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
+from engine.validation import unknown_value
 from service.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
 
@@ -71,7 +72,7 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
     texts = body.texts("input")
     fmt = body.string("encoding_format", "float")
     if fmt not in ("float", "base64"):
-        raise invalid("encoding_format", "must be float or base64", "ENCODING_UNKNOWN")
+        raise unknown_value("encoding_format", fmt)
     request = PoolRequest(
         task=Task.EMBED,
         params=PoolingParams(dimensions=body.integer("dimensions")),
@@ -146,9 +147,7 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
     """vLLM's POST /pooling: any task; `data` is a vector (or a row per token)."""
     task = body.string("task", "embed")
     if task not in POOLING_TASKS:
-        raise invalid(
-            "task", "must be embed, classify, token_embed or token_classify", "TASK_UNKNOWN"
-        )
+        raise unknown_value("task", task)
     params = dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions"))
     request = PoolRequest(
         task=Task(task),
@@ -230,10 +229,6 @@ def pooling_params(body: Body) -> PoolingParams:
     return PoolingParams(
         use_activation=use_activation, truncate_prompt_tokens=body.integer("truncate_prompt_tokens")
     )
-
-
-def invalid(field: str, description: str, reason: str) -> PoolingError:
-    return PoolingError.invalid([FieldViolation(field, description, reason)])
 
 
 def usage(result: PoolResult | RerankResult) -> dict[str, int]:
