@@ -34,6 +34,7 @@ WIDTH = 32  # the tiny models' hidden size
 class DoorsServer:
     process: ServerProcess
     http_port: int
+    metrics_port: int
 
     def url(self, path: str = "") -> str:
         return f"http://127.0.0.1:{self.http_port}{path}"
@@ -85,7 +86,7 @@ def splade_folder(root: Path) -> Path:
 
 
 def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsServer]:
-    http_port = free_port()
+    http_port, metrics_port = free_port(), free_port()
     args = [
         "--model",
         f"embedder={prompted_folder(model_folders, root)}",
@@ -110,10 +111,12 @@ def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsSer
         KEY,
         "--cohere-input-type-prompt",
         "clustering=document",
+        "--metrics-port",
+        str(metrics_port),
     ]
     process = start_server(args, root, "doors")
     try:
-        yield DoorsServer(process, http_port)
+        yield DoorsServer(process, http_port, metrics_port)
     finally:
         process.stop(signal.SIGTERM)
 

@@ -10,6 +10,7 @@ from huggingface_hub import InferenceClient
 
 from pooling_client import PoolingParams
 from tests.fixture_models import MINILM
+from tests.metrics_endpoint import metric_sum, scrape
 from tests.service.doors_server import KEY, MAX_CLIENT_BATCH_SIZE, DoorsServer
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox", "pooling over http"]
@@ -269,3 +270,20 @@ def test_malformed_json_and_auth(doors: DoorsServer) -> None:
     assert status == 401
     status, _, _ = doors.call("/info", key="wrong")
     assert status == 401
+
+
+def test_metrics_count_the_status_tei_answered(doors: DoorsServer) -> None:
+    """The runner labels a TEI call with TEI's status (422 for an over-long input, 424 for a
+    task the model lacks), not the generic HTTP one (400, 412) of service/errors.py."""
+
+    def count(code: str) -> float:
+        samples = scrape(doors.metrics_port)
+        return metric_sum(samples, "pooling_requests_total", protocol="http", code=code)
+
+    before = {code: count(code) for code in ("422", "424", "400", "412")}
+    assert_tei_error(doors.call("/embed", {"inputs": [LONG]}), 422, "Tokenizer")
+    assert_tei_error(doors.call("/embed_sparse", {"inputs": "x"}), 424, "Backend")
+    after = {code: count(code) for code in before}
+    assert after["422"] - before["422"] == 1
+    assert after["424"] - before["424"] == 1
+    assert after["400"] == before["400"] and after["412"] == before["412"]
