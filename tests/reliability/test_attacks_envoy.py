@@ -32,14 +32,9 @@ import yaml
 
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.deploy.test_manifests import ENVOY_CONFIG, envoy_binary, one_named
+from tests.reliability.attack_kit import BYSTANDER_LIMIT_S, RSS_LIMIT_MB, Bystander, PeakRss
 from tests.reliability.support import assert_alive, embed_request, report
-from tests.reliability.test_attacks import (
-    BYSTANDER_LIMIT_S,
-    RSS_LIMIT_MB,
-    Bystander,
-    PeakRss,
-    RawHttp2,
-)
+from tests.reliability.test_attacks import RawHttp2
 from tests.server_process import ServerProcess, free_port, start_server
 
 FLOOD_LIMIT_S = 10.0  # give up if Envoy has not ended the connection by then
