@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import itertools
 import logging
 import os
 import sys
@@ -89,8 +90,13 @@ class LineError(Exception):
         self.status, self.reason, self.message = status, reason, message
 
 
+# Ids: one random part per job and a counter (a uuid4 per line costs a system call).
+_JOB = uuid.uuid4().hex[:20]
+_serial = itertools.count()
+
+
 def _line_id() -> str:
-    return f"batch_req_{uuid.uuid4().hex}"
+    return f"batch_req_{_JOB}{next(_serial):012x}"
 
 
 def _output(custom_id: Any, status: int, request_id: str, body: dict[str, Any]) -> bytes:
@@ -163,7 +169,7 @@ def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
     if not len(line.body):
         raise BodyError("body", "must be a JSON object")
     body = parse_body(bytes(line.body), max_inputs)
-    request_id = f"{route.prefix}-{uuid.uuid4().hex}"
+    request_id = f"{route.prefix}-{_JOB}{next(_serial):012x}"
     return route.rpc, route.parse(body, request_id)
 
 
