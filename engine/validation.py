@@ -4,6 +4,12 @@ Rules run in stages: the shape of the input, then whether the model can run the
 task, then the parameters. A stage with violations stops validation, so later
 rules can rely on what earlier ones checked. Field paths follow the wire schema
 (`embed.texts[3]`, `params.dimensions`) because the input case is named by the task.
+
+Validation returns the request `Resolved` on its model: the prompt text, the long-input
+policy (reject, truncate or chunk), the truncation and its side, decided once by
+`resolve` and read as they are by the rules, the planner and the engine. Three tables:
+RULES (before tokenizing, on the event loop), TOKENIZED_RULES (token counts, on a
+tokenizer thread) and UNKNOWN_VALUES (enum values a door cannot map, as it decodes).
 """
 
 from __future__ import annotations
@@ -42,10 +48,10 @@ class Limits:
     response: ResponseBudget = GRPC_BUDGET  # the largest answer (gRPC's send limit)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs microseconds per request
 class Resolved:
     """A request with the facts it settles on its model, found once (by `resolve`, before
-    the rules run) and then read by the rules, the planner and the engine alike.
+    the rules run) and then read, never changed, by the rules, the planner and the engine.
 
     `long_input` is this request's own policy for a text past the maximum length: TRUNCATE
     where it sets truncate_prompt_tokens or the model truncates, CHUNK where the model
