@@ -1,1 +1,2 @@
-"""The gRPC layer: wire mapping, error statuses, the servicer, the server and its CLI."""
+"""The server around the engine: its doors (gRPC, HTTP, batch jobs) over one request runner,
+the server's lifecycle, the split server (split/) and the CLI."""
