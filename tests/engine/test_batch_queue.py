@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from engine.batch_queue import BatchConfig, BatchQueue, BatchRecord, Job
-from engine.engine import Engine
+from engine.engine import Engine, Timings
 from engine.errors import ErrorKind, PoolingError
 from engine.loader import LoadedModel, ModelSpec, load_model
 from engine.outputs import Classification, Embedding, PoolResult, Score, TokenRows
@@ -833,3 +833,33 @@ def test_more_clients_than_the_lookahead_are_served_in_turn(bert: LoadedModel) -
     queued = [(f"c{k}", 5) for k in range(6)]
     batches = _batches_by_client(bert, config, queued)
     assert batches == [["c0", "c1"], ["c2", "c3"], ["c4", "c5"]], batches
+
+
+# ---------------------------------------------------------------------------------------
+# Timings: one writer per field
+# ---------------------------------------------------------------------------------------
+
+
+def test_the_engine_writes_its_timings_and_leaves_the_total_to_the_caller(
+    bert: LoadedModel,
+) -> None:
+    """tokenize_s from the tokenizer thread, queue_s and inference_s from the batch marks;
+    total_s belongs to whoever observes the whole call (the request record), so the
+    engine leaves it unset. A model the caller already resolved is the one used."""
+
+    async def one(engine: Engine) -> Timings:
+        timings = Timings()
+        model = engine.resolve("tiny-bert")
+        result = await engine.pool(
+            embed("timed", model="not looked up"), timings=timings, model=model
+        )
+        assert result.model == "tiny-bert"
+        return timings
+
+    timings = run_engine([bert], one)
+    marks = timings.batches
+    assert marks.started is not None and marks.finished is not None
+    assert timings.tokenize_s > 0 and timings.inference_s > 0 and timings.queue_s >= 0
+    assert timings.queue_s == marks.started - marks.enqueued
+    assert timings.inference_s == marks.finished - marks.started
+    assert timings.total_s == 0.0
