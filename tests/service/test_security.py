@@ -22,6 +22,7 @@ from grpc_status import rpc_status
 from pooling_client import PoolingClient, PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
+from service.auth import BearerKeys
 from tests.server_process import ServerProcess, start_server
 
 UNAUTHENTICATED_MESSAGE = "missing or invalid credentials"
@@ -389,3 +390,19 @@ def test_tls_client_ca_needs_a_server_certificate() -> None:
     for argv in (["--tls-client-ca", "ca.crt"], ["--tls-cert", "s.crt"], ["--tls-key", "s.key"]):
         with pytest.raises(SystemExit, match="--tls-cert and --tls-key go together"):
             config_from_args(build_parser().parse_args(argv))
+
+
+def test_one_key_check_for_every_door() -> None:
+    """BearerKeys, which the gRPC interceptor and the HTTP middleware both ask: any case of
+    the scheme, any of the keys, the exact bytes sent; bytes that are not UTF-8 (aiohttp's
+    surrogates) or a lone surrogate are refused, not an exception."""
+    keys = BearerKeys(["k1", "k2", ""])
+    assert keys and not BearerKeys([""])
+    assert keys.allow("Bearer k1") and keys.allow("bearer k2") and keys.allow(b"BEARER k1")
+    for refused in (None, "", "k1", "Basic k1", "Bearer k1x", "Bearer ", "Bearer  k1"):
+        assert not keys.allow(refused), refused
+    not_utf8 = b"Bearer \xff\xfe".decode("utf-8", "surrogateescape")
+    assert not keys.allow(not_utf8) and not keys.allow("Bearer \ud800")
+    assert keys.allow_metadata((("x-other", "v"), ("authorization", "Bearer k2")))
+    assert not keys.allow_metadata((("authorization", "Basic k1"),))
+    assert not keys.allow_metadata((("authorization-bin", b"Bearer k1"),))
