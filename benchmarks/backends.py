@@ -50,7 +50,7 @@ def _load(kind: str, quantize: str, cache: Path, threads: int) -> Any:
 
 
 def _rate(model: Any, texts: list[str], batch: int, seconds: float) -> float:
-    encoded = model.tokenizer.encode(texts)
+    encoded = model.tokenizer.tokenize(texts)
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         for i in range(0, len(encoded), batch):
@@ -61,7 +61,7 @@ def _rate(model: Any, texts: list[str], batch: int, seconds: float) -> float:
 
 
 def _embed(model: Any, texts: list[str]) -> np.ndarray:
-    vectors = np.stack(model.runner.forward(model.tokenizer.encode(texts), [False] * len(texts)))
+    vectors = np.stack(model.runner.forward(model.tokenizer.tokenize(texts), [False] * len(texts)))
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 

@@ -29,7 +29,7 @@ import numpy as np
 if TYPE_CHECKING:
     from engine.model_info import ModelInfo
     from engine.model_runner import ModelRunner
-    from engine.tokenization import Encoding
+    from engine.tokenization import TokenSequence
 
 ENV = "POOLING_STAND_IN_BATCH_MS"
 DEFAULT_BATCH_MS = 2.0
@@ -83,7 +83,7 @@ def install(seconds: float) -> None:
     device = threading.Lock()  # one device: passes take turns on it
 
     def _forward(
-        self: ModelRunner, batch: Sequence[Encoding], keep_tokens: Sequence[bool]
+        self: ModelRunner, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool]
     ) -> list[np.ndarray]:
         self.collate(batch)  # the host side of a real pass
         with device:

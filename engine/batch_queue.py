@@ -37,7 +37,7 @@ import numpy as np
 
 from engine.errors import ErrorKind, PoolingError
 from engine.jobs import Job, settle
-from engine.tokenization import Encoding
+from engine.tokenization import TokenSequence
 
 if TYPE_CHECKING:  # the runner's torch is needed only where a model runs
     from engine.model_runner import ModelRunner
@@ -81,7 +81,7 @@ class BatchConfig:
 
 @dataclass(eq=False, slots=True)
 class QueuedItem:
-    encoding: Encoding
+    sequence: TokenSequence
     keep_tokens: bool
     job: Job
     index: int  # in job.work
@@ -199,8 +199,8 @@ class BatchQueue:
                 if queued is None:  # a client with nothing queued takes its turn last
                     queued = self._pending[key] = []
                 queued.extend(
-                    QueuedItem(encoding, keep, job, index, now)
-                    for index, (encoding, keep) in enumerate(job.work)
+                    QueuedItem(sequence, keep, job, index, now)
+                    for index, (sequence, keep) in enumerate(job.work)
                 )
                 self._size += count
             self._lock.notify_all()  # only some workers may take work now
@@ -289,16 +289,16 @@ class BatchQueue:
             window += part
             owner += [turn] * len(part)
             rank += range(turn, turn + turns * len(part), turns)
-        anchor_len = len(window[0].encoding)
+        anchor_len = len(window[0].sequence)
         by_closeness = sorted(
             range(1, len(window)),
-            key=lambda i: (abs(len(window[i].encoding) - anchor_len), rank[i]),
+            key=lambda i: (abs(len(window[i].sequence) - anchor_len), rank[i]),
         )
         chosen, longest, real = [0], anchor_len, anchor_len
         for i in by_closeness:
             if len(chosen) >= config.max_batch_size:
                 break
-            n = len(window[i].encoding)
+            n = len(window[i].sequence)
             padded = max(longest, n) * (len(chosen) + 1)
             if (
                 padded > config.max_batch_tokens
@@ -397,20 +397,20 @@ class BatchQueue:
             self._loop.call_soon_threadsafe(callback, *args)
 
     def _run(self, batch: list[QueuedItem], alone: bool) -> None:
-        encodings = [item.encoding for item in batch]
+        sequences = [item.sequence for item in batch]
         started = time.monotonic()
         outputs: list[np.ndarray] | None = None
         error: BaseException | None = None
         try:
-            outputs = self.runner.forward(encodings, [item.keep_tokens for item in batch], alone)
+            outputs = self.runner.forward(sequences, [item.keep_tokens for item in batch], alone)
         except Exception as exc:  # one failed batch fails its items, not the server
             log.exception("forward pass failed for %d items", len(batch))
             error = exc
         finished = time.monotonic()
         record = BatchRecord(
             len(batch),
-            sum(len(e) for e in encodings),
-            max(len(e) for e in encodings) * len(encodings),
+            sum(len(e) for e in sequences),
+            max(len(e) for e in sequences) * len(sequences),
             [started - item.enqueued for item in batch],
             finished - started,
             error,

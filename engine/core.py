@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 from engine.batch_queue import BatchConfig, BatchQueue
-from engine.client import LocalEngineClient
+from engine.engine_client import LocalEngineClient
 from engine.ipc import (
     IDS,
     OUTPUTS,
@@ -31,7 +31,7 @@ from engine.ipc import (
     to_engine_decoder,
 )
 from engine.jobs import Job
-from engine.tokenization import Encoding
+from engine.tokenization import TokenSequence
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,9 @@ class EngineCore:
             for n in header.lengths:
                 end = offset + n
                 token_types = None if types is None else types[offset:end]
-                work.append((Encoding(ids[offset:end], token_types, [], []), header.keep_tokens))
+                work.append(
+                    (TokenSequence(ids[offset:end], token_types, [], []), header.keep_tokens)
+                )
                 offset = end
             future: asyncio.Future[object] = loop.create_future()
             job = Job(

@@ -19,7 +19,7 @@ from queue import Empty, SimpleQueue
 import numpy as np
 
 from engine.batch_queue import BatchConfig, BatchQueue
-from engine.client import EngineClient, LocalEngineClient
+from engine.engine_client import EngineClient, LocalEngineClient
 from engine.errors import PoolingError
 from engine.jobs import Job, RequestTiming, settle
 from engine.model_info import ModelInfo
@@ -257,16 +257,16 @@ class Engine:
         validate_tokenize(texts, model.info, self.limits)
 
         def run() -> list[TokenizedText]:
-            encodings = model.tokenizer.encode(texts, add_special_tokens=add_special_tokens)
+            sequences = model.tokenizer.tokenize(texts, add_special_tokens=add_special_tokens)
             check_tokenize_output(
-                [(len(e), len(text)) for e, text in zip(encodings, texts, strict=True)],
+                [(len(e), len(text)) for e, text in zip(sequences, texts, strict=True)],
                 self.limits,
             )
             return [
                 TokenizedText(
                     e.input_ids, model.tokenizer.tokens(e.input_ids), e.offsets, e.special_mask
                 )
-                for e in encodings
+                for e in sequences
             ]
 
         return model.info, await asyncio.to_thread(run)

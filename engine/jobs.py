@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.tokenization import Encoding
+from engine.tokenization import TokenSequence
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Job:
     queue's lock only.
     """
 
-    work: Sequence[tuple[Encoding, bool]]
+    work: Sequence[tuple[TokenSequence, bool]]
     finish: Callable[[list[np.ndarray]], object]
     future: asyncio.Future[Any]
     deadline: float | None = None

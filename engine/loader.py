@@ -393,7 +393,7 @@ def load_model(
         info,
         tokenizer.pad_token_id,
         device,
-        tokenizer.encode(["warm up"]),
+        tokenizer.tokenize(["warm up"]),
         torch.nn.Sequential(*projection) if projection else None,
     )
     source = ModelSource(
@@ -401,7 +401,7 @@ def load_model(
         folder=path,
         head=head,
         module=module,
-        inputs=lambda texts: runner.arrays(tokenizer.encode(texts)),
+        inputs=lambda texts: runner.arrays(tokenizer.tokenize(texts)),
         reference=runner.raw,
         key_extra={
             "overrides": spec.hf_overrides,

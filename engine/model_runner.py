@@ -17,7 +17,7 @@ import torch
 from engine.backends import Backend
 from engine.model_info import HeadKind, ModelInfo
 from engine.pooling import pool, splade
-from engine.tokenization import Encoding
+from engine.tokenization import TokenSequence
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ModelRunner:
         info: ModelInfo,
         pad_token_id: int,
         device: torch.device,
-        warm_up_batch: Sequence[Encoding] = (),
+        warm_up_batch: Sequence[TokenSequence] = (),
         projection: torch.nn.Module | None = None,
         backend: Backend | None = None,
     ) -> None:
@@ -70,7 +70,7 @@ class ModelRunner:
         )
         self.threads: ThreadShare | None = None  # None: leave torch's setting alone
 
-    def arrays(self, batch: Sequence[Encoding]) -> dict[str, np.ndarray]:
+    def arrays(self, batch: Sequence[TokenSequence]) -> dict[str, np.ndarray]:
         """Right-pad to the longest sequence, filled in numpy: a tensor per row costs more
         than the forward pass of a small model. A backend whose graph takes token types
         gets zeros where the tokenizer makes none, as the torch module defaults them."""
@@ -82,18 +82,18 @@ class ModelRunner:
         )
         zeros = self.backend is not None and self.accepts_token_type_ids
         types = np.zeros((len(batch), longest), dtype=np.int64) if with_types or zeros else None
-        for row, encoding in enumerate(batch):
-            n = len(encoding)
-            ids[row, :n] = encoding.input_ids
+        for row, sequence in enumerate(batch):
+            n = len(sequence)
+            ids[row, :n] = sequence.input_ids
             mask[row, :n] = 1
             if with_types and types is not None:
-                types[row, :n] = encoding.token_type_ids
+                types[row, :n] = sequence.token_type_ids
         arrays = {"input_ids": ids, "attention_mask": mask}
         if types is not None:
             arrays["token_type_ids"] = types
         return arrays
 
-    def collate(self, batch: Sequence[Encoding]) -> dict[str, torch.Tensor]:
+    def collate(self, batch: Sequence[TokenSequence]) -> dict[str, torch.Tensor]:
         """The padded batch as tensors; pinned memory speeds the copy to a GPU."""
         inputs = {k: torch.from_numpy(v) for k, v in self.arrays(batch).items()}
         if self.device.type == "cuda":
@@ -101,7 +101,7 @@ class ModelRunner:
         return inputs
 
     def forward(
-        self, batch: Sequence[Encoding], keep_tokens: Sequence[bool], alone: bool = True
+        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], alone: bool = True
     ) -> list[np.ndarray]:
         """`alone`: no other forward pass runs beside this one (see ThreadShare)."""
         if self.threads is not None:
@@ -121,7 +121,9 @@ class ModelRunner:
         return output.logits  # type: ignore[attr-defined]
 
     @torch.inference_mode()
-    def _forward(self, batch: Sequence[Encoding], keep_tokens: Sequence[bool]) -> list[np.ndarray]:
+    def _forward(
+        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool]
+    ) -> list[np.ndarray]:
         if self.backend is not None:
             arrays = self.arrays(batch)
             feed = {name: arrays[name] for name in self.backend.input_names}

@@ -26,7 +26,7 @@ from engine.outputs import (
 from engine.params import OutputEncoding, Task
 from engine.request import PoolRequest
 from engine.served import ServedModel
-from engine.tokenization import Encoding, special_edges
+from engine.tokenization import TokenSequence, special_edges
 from engine.validation import TOKEN_TASKS, Limits, Resolved, check_tokenized, resolve
 
 Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
@@ -34,20 +34,20 @@ Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
 
 @dataclass(frozen=True)
 class Plan:
-    work: list[tuple[Encoding, bool]]
+    work: list[tuple[TokenSequence, bool]]
     finish: Finish
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(len(encoding) for encoding, _ in self.work)
+        return sum(len(sequence) for sequence, _ in self.work)
 
 
 @dataclass(frozen=True)
 class _Text:
-    """One input text: its full encoding and the sequences computed for it (chunks)."""
+    """One input text: its full token sequence and the sequences computed for it (chunks)."""
 
-    encoding: Encoding
-    parts: list[Encoding]
+    sequence: TokenSequence
+    parts: list[TokenSequence]
     # Set where the prompt's tokens are left out of the pooling (include_prompt false):
     # the parts come back as token states, pooled here without the first `skip` tokens.
     pooling: PoolingType | None = None
@@ -71,7 +71,7 @@ def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
         return _plan_bi_encoder(resolved, model, limits)
     if request.task is Task.EMBED_SPARSE:
         return _plan_sparse(resolved, model, limits)
-    texts = _encode(resolved, model, limits, request.texts, f"{request.task}.texts")
+    texts = _tokenize(resolved, model, limits, request.texts, f"{request.task}.texts")
     keep_tokens = request.task in TOKEN_TASKS  # one row per token of each text
     keep_tokens = keep_tokens or any(text.pooling is not None for text in texts)
     finish_one = _FINISHERS[request.task]
@@ -97,7 +97,7 @@ def _plan_texts(
     return Plan(work, finish)
 
 
-def _encode(
+def _tokenize(
     resolved: Resolved,
     model: ServedModel,
     limits: Limits,
@@ -111,22 +111,24 @@ def _encode(
     info, prompt = model.info, resolved.prompt
     if prompt:
         texts = [prompt + text for text in texts]
-    encodings = model.tokenizer.encode(texts, pairs, truncate=resolved.truncate, side=resolved.side)
-    check_tokenized(resolved, limits, path, [len(e) for e in encodings])
+    sequences = model.tokenizer.tokenize(
+        texts, pairs, truncate=resolved.truncate, side=resolved.side
+    )
+    check_tokenized(resolved, limits, path, [len(e) for e in sequences])
     pooling, skip = None, 0
     if prompt and not info.include_prompt and resolved.request.task is Task.EMBED:
         pooling, skip = info.pooling_type, _prompt_length(model, prompt)
     return [
         _Text(e, model.tokenizer.chunk(e) if len(e) > info.max_input_tokens else [e], pooling, skip)
-        for e in encodings
+        for e in sequences
     ]
 
 
 def _prompt_length(model: ServedModel, prompt: str) -> int:
     """The prompt's tokens at the start of a prompted text, as sentence-transformers counts
     them: the prompt tokenized alone, less a trailing special token ([SEP], EOS)."""
-    encoding = model.tokenizer.encode([prompt])[0]
-    return len(encoding) - int(bool(encoding.special_mask and encoding.special_mask[-1]))
+    sequence = model.tokenizer.tokenize([prompt])[0]
+    return len(sequence) - int(bool(sequence.special_mask and sequence.special_mask[-1]))
 
 
 def _pool_rows(rows: np.ndarray, skip: int, method: PoolingType) -> np.ndarray:
@@ -158,7 +160,7 @@ def _token_rows(text: _Text, raws: list[np.ndarray]) -> np.ndarray:
     """Chunks' rows joined back into one row per token of the full text."""
     if len(raws) == 1:
         return raws[0]
-    prefix, suffix = special_edges(text.encoding.special_mask)
+    prefix, suffix = special_edges(text.sequence.special_mask)
     rows = [raws[0][:prefix]]
     rows += [raw[prefix : len(raw) - suffix] for raw in raws]
     rows.append(raws[-1][len(raws[-1]) - suffix :])
@@ -228,7 +230,7 @@ def _rows(
     label_ids: list[int] | None = None,
     labels: list[str] | None = None,
 ) -> TokenRows:
-    e = text.encoding
+    e = text.sequence
     return TokenRows(
         np.ascontiguousarray(values, dtype=np.float32),
         e.input_ids,
@@ -249,7 +251,7 @@ _FINISHERS = {
 
 def _plan_sparse(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     request = resolved.request
-    texts = _encode(resolved, model, limits, request.texts, "embed_sparse.texts")
+    texts = _tokenize(resolved, model, limits, request.texts, "embed_sparse.texts")
     return _plan_texts(texts, False, lambda text, raws: _finish_sparse(request, model, raws))
 
 
@@ -290,7 +292,7 @@ def _pair_index(request: PoolRequest) -> list[tuple[int, int]]:
 def _plan_cross_encoder(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     request = resolved.request
     pairs = _pair_index(request)
-    texts = _encode(
+    texts = _tokenize(
         resolved,
         model,
         limits,
@@ -309,8 +311,8 @@ def _plan_cross_encoder(resolved: Resolved, model: ServedModel, limits: Limits) 
 def _plan_bi_encoder(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     """Embed every text once, then the cosine similarity of each pair, in float32."""
     request = resolved.request
-    firsts = _encode(resolved, model, limits, request.text_1, "score.text_1")
-    seconds = _encode(resolved, model, limits, request.text_2, "score.text_2")
+    firsts = _tokenize(resolved, model, limits, request.text_1, "score.text_1")
+    seconds = _tokenize(resolved, model, limits, request.text_2, "score.text_2")
     vectors = _plan_texts(
         firsts + seconds, False, lambda text, raws: Embedding(_pooled_vector(text, raws))
     )

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Encoding:
+class TokenSequence:
     """One token sequence as the model sees it, with where each token came from."""
 
     input_ids: list[int]
@@ -25,8 +25,8 @@ class Encoding:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def window(self, positions: Sequence[int]) -> Encoding:
-        return Encoding(
+    def window(self, positions: Sequence[int]) -> TokenSequence:
+        return TokenSequence(
             [self.input_ids[i] for i in positions],
             None if self.token_type_ids is None else [self.token_type_ids[i] for i in positions],
             [self.offsets[i] for i in positions],
@@ -60,7 +60,7 @@ class ModelTokenizer:
 
     Truncation settings live on the Rust object, so a shared one would need a lock across
     callers; per-thread copies need none, and each keeps the settings it last used.
-    Encodings come straight from the `tokenizers` library: transformers' batch wrapper
+    Token sequences come straight from the `tokenizers` library: transformers' batch wrapper
     costs more Python per call than the tokenization of a short text itself.
     """
 
@@ -88,7 +88,7 @@ class ModelTokenizer:
             local.truncation = (max_length, side)
         return backend
 
-    def encode(
+    def tokenize(
         self,
         texts: Sequence[str],
         pairs: Sequence[str] | None = None,
@@ -96,18 +96,18 @@ class ModelTokenizer:
         truncate: int | None = None,
         side: str = "right",
         add_special_tokens: bool = True,
-    ) -> list[Encoding]:
+    ) -> list[TokenSequence]:
         """Tokenize texts (or text pairs); `truncate` keeps that many tokens, -1 the maximum."""
         if not texts:
             return []
         max_length = self.max_input_tokens if truncate == -1 else truncate
         backend = self._backend(max_length, side)
         inputs = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
-        encoded = backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        batch = backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
         types = self.uses_token_type_ids
         return [
-            Encoding(e.ids, e.type_ids if types else None, e.offsets, e.special_tokens_mask)
-            for e in encoded
+            TokenSequence(e.ids, e.type_ids if types else None, e.offsets, e.special_tokens_mask)
+            for e in batch
         ]
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
@@ -124,14 +124,14 @@ class ModelTokenizer:
         batch = [list(sequence) for sequence in ids]
         return list(self._shared.decode_batch(batch, skip_special_tokens=skip_special_tokens))
 
-    def chunk(self, encoding: Encoding) -> list[Encoding]:
+    def chunk(self, sequence: TokenSequence) -> list[TokenSequence]:
         """Split a too-long sequence into max-length windows, each with the special tokens."""
-        prefix, suffix = special_edges(encoding.special_mask)
-        end = len(encoding) - suffix
+        prefix, suffix = special_edges(sequence.special_mask)
+        end = len(sequence) - suffix
         window = self.max_input_tokens - prefix - suffix
-        head, tail = list(range(prefix)), list(range(end, len(encoding)))
+        head, tail = list(range(prefix)), list(range(end, len(sequence)))
         return [
-            encoding.window(head + list(range(start, min(start + window, end))) + tail)
+            sequence.window(head + list(range(start, min(start + window, end))) + tail)
             for start in range(prefix, end, window)
         ]
 

@@ -2,7 +2,7 @@
 
 Started by the supervisor. It holds the write end of a pipe whose read ends the front ends
 watch: when this process dies for any reason the kernel closes it, and every call waiting
-here fails at once (engine/remote.py).
+here fails at once (engine/remote_client.py).
 
 It ignores SIGTERM and SIGINT: systemd, `timeout`, `tini -g` and Ctrl-C signal the whole
 process group, and an engine that stopped then would fail every call the front ends are

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.engine import Engine
-from engine.remote import RemoteEngineClient
+from engine.remote_client import RemoteEngineClient
 from service.config import ServerConfig
 from service.split.run_dir import (
     frontend_address,

@@ -82,7 +82,7 @@ def load(
 
 
 def outputs(model: LoadedModel, keep_tokens: bool) -> list[np.ndarray]:
-    batch = model.tokenizer.encode(TEXTS)
+    batch = model.tokenizer.tokenize(TEXTS)
     return model.runner.forward(batch, [keep_tokens] * len(batch))
 
 
@@ -144,7 +144,7 @@ def test_int8_stays_close_and_ranks_the_same(
     queries, documents = list(RETRIEVAL), list(RETRIEVAL.values())
 
     def embed(m: LoadedModel, texts: list[str]) -> np.ndarray:
-        vectors = np.stack(m.runner.forward(m.tokenizer.encode(texts), [False] * len(texts)))
+        vectors = np.stack(m.runner.forward(m.tokenizer.tokenize(texts), [False] * len(texts)))
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
     cosines = []

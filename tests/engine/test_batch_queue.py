@@ -30,7 +30,7 @@ from engine.outputs import Classification, Embedding, PoolResult, Score, TokenRo
 from engine.params import PoolingParams, Task
 from engine.plans import plan_request
 from engine.request import PoolRequest
-from engine.tokenization import Encoding
+from engine.tokenization import TokenSequence
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,18 +64,18 @@ class ControlledRunner:
         *,
         hold_first: bool = False,
         stepping: bool = False,
-        fail: Callable[[Sequence[Encoding]], Exception | None] | None = None,
+        fail: Callable[[Sequence[TokenSequence]], Exception | None] | None = None,
     ) -> None:
         self.inner = inner
         self.info = inner.info
         self.fail = fail
-        self.batches: list[list[Encoding]] = []
+        self.batches: list[list[TokenSequence]] = []
         self.calls: list[tuple[str, bool]] = []  # (worker thread, alone) per forward pass
         self.allowed: int | None = 0 if (hold_first or stepping) else None
         self._changed = threading.Condition()
 
     def forward(
-        self, batch: Sequence[Encoding], keep_tokens: Sequence[bool], alone: bool = True
+        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], alone: bool = True
     ) -> list[np.ndarray]:
         with self._changed:
             self.batches.append(list(batch))
@@ -170,10 +170,10 @@ def run_queue(
     return asyncio.run(main())
 
 
-def submit(queue: BatchQueue, encodings: Sequence[Encoding]) -> list[asyncio.Future[Any]]:
-    """Queue each encoding as its own job; each future resolves to that sequence's raw output."""
+def submit(queue: BatchQueue, sequences: Sequence[TokenSequence]) -> list[asyncio.Future[Any]]:
+    """Queue each sequence as its own job; each future resolves to that sequence's raw output."""
     loop = asyncio.get_running_loop()
-    jobs = [Job([(e, False)], lambda raws: raws[0], loop.create_future()) for e in encodings]
+    jobs = [Job([(e, False)], lambda raws: raws[0], loop.create_future()) for e in sequences]
     assert not queue.enqueue(jobs)
     return [job.future for job in jobs]
 
@@ -183,14 +183,14 @@ def embed(*texts: str, model: str = "tiny-bert", **params: Any) -> PoolRequest:
 
 
 def ids_of(model: LoadedModel, texts: Sequence[str]) -> set[tuple[int, ...]]:
-    return {tuple(e.input_ids) for e in model.tokenizer.encode(texts)}
+    return {tuple(e.input_ids) for e in model.tokenizer.tokenize(texts)}
 
 
-def of_length(model: LoadedModel, n: int) -> Encoding:
-    """An encoding of exactly n tokens ("hello" is one token; CLS and SEP add two)."""
-    encoding = model.tokenizer.encode(["hello " * (n - 2)])[0]
-    assert len(encoding) == n
-    return encoding
+def of_length(model: LoadedModel, n: int) -> TokenSequence:
+    """A sequence of exactly n tokens ("hello" is one token; CLS and SEP add two)."""
+    sequence = model.tokenizer.tokenize(["hello " * (n - 2)])[0]
+    assert len(sequence) == n
+    return sequence
 
 
 def assert_same_result(got: PoolResult, want: PoolResult, where: str) -> None:
@@ -494,9 +494,9 @@ def test_cancelled_items_do_not_take_up_the_queue_bound(bert: LoadedModel) -> No
 
 
 def test_forward_failure_fails_only_that_batch(bert: LoadedModel) -> None:
-    poison = tuple(bert.tokenizer.encode(["poison pill text"])[0].input_ids)
+    poison = tuple(bert.tokenizer.tokenize(["poison pill text"])[0].input_ids)
 
-    def fail(batch: Sequence[Encoding]) -> Exception | None:
+    def fail(batch: Sequence[TokenSequence]) -> Exception | None:
         if any(tuple(e.input_ids) == poison for e in batch):
             return RuntimeError("boom: a kernel failed")
         return None
@@ -504,7 +504,7 @@ def test_forward_failure_fails_only_that_batch(bert: LoadedModel) -> None:
     model, runner = with_runner(bert, hold_first=True, fail=fail)
     # Same token count, so the poisoned item and `neighbour` form one batch of two.
     texts = {"poisoned": "poison pill text", "neighbour": "garden window table", "next": "a b c"}
-    lengths = {len(e) for e in bert.tokenizer.encode(list(texts.values()))}
+    lengths = {len(e) for e in bert.tokenizer.tokenize(list(texts.values()))}
     assert len(lengths) == 1
     records: list[BatchRecord] = []
 
@@ -539,7 +539,7 @@ def test_forward_failure_fails_only_that_batch(bert: LoadedModel) -> None:
 
 
 def test_out_of_memory_is_resource_exhausted(bert: LoadedModel) -> None:
-    def fail(batch: Sequence[Encoding]) -> Exception | None:
+    def fail(batch: Sequence[TokenSequence]) -> Exception | None:
         if len(batch[0]) > 20:
             return RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return None
@@ -572,19 +572,19 @@ def test_long_text_is_not_starved_by_a_stream_of_short_ones(bert: LoadedModel) -
         futures = submit(queue, [of_length(bert, short)])  # batch 1, held
         await runner.entered(1)
         futures += submit(queue, [of_length(bert, short) for _ in range(ahead)])
-        long_encoding = of_length(bert, long)
-        [long_future] = submit(queue, [long_encoding])
+        long_sequence = of_length(bert, long)
+        [long_future] = submit(queue, [long_sequence])
         queued_at = len(runner.batches)
         for batch_number in range(2, 30):
             # Short texts keep arriving while each batch runs.
             futures += submit(queue, [of_length(bert, short) for _ in range(3)])
             runner.step()
             await runner.entered(batch_number)
-            if any(e is long_encoding for e in runner.batches[-1]):
+            if any(e is long_sequence for e in runner.batches[-1]):
                 break
         runner.open()
         await asyncio.gather(long_future, *futures)
-        holding = [i for i, b in enumerate(runner.batches) if any(e is long_encoding for e in b)]
+        holding = [i for i, b in enumerate(runner.batches) if any(e is long_sequence for e in b)]
         assert len(holding) == 1
         return holding[0] + 1 - queued_at
 
@@ -595,7 +595,7 @@ def test_long_text_is_not_starved_by_a_stream_of_short_ones(bert: LoadedModel) -
 
 def _burst_of_lengths(
     bert: LoadedModel, config: BatchConfig, lengths: Sequence[int]
-) -> tuple[list[list[Encoding]], list[BatchRecord]]:
+) -> tuple[list[list[TokenSequence]], list[BatchRecord]]:
     """Queue `lengths` behind a held batch, release, and return the batches the worker formed."""
     runner = ControlledRunner(bert.runner, hold_first=True)
     records: list[BatchRecord] = []
@@ -656,13 +656,13 @@ def test_batches_respect_size_and_token_limits(bert: LoadedModel) -> None:
 
 
 def submit_as(
-    queue: BatchQueue, client: str, encodings: Sequence[Encoding], origin: int = 0
+    queue: BatchQueue, client: str, sequences: Sequence[TokenSequence], origin: int = 0
 ) -> tuple[list[asyncio.Future[Any]], list[tuple[Job, PoolingError]]]:
-    """Queue each encoding as its own job of `client`: (the futures, the refused jobs)."""
+    """Queue each sequence as its own job of `client`: (the futures, the refused jobs)."""
     loop = asyncio.get_running_loop()
     jobs = [
         Job([(e, False)], lambda raws: raws[0], loop.create_future(), origin=origin, client=client)
-        for e in encodings
+        for e in sequences
     ]
     return [job.future for job in jobs], queue.enqueue(jobs)
 
@@ -739,9 +739,9 @@ def _batches_by_client(
         await runner.entered(1)
         futures = []
         for client, length in queued:
-            encoding = of_length(bert, length)
-            owner[id(encoding)] = client
-            queued_futures, refused = submit_as(queue, client, [encoding])
+            sequence = of_length(bert, length)
+            owner[id(sequence)] = client
+            queued_futures, refused = submit_as(queue, client, [sequence])
             assert not refused
             futures += queued_futures
         runner.open()
@@ -811,18 +811,18 @@ def test_one_client_is_batched_oldest_first_as_before(bert: LoadedModel, client:
     rng = random.Random(5)
     lengths = [rng.randint(3, 90) for _ in range(120)]
     runner = ControlledRunner(bert.runner, hold_first=True)
-    encodings = [of_length(bert, n) for n in lengths]
+    sequences = [of_length(bert, n) for n in lengths]
 
     async def body(queue: BatchQueue) -> None:
         first = submit(queue, [of_length(bert, 10)])
         await runner.entered(1)
-        futures, refused = submit_as(queue, client, encodings)
+        futures, refused = submit_as(queue, client, sequences)
         assert not refused
         runner.open()
         await asyncio.gather(*first, *futures)
 
     run_queue(runner, config, body)
-    index = {id(e): i for i, e in enumerate(encodings)}
+    index = {id(e): i for i, e in enumerate(sequences)}
     got = [sorted(index[id(e)] for e in batch) for batch in runner.batches[1:]]
     assert got == _oldest_first(lengths, config)
 

@@ -31,7 +31,7 @@ def test_a_lone_pass_takes_every_core_and_one_beside_another_a_share(
             return inner(**inputs)
 
     runner.module = Recording()
-    batch = model.tokenizer.encode(["a short text"])
+    batch = model.tokenizer.tokenize(["a short text"])
 
     def on_a_new_thread(alone: bool) -> None:
         thread = threading.Thread(target=runner.forward, args=(batch, [False], alone))

@@ -404,7 +404,7 @@ def test_forward_failure_fails_only_its_requests(
         assert server.runner.engine is not None
         model = server.runner.engine.resolve("tiny")
         runner, forward = model.runner, model.runner.forward
-        poison_ids = tuple(model.tokenizer.encode([POISON])[0].input_ids)
+        poison_ids = tuple(model.tokenizer.tokenize([POISON])[0].input_ids)
         reference = vector(await stub.Pool(embed_request(["healthy text"]), timeout=30))
         message = {"text": "boom: injected kernel failure"}
 

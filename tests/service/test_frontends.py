@@ -32,8 +32,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.ipc import Cancel, EngineReady, Submit, to_engine_decoder
 from engine.jobs import Job
-from engine.remote import RemoteEngineClient
-from engine.tokenization import Encoding
+from engine.remote_client import RemoteEngineClient
+from engine.tokenization import TokenSequence
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import Served, server_args
@@ -589,8 +589,8 @@ def test_a_cancelled_job_is_no_longer_outstanding(tmp_path: Path) -> None:
                 received.append((engines.index(sock), type(to_engine_decoder.decode(frames[0]))))
 
         def job() -> Job:
-            encoding = Encoding([101, 7, 102], None, [], [])
-            return Job([(encoding, False)], lambda raws: raws, loop.create_future())
+            sequence = TokenSequence([101, 7, 102], None, [], [])
+            return Job([(sequence, False)], lambda raws: raws, loop.create_future())
 
         try:
             first = job()

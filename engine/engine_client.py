@@ -2,7 +2,7 @@
 
 The engine (tokenizing, planning, heads) talks to one of these, as vLLM's front ends talk
 to an EngineCoreClient. The local one owns the batching queues; the remote one
-(engine/remote.py) sends the jobs to engine processes and gets raw outputs back.
+(engine/remote_client.py) sends the jobs to engine processes and gets raw outputs back.
 """
 
 from __future__ import annotations

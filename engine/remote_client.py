@@ -125,19 +125,19 @@ class RemoteEngineClient:
                 self._sent[job.key] = _Sent(job, engine, len(job.work))
                 by_engine.setdefault(engine, []).append(job)
         for engine, sent in by_engine.items():
-            self._socket(engine).send_multipart(self._encode(model, sent), copy=False)
+            self._socket(engine).send_multipart(self._frames(model, sent), copy=False)
         return []
 
-    def _encode(self, model: str, jobs: Sequence[Job]) -> list[bytes]:
+    def _frames(self, model: str, jobs: Sequence[Job]) -> list[bytes]:
         headers, ids, types = [], [], []
         with_types = all(e.token_type_ids is not None for job in jobs for e, _ in job.work)
         for job in jobs:
             lengths = []
-            for encoding, _ in job.work:
-                lengths.append(len(encoding))
-                ids.extend(encoding.input_ids)
+            for sequence, _ in job.work:
+                lengths.append(len(sequence))
+                ids.extend(sequence.input_ids)
                 if with_types:
-                    types.extend(encoding.token_type_ids)  # type: ignore[arg-type]
+                    types.extend(sequence.token_type_ids)  # type: ignore[arg-type]
             keep = bool(job.work) and job.work[0][1]
             headers.append(JobHeader(job.key, model, job.deadline, keep, lengths, job.client))
         frames = [
