@@ -203,8 +203,12 @@ class LineRunner:
         return asyncio.ensure_future(self._run(custom_id, rpc, parsed))
 
     async def _run(self, custom_id: Any, rpc: str, parsed: Parsed) -> bytes:
-        parsed = parsed.budgeted(dataclasses.replace(self.budget, float_bytes=parsed.float_bytes))
         request = parsed.request
+        if isinstance(request, PoolRequest):
+            budget = dataclasses.replace(self.budget, float_bytes=parsed.float_bytes)
+            parsed = dataclasses.replace(
+                parsed, request=dataclasses.replace(request, response_budget=budget)
+            )
         call = Call(protocol="batch", rpc=rpc, client="batch")
         while True:
             try:
