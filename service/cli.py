@@ -28,6 +28,8 @@ from service.config import (
 )
 from service.split.supervisor import Supervisor
 
+Group = argparse._ArgumentGroup  # what add_argument_group returns
+
 PER_MODEL = "Give it once for every model, or once per --model in the same order."
 
 
@@ -46,6 +48,7 @@ def positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every flag of `pooling-server`, group by group; `pooling-server batch` adds its own."""
     parser = argparse.ArgumentParser(
         prog="pooling-server",
         description="Serve vLLM-style pooling (embed, classify, score, token_embed, "
@@ -57,6 +60,32 @@ def build_parser() -> argparse.ArgumentParser:
         "a switch is on for 1, true, yes or on.",
     )
     net = parser.add_argument_group("network")
+    _listen_flags(net)
+    _http_flags(net)
+    _http_limit_flags(net)
+    _transport_flags(net)
+    _security_flags(parser.add_argument_group("security"))
+    observe = parser.add_argument_group("observability")
+    _observability_flags(observe)
+    models = parser.add_argument_group("models")
+    _model_flags(models)
+    _model_config_flags(models)
+    _device_flags(models)
+    _backend_flags(models)
+    _batching_flags(parser.add_argument_group("limits and batching"))
+    life = parser.add_argument_group("lifecycle")
+    _process_flags(life)
+    _split_role_flags(life)
+    _shutdown_flags(life)
+    # Last, as it always was, so that the usage line keeps its order.
+    observe.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    return parser
+
+
+def _listen_flags(net: Group) -> None:
+    """Where the gRPC and metrics ports listen, and gRPC's message cap."""
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
     net.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     net.add_argument(
@@ -71,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
     net.add_argument("--metrics-host", default="127.0.0.1", help="address for the metrics port")
+
+
+def _http_flags(net: Group) -> None:
+    """The HTTP door (OpenAI, TEI, Cohere routes): its port, Cohere's prompts, answer cap."""
     net.add_argument(
         "--http-port",
         type=int,
@@ -98,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         "five times their protobuf size, so about what --max-message-mb allows over gRPC)",
     )
 
+
+def _http_limit_flags(net: Group) -> None:
+    """The HTTP door's connection limits: slow headers and bodies, idle keep-alive, counts."""
     http = HttpLimits()
     net.add_argument(
         "--http-header-timeout-s",
@@ -141,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP: request bodies read at once per process (a partial body is memory held: "
         "at most this many times --max-message-mb); bodies already whole need no turn",
     )
+
+
+def _transport_flags(net: Group) -> None:
+    """gRPC connections: keepalive pings, streams per connection, age and compression."""
     net.add_argument("--keepalive-time-s", type=float, default=60.0, help="server ping interval")
     net.add_argument(
         "--keepalive-timeout-s", type=float, default=20.0, help="close if a ping is unanswered"
@@ -184,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="compress responses (gzip-compressed requests are always accepted)",
     )
 
-    security = parser.add_argument_group("security")
+
+def _security_flags(security: Group) -> None:
+    """TLS and the API keys every door checks."""
     security.add_argument("--tls-cert", help="PEM certificate chain: serve TLS")
     security.add_argument("--tls-key", help="PEM private key for --tls-cert")
     security.add_argument(
@@ -199,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     security.add_argument("--api-key-file", help="a file of accepted keys, one per line")
 
-    observe = parser.add_argument_group("observability")
+
+def _observability_flags(observe: Group) -> None:
+    """Traces and log lines (--log-level is added last: see build_parser)."""
     observe.add_argument(
         "--otlp-endpoint", help="export OpenTelemetry traces over OTLP/gRPC to this endpoint"
     )
@@ -214,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
         "request at --log-level debug)",
     )
 
-    models = parser.add_argument_group("models")
+
+def _model_flags(models: Group) -> None:
+    """Which models load, their pooling, and how each treats long inputs (per model)."""
     models.add_argument(
         "--model",
         action="append",
@@ -254,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
         "token of the model's maximum length, 1024 per token where the text may be "
         "truncated or chunked). " + PER_MODEL,
     )
+
+
+def _model_config_flags(models: Group) -> None:
+    """How each model's folder is read: config overrides, default prompt, hub revision,
+    and whether its own modeling code may run."""
     models.add_argument(
         "--hf-overrides",
         action="append",
@@ -281,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="let models run the modeling code they ship with (config.json auto_map), as "
         "nomic, jina and gte models need; only for models whose source you trust",
     )
+
+
+def _device_flags(models: Group) -> None:
+    """Where the forward runs: device, dtype and torch's threads."""
     models.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     models.add_argument(
         "--dtype",
@@ -296,6 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
         "on; in a container give its CPU limit). On CPU a lone pass takes them all and "
         "concurrent passes share them",
     )
+
+
+def _backend_flags(models: Group) -> None:
+    """What runs the transformer's forward (torch, ONNX Runtime, OpenVINO) and its exports."""
     models.add_argument(
         "--backend",
         action="append",
@@ -347,7 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="transformers attention implementation (default: the fastest available, sdpa)",
     )
 
-    batching = parser.add_argument_group("limits and batching")
+
+def _batching_flags(batching: Group) -> None:
+    """Request limits and the batching queues' sizes and waits."""
     batching.add_argument(
         "--max-client-batch-size",
         type=positive_int,
@@ -408,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-stream-inflight", type=positive_int, default=256, help="unanswered inputs per stream"
     )
 
-    life = parser.add_argument_group("lifecycle")
+
+def _process_flags(life: Group) -> None:
+    """How many front-end and engine processes the server runs."""
     life.add_argument(
         "--frontends",
         type=int,
@@ -431,11 +494,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine processes, one per device (cuda:0, cuda:1, ...; on CPU each gets a share "
         "of the cores); each request goes to the one with the least outstanding work",
     )
+
+
+def _split_role_flags(life: Group) -> None:
+    """The hidden flags the supervisor passes to the processes it starts (service/split/)."""
     life.add_argument("--role", choices=["engine", "frontend"], help=argparse.SUPPRESS)
     life.add_argument("--role-index", type=int, default=0, help=argparse.SUPPRESS)
     life.add_argument("--run-dir", help=argparse.SUPPRESS)
     life.add_argument("--alive-fds", default="", help=argparse.SUPPRESS)
     life.add_argument("--stop-fd", type=int, help=argparse.SUPPRESS)  # an engine's stop pipe
+
+
+def _shutdown_flags(life: Group) -> None:
+    """How SIGTERM drains the server."""
     life.add_argument(
         "--drain-delay-s",
         type=float,
@@ -445,10 +516,6 @@ def build_parser() -> argparse.ArgumentParser:
     life.add_argument(
         "--shutdown-grace-s", type=float, default=30.0, help="time to finish accepted calls"
     )
-    observe.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    return parser
 
 
 def _per_model(values: Sequence[Any] | None, count: int, flag: str) -> list[Any]:
