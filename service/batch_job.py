@@ -36,7 +36,6 @@ import msgspec
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
 from engine.output_size import MIB, ResponseBudget
-from engine.request import PoolRequest
 from service import logs
 from service.errors import HTTP_STATUS
 from service.json_body import BodyError, parse_body
@@ -203,12 +202,8 @@ class LineRunner:
         return asyncio.ensure_future(self._run(custom_id, rpc, parsed))
 
     async def _run(self, custom_id: Any, rpc: str, parsed: Parsed) -> bytes:
+        parsed = parsed.budgeted(dataclasses.replace(self.budget, float_bytes=parsed.float_bytes))
         request = parsed.request
-        if isinstance(request, PoolRequest):
-            budget = dataclasses.replace(self.budget, float_bytes=parsed.float_bytes)
-            parsed = dataclasses.replace(
-                parsed, request=dataclasses.replace(request, response_budget=budget)
-            )
         call = Call(protocol="batch", rpc=rpc, client="batch")
         while True:
             try:

@@ -1,77 +1,55 @@
 """The HTTP surface: OpenAI-, Cohere/Jina- and vLLM-shaped JSON over the same engine.
 
-Each route turns its JSON into the PoolRequest the gRPC API would receive and runs it
-through the same servicer path, so validation, error reasons, field paths, metrics and
-spans are the gRPC ones; only the envelope differs. aiohttp serves it on the front end's
-own event loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
+The OpenAI/vLLM routes are thin adapters over service/routes.py's table, the one offline
+batch jobs use: read the body (service/json_body.py), parse it into an engine request,
+run it through the RequestRunner (readiness, telemetry, deadlines, the queue's fairness
+by client address) and render the engine's arrays as JSON, so an HTTP answer and a batch
+line's answer are made by the same code. TEI's and Cohere's doors (service/http_tei.py,
+http_cohere.py) hang off the same app. aiohttp serves it on the front end's own event
+loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
-import numpy as np
 from aiohttp import web
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
+from engine.errors import FieldViolation, PoolingError, internal_error
 from engine.output_size import MIB, ResponseBudget
-from engine.validation import output_too_large, unknown_value
+from service import http_doors
 from service.auth import BearerKeys
+from service.errors import HTTP_STATUS
 from service.http_cohere import CohereRoutes
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
 from service.http_tei import TeiRoutes
 from service.json_body import Body, BodyError, parse_body
-from service.proto import pooling_pb2 as pb
+from service.routes import JSON_FLOAT_BYTES, ROUTES, Route, error_body, values_in
 from service.runner import RequestRunner
-from service.servicer import PoolingServicer
 
 log = logging.getLogger(__name__)
 
-HTTP_STATUS: dict[ErrorKind, int] = {
-    ErrorKind.INVALID_ARGUMENT: 400,
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.FAILED_PRECONDITION: 412,
-    ErrorKind.RESOURCE_EXHAUSTED: 429,
-    ErrorKind.DEADLINE_EXCEEDED: 504,
-    ErrorKind.CANCELLED: 499,
-    ErrorKind.UNAVAILABLE: 503,
-    ErrorKind.INTERNAL: 500,
-}
-# OpenAI's error `type` values, which its SDK and the tools built on it read.
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
 UNPROTECTED = frozenset({"/health"})
 _json = msgspec.json.Encoder()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# The largest response body (--max-http-response-mb), and what one float costs in it: a
-# float32 printed as the shortest double that reads back takes about 21 characters with its
-# comma; in base64 (encoding_format) 4 bytes take 5.33.
+# The largest response body (--max-http-response-mb); what one value costs in it is the
+# route's (service/routes.py).
 MAX_RESPONSE_BYTES = 64 * MIB
-JSON_FLOAT_BYTES = 21
-BASE64_FLOAT_BYTES = 6
-# Answers of more values are rendered to JSON off the event loop (100k take about 10 ms).
-OFF_LOOP_VALUES = 100_000
 # Also the most connections asyncio accepts in one go, each a descriptor before the cap
 # sees it: the cap leaves half the open-file limit, far more than this, to the rest.
 LISTEN_BACKLOG = 128
 
 
 class HttpApi:
-    def __init__(
-        self,
-        servicer: PoolingServicer,
-        api_keys: Sequence[str] = (),
-        runner: RequestRunner | None = None,
-    ) -> None:
-        self.servicer = servicer
-        self.runner = runner or RequestRunner(servicer.telemetry)
+    def __init__(self, runner: RequestRunner, api_keys: Sequence[str] = ()) -> None:
+        self.runner = runner
         self._keys = BearerKeys(api_keys)  # service/auth.py: the check every door makes
         self._created = int(time.time())
         self._runner: web.AppRunner | None = None
@@ -93,16 +71,9 @@ class HttpApi:
         # TEI's and Cohere's routes (service/http_tei.py, http_cohere.py): /rerank is
         # both TEI's ({query, texts}) and Cohere/Jina's ({query, documents}), by body shape.
         tei = TeiRoutes(self)
-        post = [
-            ("/v1/embeddings", self.embeddings),
-            ("/v1/rerank", self.rerank),
-            ("/rerank", tei.rerank_or(self.rerank)),
-            ("/v1/score", self.score),
-            ("/score", self.score),
-            ("/pooling", self.pooling),
-            ("/classify", self.classify),
-        ]
-        app.add_routes([web.post(path, handler) for path, handler in post])
+        post = {path: self.handler(route) for path, route in ROUTES.items()}
+        post["/rerank"] = tei.rerank_or(post["/rerank"])
+        app.add_routes([web.post(path, handler) for path, handler in post.items()])
         app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health)])
         app.add_routes(tei.routes() + CohereRoutes(self, self.cohere_prompts).routes())
         return app
@@ -173,152 +144,22 @@ class HttpApi:
 
     # --------------------------------------------------------------------- routes
 
-    async def embeddings(self, request: web.Request) -> web.Response:
-        """OpenAI's POST /v1/embeddings."""
-        body = await self._body(request)
-        texts = _texts(body, "input")
-        fmt = _string(body, "encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise unknown_value("encoding_format", fmt)
-        params = pb.PoolingParams()
-        if body.has("dimensions"):
-            params.dimensions = _int(body, "dimensions")
-        message = pb.PoolRequest(
-            request_id=_request_id(request, "embd"),
-            model=_string(body, "model", ""),
-            params=params,
-            embed=pb.TextInput(texts=texts),
-        )
-        response = await self._pool(
-            request, message, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES
-        )
+    def handler(self, route: Route) -> Handler:
+        """The HTTP door of one entry of service/routes.py: parse, run, render."""
 
-        def build() -> dict[str, Any]:
-            data = []
-            for index, embedding in enumerate(response.embed.embeddings):
-                values: Any = list(embedding.values)
-                if fmt == "base64":
-                    raw = np.asarray(embedding.values, dtype="<f4").tobytes()
-                    values = base64.b64encode(raw).decode()
-                data.append({"object": "embedding", "index": index, "embedding": values})
-            return {
-                "object": "list",
-                "data": data,
-                "model": response.model,
-                "usage": _usage(response),
-            }
+        async def handle(request: web.Request) -> web.Response:
+            body = await self._body(request)
+            parsed = route.parse(body, _request_id(request, route.prefix))
+            parsed = parsed.budgeted(self.budget(parsed.float_bytes))
+            ran = await parsed.run(self.runner, http_doors.call(request, route.rpc))
+            result = ran.result
+            return await http_doors.render(
+                lambda: parsed.render(result), values_in(result), self.max_response_bytes
+            )
 
-        return await self._render(build, _values(response))
-
-    async def score(self, request: web.Request) -> web.Response:
-        """vLLM's POST /v1/score: text_1 and text_2, each a string or a list."""
-        body = await self._body(request)
-        message = pb.PoolRequest(
-            request_id=_request_id(request, "score"),
-            model=_string(body, "model", ""),
-            params=_params(body),
-            score=pb.ScoreInput(text_1=_texts(body, "text_1"), text_2=_texts(body, "text_2")),
-        )
-        response = await self._pool(request, message)
-        data = [
-            {"index": i, "object": "score", "score": score}
-            for i, score in enumerate(response.score.scores)
-        ]
-        return _ok(_listing(message.request_id, response, data))
-
-    async def classify(self, request: web.Request) -> web.Response:
-        """vLLM's POST /classify."""
-        body = await self._body(request)
-        message = pb.PoolRequest(
-            request_id=_request_id(request, "classify"),
-            model=_string(body, "model", ""),
-            params=_params(body),
-            classify=pb.TextInput(texts=_texts(body, "input")),
-        )
-        response = await self._pool(request, message)
-        data = [
-            {
-                "index": i,
-                "label": item.label,
-                "probs": list(item.probs),
-                "num_classes": len(item.probs),
-            }
-            for i, item in enumerate(response.classify.classifications)
-        ]
-        return _ok(_listing(message.request_id, response, data))
-
-    async def pooling(self, request: web.Request) -> web.Response:
-        """vLLM's POST /pooling: any task; `data` is a vector (or a row per token)."""
-        body = await self._body(request)
-        task = _string(body, "task", "embed")
-        if task not in ("embed", "classify", "token_embed", "token_classify"):
-            raise unknown_value("task", task)
-        params = _params(body)
-        if body.has("dimensions"):
-            params.dimensions = _int(body, "dimensions")
-        message = pb.PoolRequest(
-            request_id=_request_id(request, "pool"), model=_string(body, "model", ""), params=params
-        )
-        getattr(message, task).texts.extend(_texts(body, "input"))
-        response = await self._pool(request, message)
-
-        def build() -> dict[str, Any]:
-            rows: list[Any]
-            if task == "embed":
-                rows = [list(e.values) for e in response.embed.embeddings]
-            elif task == "classify":
-                rows = [list(c.probs) for c in response.classify.classifications]
-            else:
-                items = getattr(response, task).items
-                rows = [
-                    np.asarray(m.values, dtype=np.float32).reshape(m.rows, m.cols).tolist()
-                    for m in items
-                ]
-            data = [{"index": i, "object": "pooling", "data": row} for i, row in enumerate(rows)]
-            return _listing(message.request_id, response, data)
-
-        return await self._render(build, _values(response))
-
-    async def rerank(self, request: web.Request) -> web.Response:
-        """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank."""
-        body = await self._body(request)
-        texts = body.documents()
-        if not body.has("query"):
-            raise BodyError("query", "must be a string")
-        query = _string(body, "query", "")
-        top_n = _int(body, "top_n") if body.has("top_n") else 0
-        return_documents = bool(body.boolean("return_documents"))  # Cohere's default: false
-        message = pb.RerankRequest(
-            request_id=_request_id(request, "rerank"),
-            model=_string(body, "model", ""),
-            query=query,
-            documents=texts,
-            top_n=top_n,
-            return_documents=return_documents,
-            params=_params(body),
-        )
-        record = self.servicer.telemetry.begin("Rerank", message, _Caller(request), "http")
-        response = await self.servicer.run_rerank(message, record, None, _client(request))
-        results = []
-        for result in response.results:
-            item: dict[str, Any] = {
-                "index": result.index,
-                "relevance_score": result.relevance_score,
-            }
-            if result.HasField("document"):
-                item["document"] = {"text": result.document}
-            results.append(item)
-        return _ok(
-            {
-                "id": message.request_id,
-                "model": response.model,
-                "results": results,
-                "usage": _usage(response),
-            }
-        )
+        return handle
 
     async def models(self, request: web.Request) -> web.Response:
-        engine = self.servicer._ready_engine()
         data = [
             {
                 "id": info.name,
@@ -330,7 +171,7 @@ class HttpApi:
                 "backend": info.backend,
                 "precision": info.precision,
             }
-            for info in engine.model_infos
+            for info in self.runner.model_infos
         ]
         return _ok({"object": "list", "data": data})
 
@@ -341,50 +182,13 @@ class HttpApi:
 
     async def _body(self, request: web.Request) -> Body:
         """The body, its input lists counted against --max-client-batch-size as read."""
-        engine = self.servicer._ready_engine()
-        return await _read_body(request, engine.limits.max_client_batch_size)
-
-    async def _pool(
-        self, request: web.Request, message: pb.PoolRequest, float_bytes: int = JSON_FLOAT_BYTES
-    ) -> pb.PoolResponse:
-        """`float_bytes`: what one output value costs in the route's JSON, for the budget."""
-        record = self.servicer.telemetry.begin("Pool", message, _Caller(request), "http")
-        budget = self.budget(float_bytes)
-        return await self.servicer.run_pool(message, record, None, _client(request), budget)
+        limits = self.runner.ready().limits
+        return await _read_body(request, limits.max_client_batch_size)
 
     def budget(self, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
-        """The engine's bound on an answer sent as JSON: values only, no compact encodings."""
-        return ResponseBudget(
-            max_bytes=self.max_response_bytes,
-            setting="--max-http-response-mb",
-            float_bytes=float_bytes,
-            item_bytes=64,  # {"index": ..., "object": ..., "data": [...]}
-            row_bytes=3,  # a token row's brackets and comma
-            encodings=False,
-        )
-
-    async def _render(self, build: Callable[[], dict[str, Any]], values: int) -> web.Response:
-        """A 200 JSON body. One of many values is built and encoded on a worker thread, so
-        the event loop serves other connections meanwhile; one over the cap is refused
-        (the estimate let it through: a safety net, not the rule)."""
-        if values > OFF_LOOP_VALUES:
-            body = await asyncio.to_thread(lambda: _json.encode(build()))
-        else:
-            body = _json.encode(build())
-        if len(body) > self.max_response_bytes:
-            raise output_too_large("", len(body), self.budget())
-        return web.Response(body=body, content_type="application/json")
-
-
-class _Caller:
-    """What telemetry reads from a gRPC context, from an HTTP request: its headers (the
-    caller's W3C traceparent among them)."""
-
-    def __init__(self, request: web.Request) -> None:
-        self._headers = request.headers
-
-    def invocation_metadata(self) -> Iterable[tuple[str, str]]:
-        return [(key.lower(), value) for key, value in self._headers.items()]
+        """The engine's bound on an OpenAI/vLLM answer: values only, no compact encodings;
+        each item's envelope ({"index": ..., "object": ..., "data": [...]}) about 64 bytes."""
+        return http_doors.budget(self.max_response_bytes, float_bytes, item_bytes=64)
 
 
 # ------------------------------------------------------------------ body helpers
@@ -402,53 +206,6 @@ async def _read_body(request: web.Request, max_inputs: int) -> Body:
     return parse_body(raw, max_inputs)
 
 
-def _texts(body: Body, field: str) -> list[str]:
-    return body.texts(field)
-
-
-def _string(body: Body, field: str, default: str) -> str:
-    return body.string(field, default)
-
-
-def _int(body: Body, field: str) -> int:
-    """A present integer field, range-checked against its wire type (int32)."""
-    value = body.integer(field)
-    assert value is not None  # the routes read present fields only
-    return value
-
-
-def _params(body: Body) -> pb.PoolingParams:
-    """vLLM's request-level pooling fields: use_activation (or its older name softmax /
-    normalize) and truncate_prompt_tokens."""
-    params = pb.PoolingParams()
-    for name in ("use_activation", "softmax", "normalize", "activation"):
-        value = body.boolean(name)
-        if value is not None:
-            params.use_activation = value
-            break
-    if body.has("truncate_prompt_tokens"):
-        params.truncate_prompt_tokens = _int(body, "truncate_prompt_tokens")
-    return params
-
-
-def _values(response: pb.PoolResponse) -> int:
-    """How many float values an answer carries: what its JSON costs to build."""
-    case = response.WhichOneof("output")
-    if case == "embed":
-        return sum(len(e.values) for e in response.embed.embeddings)
-    if case == "classify":
-        return sum(len(c.probs) for c in response.classify.classifications)
-    if case in ("token_embed", "token_classify"):
-        return sum(m.rows * m.cols for m in getattr(response, case).items)
-    return 0
-
-
-def _client(request: web.Request) -> str:
-    """The queue's client: the peer address (not the port: HTTP/1.1 clients open several
-    connections), so one address cannot take the whole queue."""
-    return request.remote or "unknown"
-
-
 def _request_id(request: web.Request, prefix: str) -> str:
     given = request.headers.get("X-Request-Id")
     if not given:
@@ -464,22 +221,6 @@ def _request_id(request: web.Request, prefix: str) -> str:
 
 def _invalid(field: str, description: str, reason: str) -> PoolingError:
     return PoolingError.invalid([FieldViolation(field, description, reason)])
-
-
-def _usage(response: pb.PoolResponse | pb.RerankResponse) -> dict[str, int]:
-    tokens = response.usage.prompt_tokens
-    return {"prompt_tokens": tokens, "total_tokens": tokens}
-
-
-def _listing(request_id: str, response: pb.PoolResponse, data: list[Any]) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "list",
-        "created": int(time.time()),
-        "model": response.model,
-        "data": data,
-        "usage": _usage(response),
-    }
 
 
 def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:
@@ -504,20 +245,6 @@ def _error_response(
     metadata: dict[str, str] | None = None,
     retry_after_s: float | None = None,
 ) -> web.Response:
-    """OpenAI's error envelope (message, type, param, code), plus the gRPC details:
-    the reason, every field violation and the retry delay."""
-    error: dict[str, Any] = {
-        "message": message,
-        "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request"),
-        "param": violations[0].field if violations else None,
-        "code": reason,
-        "reason": reason,
-        "field_violations": [
-            {"field": v.field, "description": v.description, "reason": v.reason} for v in violations
-        ],
-    }
-    if metadata:
-        error["metadata"] = metadata
-    if retry_after_s is not None:
-        error["retry_after_s"] = retry_after_s
-    return _ok({"error": error}, status=status)
+    """OpenAI's error envelope, plus the gRPC details (service/routes.py's error_body)."""
+    body = error_body(status, reason, message, violations, metadata, retry_after_s)
+    return _ok(body, status=status)

@@ -1,7 +1,8 @@
-"""What the TEI- and Cohere-shaped HTTP doors share: reading their bodies' common fields,
-running engine requests through the runner, and rendering engine arrays as JSON.
+"""What the HTTP doors share (OpenAI/vLLM's in service/http_api.py, TEI's, Cohere's):
+reading their bodies' common fields, the runner's view of a call, and rendering engine
+arrays as JSON (`render`: encoded off the loop when large, refused over the cap).
 
-Both doors answer straight from the engine's numpy arrays (no protobuf on the way): a
+The doors answer straight from the engine's numpy arrays (no protobuf on the way): a
 whole batch of vectors becomes nested lists in one `tolist()`, and msgspec encodes them.
 Large answers are built and encoded on a worker thread, so the event loop keeps serving
 other connections, and an answer over --max-http-response-mb is refused.
@@ -69,13 +70,16 @@ def served_model(runner: RequestRunner, name: str) -> ModelInfo:
     return runner.ready().resolve(name).info
 
 
-def budget(max_bytes: int, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
-    """The engine's bound on an answer these doors send as JSON (values only)."""
+def budget(
+    max_bytes: int, float_bytes: int = JSON_FLOAT_BYTES, item_bytes: int = 16
+) -> ResponseBudget:
+    """The engine's bound on an answer an HTTP door sends as JSON (values only);
+    `item_bytes`: each item's envelope around its values."""
     return ResponseBudget(
         max_bytes=max_bytes,
         setting="--max-http-response-mb",
         float_bytes=float_bytes,
-        item_bytes=16,
+        item_bytes=item_bytes,
         row_bytes=3,
         encodings=False,
     )

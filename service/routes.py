@@ -1,11 +1,11 @@
 """The JSON routes as data: each url's parse (JSON body -> engine request) and render
 (engine result -> JSON body), with no web framework in sight.
 
-Offline batch jobs (service/batch_job.py) look a url up in ROUTES, parse the body (read
-by service/json_body.py, as the HTTP API reads it), run the engine request through the
-RequestRunner and render the result; the HTTP API's handlers are to call the same
-entries, so that a new route is one entry in the table. Rendering reads the engine's
-arrays directly: no protobuf round trip.
+The HTTP API (service/http_api.py) and offline batch jobs (service/batch_job.py) both
+look a url up in ROUTES, parse the body (read by service/json_body.py), run the engine
+request through the RequestRunner and render the result, so an HTTP answer and a batch
+line's answer are made by the same code, and a new route is one entry in the table.
+Rendering reads the engine's arrays directly: no protobuf round trip.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import FieldViolation
+from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
     Embedding,
@@ -48,6 +49,13 @@ class Parsed:
     request: PoolRequest | RerankRequest
     render: Render
     float_bytes: int = JSON_FLOAT_BYTES  # for the door's answer budget
+
+    def budgeted(self, budget: ResponseBudget) -> Parsed:
+        """The same, its answer bounded by the door's budget (a rerank's needs none)."""
+        if not isinstance(self.request, PoolRequest):
+            return self
+        request = dataclasses.replace(self.request, response_budget=budget)
+        return dataclasses.replace(self, request=request)
 
     async def run(self, runner: RequestRunner, call: Call) -> Ran[Any]:
         if isinstance(self.request, RerankRequest):

@@ -73,7 +73,7 @@ class PoolingServer:
         self.http: HttpApi | None = None
         self.http_port = 0
         if config.http_port is not None:
-            self.http = HttpApi(self.servicer, config.api_keys, self.runner)
+            self.http = HttpApi(self.runner, config.api_keys)
             self.http.cohere_prompts = input_type_prompts(config.cohere_input_type_prompts)
             self.http.max_response_bytes = config.max_http_response_bytes
 

@@ -9,7 +9,6 @@ own stays here: rich statuses, PoolStream's flow control and its stream-id rule.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import TypeVar
@@ -17,7 +16,6 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from engine.engine import Engine
 from engine.errors import PoolingError
 from engine.output_size import ResponseBudget
 from engine.outputs import PoolResult
@@ -30,7 +28,6 @@ from service.proto import pooling_pb2 as pb
 from service.proto import pooling_pb2_grpc
 from service.runner import Call, RequestRunner
 from service.stream_limit import InflightLimit
-from service.telemetry import RequestRecord, Telemetry
 from service.version import server_version
 
 _Message = TypeVar("_Message", bound=Message)
@@ -226,46 +223,6 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise
-
-    # ------------------------------------------------------------------------------
-    # For http_api.py's OpenAI-shaped routes only, until they move onto the runner
-    # (issue 20): the pb messages they build, run through the runner as HTTP calls. The
-    # record they opened lends its rpc and headers; the runner's own record observes.
-
-    @property
-    def telemetry(self) -> Telemetry:
-        return self.runner.telemetry
-
-    def _ready_engine(self) -> Engine:
-        return self.runner.ready()
-
-    async def run_pool(
-        self,
-        request: pb.PoolRequest,
-        record: RequestRecord,
-        deadline: float | None,
-        client: str = "",
-        budget: ResponseBudget | None = None,
-    ) -> pb.PoolResponse:
-        pool = convert.request_from_proto(request)
-        if budget is not None:
-            pool = dataclasses.replace(pool, response_budget=budget)
-        call = Call(record.protocol, record.rpc, record.headers, deadline, client)
-        return (await self.runner.pool(pool, call, convert.response_to_proto)).result
-
-    async def run_rerank(
-        self,
-        request: pb.RerankRequest,
-        record: RequestRecord,
-        deadline: float | None,
-        client: str = "",
-    ) -> pb.RerankResponse:
-        rerank = convert.rerank_request_from_proto(request)
-        call = Call(record.protocol, record.rpc, record.headers, deadline, client)
-        ran = await self.runner.rerank(
-            rerank, call, lambda result: convert.rerank_response_to_proto(result, request)
-        )
-        return ran.result
 
 
 def _sendable(response: _Message, budget: ResponseBudget) -> _Message:

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -17,7 +16,6 @@ from engine.engine import Timings
 from engine.errors import clip
 from service.logs import FIELDS_ATTR
 from service.metrics import Metrics
-from service.proto import pooling_pb2 as pb
 
 request_log = logging.getLogger("pooling.requests")
 LOGGED_ID_CHARS = 64  # ids and names are cut to this in logs
@@ -209,24 +207,6 @@ class Telemetry:
         self.log_inputs = log_inputs
         self.request_log_level = logging.INFO if log_requests else logging.DEBUG
 
-    def begin(
-        self,
-        rpc: str,
-        request: pb.PoolRequest | pb.RerankRequest,
-        context: grpc.aio.ServicerContext,
-        protocol: str = "grpc",
-    ) -> RequestRecord:
-        """`context`: the gRPC context, or anything with invocation_metadata() (HTTP)."""
-        return RequestRecord(
-            self,
-            rpc,
-            request.request_id,
-            _task(request),
-            context.invocation_metadata() or (),
-            protocol,
-            lambda: _proto_inputs(request),
-        )
-
     def open(
         self,
         rpc: str,
@@ -238,29 +218,6 @@ class Telemetry:
     ) -> RequestRecord:
         """A record for a request already in engine types (the request runner's)."""
         return RequestRecord(self, rpc, request_id, task, headers, protocol, inputs)
-
-
-def _proto_inputs(request: pb.PoolRequest | pb.RerankRequest) -> dict[str, Any]:
-    case = _input_case(request)
-    if case == "rerank":
-        return {"query": request.query, "documents": list(request.documents)}  # type: ignore[union-attr]
-    if case == "score":
-        return {"text_1": list(request.score.text_1), "text_2": list(request.score.text_2)}  # type: ignore[union-attr]
-    if case:
-        return {"texts": list(getattr(request, case).texts)}
-    return {}
-
-
-def _input_case(request: pb.PoolRequest | pb.RerankRequest) -> str | None:
-    if isinstance(request, pb.RerankRequest):
-        return "rerank"
-    return request.WhichOneof("input")
-
-
-def _task(request: pb.PoolRequest | pb.RerankRequest) -> str:
-    """The task label: a rerank is counted as the score task that computes it."""
-    case = _input_case(request)
-    return "score" if case == "rerank" else case or "none"
 
 
 def tracer_provider(otlp_endpoint: str | None) -> trace.TracerProvider:

@@ -1,11 +1,13 @@
 """`pooling-server batch`: the real CLI as a subprocess on real files.
 
 Mixed routes and bad lines in one file, --resume after a SIGKILL mid-file, stdin/stdout,
-and a 100,000-line file in bounded memory. Tiny random-weight fixture models on torch.
+a 100,000-line file in bounded memory, and each route's line answered with the body the
+HTTP route gives (both run service/routes.py). Tiny random-weight fixture models on torch.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import os
@@ -13,6 +15,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ import psutil
 import pytest
 
 from tests.reliability.support import report
+from tests.server_process import free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED_LINES = 8_000
@@ -312,3 +317,88 @@ def test_100k_lines_in_bounded_memory(
     )
     assert growth_mb < 40, f"RSS grew {growth_mb:.1f} MB over the file"
     assert os.path.getsize(out) > 0
+
+
+# Each route once, and refusals: a batch line's body must be the HTTP route's body.
+SAME_AS_HTTP = [
+    ("/v1/embeddings", {"model": "emb", "input": ["one text", "and another one"]}),
+    ("/v1/embeddings", {"model": "emb", "input": "in base64", "encoding_format": "base64"}),
+    ("/v1/score", {"model": "ce", "text_1": "x", "text_2": ["y", "z z"]}),
+    ("/score", {"model": "ce", "text_1": ["a", "b"], "text_2": ["c", "d"]}),
+    ("/classify", {"model": "cls", "input": ["good", "bad news"], "use_activation": False}),
+    ("/pooling", {"model": "emb", "input": "p q", "task": "token_embed"}),
+    ("/pooling", {"model": "emb", "input": ["v"]}),
+    ("/pooling", {"model": "cls", "input": ["w"], "task": "classify"}),
+    (
+        "/v1/rerank",
+        {
+            "model": "ce",
+            "query": "q",
+            "documents": ["a", "b c", "d"],
+            "top_n": 2,
+            "return_documents": True,
+        },
+    ),
+    ("/rerank", {"model": "ce", "query": "q", "documents": ["a", "b"]}),
+    ("/v1/embeddings", {"model": "emb", "input": 42}),  # the body reader refuses
+    ("/v1/embeddings", {"model": "no-such-model", "input": "x"}),  # the engine refuses
+    ("/classify", {"model": "emb", "input": ["a"]}),
+    ("/pooling", {"model": "emb", "input": "x", "task": "nothing"}),
+]
+
+
+def same_body(batch: Any, http: Any, where: str = "body") -> None:
+    """Equal JSON, but for ids and timestamps; floats (and base64 vectors) to 1e-5, since
+    the two runs may batch inputs differently."""
+    if isinstance(batch, dict):
+        assert isinstance(http, dict) and batch.keys() == http.keys(), (where, batch, http)
+        for key in batch:
+            if key not in ("id", "created"):
+                same_body(batch[key], http[key], f"{where}.{key}")
+    elif isinstance(batch, list):
+        assert isinstance(http, list) and len(batch) == len(http), (where, batch, http)
+        for i, (a, b) in enumerate(zip(batch, http, strict=True)):
+            same_body(a, b, f"{where}[{i}]")
+    elif isinstance(batch, float):
+        assert isinstance(http, float) and abs(batch - http) < 1e-5, (where, batch, http)
+    elif isinstance(batch, str) and where.endswith(".embedding"):
+        a, b = (np.frombuffer(base64.b64decode(s), dtype="<f4") for s in (batch, http))
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=where)
+    else:
+        assert type(batch) is type(http) and batch == http, (where, batch, http)
+
+
+def test_batch_line_answers_as_the_http_route(
+    model_folders: dict[str, Path], tmp_path: Path
+) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(
+        "".join(line(f"r{i}", url, body) + "\n" for i, (url, body) in enumerate(SAME_AS_HTTP))
+    )
+    done = subprocess.run(
+        cli(model_folders, "--input", str(source), "--output", str(out)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    batch = read_output(out)
+    served = cli(model_folders)[4:-1]  # the same models, backend and dtype, as a server
+    http_port = free_port()
+    server = start_server([*served, "--http-port", str(http_port)], tmp_path, "same")
+    try:
+        for answer, (url, body) in zip(batch, SAME_AS_HTTP, strict=True):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{http_port}{url}", data=json.dumps(body).encode()
+            )
+            request.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    status, got = response.status, json.loads(response.read())
+            except urllib.error.HTTPError as error:
+                status, got = error.code, json.loads(error.read())
+            assert answer["response"]["status_code"] == status, (url, body, answer, got)
+            same_body(answer["response"]["body"], got, url)
+    finally:
+        server.stop(signal.SIGTERM)
