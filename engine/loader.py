@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from transformers.models.auto.modeling_auto import (
 
 from engine.backends import RuntimeSettings
 from engine.backends.select import ModelSource, choose_backend
-from engine.dense import load_dense
+from engine.dense import DenseLayer, load_dense
 from engine.encodings import read_calibration_ranges
 from engine.model_info import (
     TASKS_BY_HEAD,
@@ -307,6 +308,21 @@ def _calibration_ranges(
     return read_calibration_ranges(path, width)
 
 
+@dataclass
+class _Folder:
+    """What a model's folder says before its weights load: read once, used by every step."""
+
+    path: Path
+    hub: dict[str, Any]  # trust_remote_code and revision, for every from_pretrained
+    config: PretrainedConfig  # with --hf-overrides applied
+    st: SentenceTransformersConfig | None
+    head: HeadKind
+    hf_tokenizer: Any
+    tokenizer: ModelTokenizer
+    prompts: dict[str, str]
+    default_prompt_name: str | None
+
+
 def load_model(
     spec: ModelSpec,
     *,
@@ -318,6 +334,29 @@ def load_model(
     threads: int = 1,
 ) -> LoadedModel:
     """`runtime` and `threads`: the backends' cache and the cores their forward may use."""
+    folder = _read_folder(spec)
+    projection = _load_projection(folder, device)
+    module = _load_module(folder, device, dtype, attn_implementation)
+    info = _model_info(spec, folder, module, projection, is_default)
+    if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
+        log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)
+    tokenizer = folder.tokenizer
+    runner = ModelRunner(
+        module,
+        info,
+        tokenizer.pad_token_id,
+        device,
+        tokenizer.tokenize(["warm up"]),
+        torch.nn.Sequential(*projection) if projection else None,
+    )
+    del module  # the runner holds it; a backend that replaces the runner lets it go
+    runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
+    return LoadedModel(runner.info, tokenizer, runner)
+
+
+def _read_folder(spec: ModelSpec) -> _Folder:
+    """Find the model's folder, refuse code it may not run, and read its config (with
+    --hf-overrides), sentence-transformers modules, prompts and tokenizer."""
     path = resolve_path(spec.source, spec.revision)
     check_custom_code(path, spec)
     prompts, default_prompt_name = read_prompts(path, spec)
@@ -330,18 +369,41 @@ def load_model(
     hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
     tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
+    return _Folder(
+        path, hub, config, st, head, hf_tokenizer, tokenizer, prompts, default_prompt_name
+    )
 
-    projection = [load_dense(folder).to(device) for folder in (st.dense if st else ())]
-    if projection and head is not HeadKind.HIDDEN:
-        raise ValueError(f"{path}: Dense modules apply to embedding models only")
 
-    kwargs: dict[str, Any] = {"config": config, "dtype": dtype, **hub}
+def _load_projection(folder: _Folder, device: torch.device) -> list[DenseLayer]:
+    """sentence-transformers' Dense modules, in order, on the device (embedding models only)."""
+    st = folder.st
+    projection = [load_dense(dense).to(device) for dense in (st.dense if st else ())]
+    if projection and folder.head is not HeadKind.HIDDEN:
+        raise ValueError(f"{folder.path}: Dense modules apply to embedding models only")
+    return projection
+
+
+def _load_module(
+    folder: _Folder, device: torch.device, dtype: torch.dtype, attn_implementation: str | None
+) -> torch.nn.Module:
+    """The transformers module for the head, on the device, in eval mode."""
+    kwargs: dict[str, Any] = {"config": folder.config, "dtype": dtype, **folder.hub}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    module = _HEAD_CLASSES[head].from_pretrained(path, **kwargs).to(device).eval()
+    return _HEAD_CLASSES[folder.head].from_pretrained(folder.path, **kwargs).to(device).eval()
 
-    decoder = is_decoder(config)
-    default_pooling = PoolingType.LAST if decoder else PoolingType.CLS
+
+def _model_info(
+    spec: ModelSpec,
+    folder: _Folder,
+    module: torch.nn.Module,
+    projection: Sequence[DenseLayer],
+    is_default: bool,
+) -> ModelInfo:
+    """The model's facts as served (tasks, pooling, labels, sizes, prompts, where it runs):
+    what validation, planning and ListModels read."""
+    config, st, head = folder.config, folder.st, folder.head
+    default_pooling = PoolingType.LAST if is_decoder(config) else PoolingType.CLS
     if head is HeadKind.TOKEN:
         pooling_type = PoolingType.ALL
     else:
@@ -357,14 +419,14 @@ def load_model(
     weights = next(module.parameters())
     # --pooling-type splade without a SparseEncoder config: SPLADE v2's max over relu.
     splade = (st.splade if st else None) or (SpladeStrategy.MAX, SpladeActivation.RELU)
-    info = ModelInfo(
+    return ModelInfo(
         name=spec.served_name,
         architecture=(config.architectures or [type(module).__name__])[0],
         head=head,
         tasks=tasks,
         hidden_size=projection[-1].out_features if projection else int(config.hidden_size),
-        max_input_tokens=max_tokens,
-        num_special_tokens=hf_tokenizer.num_special_tokens_to_add(pair=cross_encoder),
+        max_input_tokens=folder.tokenizer.max_input_tokens,
+        num_special_tokens=folder.hf_tokenizer.num_special_tokens_to_add(pair=cross_encoder),
         pooling_type=pooling_type,
         # embed_sparse: use_activation (SPLADE's log saturation) is on by default.
         default_normalize=head is HeadKind.SPARSE or (st.normalize if st else True),
@@ -376,30 +438,36 @@ def load_model(
         long_input=spec.long_input,
         max_input_chars=spec.max_input_chars,
         is_default=is_default,
-        prompts=prompts,
-        default_prompt_name=default_prompt_name,
+        prompts=folder.prompts,
+        default_prompt_name=folder.default_prompt_name,
         include_prompt=st.include_prompt if st else True,
         dtype=str(weights.dtype).removeprefix("torch."),
         device=str(weights.device),
-        revision=loaded_revision(spec.source, path, spec.revision),
-        calibration_ranges=_calibration_ranges(path, tasks, int(config.hidden_size)),
+        revision=loaded_revision(spec.source, folder.path, spec.revision),
+        calibration_ranges=_calibration_ranges(folder.path, tasks, int(config.hidden_size)),
         splade_strategy=splade[0],
         splade_activation=splade[1],
     )
-    if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
-        log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)
-    runner = ModelRunner(
-        module,
-        info,
-        tokenizer.pad_token_id,
-        device,
-        tokenizer.tokenize(["warm up"]),
-        torch.nn.Sequential(*projection) if projection else None,
-    )
+
+
+def _choose_forward(
+    spec: ModelSpec,
+    folder: _Folder,
+    runner: ModelRunner,
+    attn_implementation: str | None,
+    runtime: RuntimeSettings | None,
+    dtype: torch.dtype,
+    threads: int,
+) -> ModelRunner:
+    """Pick what runs the transformer's forward (--backend: torch, or an ONNX Runtime or
+    OpenVINO export checked against `runner`'s torch one) and return the runner that uses
+    it, its info saying which; logged."""
+    tokenizer, module = folder.tokenizer, runner.module
+    assert module is not None  # the runner given runs torch
     source = ModelSource(
         name=spec.served_name,
-        folder=path,
-        head=head,
+        folder=folder.path,
+        head=folder.head,
         module=module,
         inputs=lambda texts: runner.arrays(tokenizer.tokenize(texts)),
         reference=runner.raw,
@@ -410,10 +478,10 @@ def load_model(
         },
     )
     chosen = choose_backend(
-        source, spec.backend, runtime or RuntimeSettings(), device, dtype, threads
+        source, spec.backend, runtime or RuntimeSettings(), runner.device, dtype, threads
     )
     info = replace(
-        info, backend=str(chosen.kind), precision=chosen.precision, backend_file=chosen.file
+        runner.info, backend=str(chosen.kind), precision=chosen.precision, backend_file=chosen.file
     )
     if chosen.backend is not None:
         del source, module  # the backend holds its own weights
@@ -421,7 +489,7 @@ def load_model(
             None,
             info,
             tokenizer.pad_token_id,
-            device,
+            runner.device,
             runner.warm_up_batch,
             runner.projection,
             backend=chosen.backend,
@@ -436,4 +504,4 @@ def load_model(
         f", file {info.backend_file}" if info.backend_file else "",
         chosen.how,
     )
-    return LoadedModel(info, tokenizer, runner)
+    return runner
