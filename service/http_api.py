@@ -29,7 +29,7 @@ from service.errors import HTTP_STATUS
 from service.http_cohere import CohereRoutes
 from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
 from service.http_tei import TeiRoutes
-from service.json_body import Body, BodyError, parse_body
+from service.json_body import Body, BodyError
 from service.routes import JSON_FLOAT_BYTES, ROUTES, Route, error_body, values_in
 from service.runner import RequestRunner
 
@@ -183,7 +183,7 @@ class HttpApi:
     async def _body(self, request: web.Request) -> Body:
         """The body, its input lists counted against --max-client-batch-size as read."""
         limits = self.runner.ready().limits
-        return await _read_body(request, limits.max_client_batch_size)
+        return await http_doors.read_body(request, limits.max_client_batch_size)
 
     def budget(self, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
         """The engine's bound on an OpenAI/vLLM answer: values only, no compact encodings;
@@ -191,19 +191,7 @@ class HttpApi:
         return http_doors.budget(self.max_response_bytes, float_bytes, item_bytes=64)
 
 
-# ------------------------------------------------------------------ body helpers
-
-
-# Bodies larger than this are decoded on a worker thread. The decoding is bounded either
-# way (service/json_body.py); this keeps even that off the event loop.
-OFF_LOOP_BODY_BYTES = 1024 * 1024
-
-
-async def _read_body(request: web.Request, max_inputs: int) -> Body:
-    raw = await request.read()
-    if len(raw) > OFF_LOOP_BODY_BYTES:
-        return await asyncio.to_thread(parse_body, raw, max_inputs)
-    return parse_body(raw, max_inputs)
+# ------------------------------------------------------------------ helpers
 
 
 def _request_id(request: web.Request, prefix: str) -> str:

@@ -89,6 +89,15 @@ def present(raw: msgspec.Raw) -> bool:
     return len(raw) > 0 and bytes(raw) != b"null"
 
 
+async def read_body(request: web.Request, max_inputs: int) -> json_body.Body:
+    """The body as service/json_body.py reads it (the OpenAI/vLLM routes'), its input lists
+    counted against `max_inputs` as read; on a worker thread when large."""
+    raw = await request.read()
+    if len(raw) > OFF_LOOP_BODY:
+        return await asyncio.to_thread(json_body.parse_body, raw, max_inputs)
+    return json_body.parse_body(raw, max_inputs)
+
+
 async def decode_body(request: web.Request, kind: type[Any]) -> Any:
     """The body as `kind`, its nesting checked first (service/json_body.py's bound), on a
     worker thread when large; a wrong type stops at the first wrong value."""
