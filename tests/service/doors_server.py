@@ -8,12 +8,9 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +19,8 @@ from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from pooling_client import PoolingClient
 from tests.fixture_models import MAX_POSITIONS, MINILM
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import free_port, start_server
+from tests.service.http_calls import HttpServer
 
 KEY = "doors-test-key"
 PROMPTS = {"query": "query: ", "document": "passage: "}
@@ -31,31 +29,7 @@ WIDTH = 32  # the tiny models' hidden size
 
 
 @dataclass
-class DoorsServer:
-    process: ServerProcess
-    http_port: int
-    metrics_port: int
-
-    def url(self, path: str = "") -> str:
-        return f"http://127.0.0.1:{self.http_port}{path}"
-
-    def call(
-        self, path: str, body: Any = None, key: str | None = KEY, raw: bytes | None = None
-    ) -> tuple[int, dict[str, str], Any]:
-        """(status, headers, parsed JSON) of a request; errors are answers too."""
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        request = urllib.request.Request(
-            self.url(path), data=data, method="POST" if data else "GET"
-        )
-        request.add_header("Content-Type", "application/json")
-        if key is not None:
-            request.add_header("Authorization", f"Bearer {key}")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, dict(response.headers), json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            return error.code, dict(error.headers), json.loads(error.read())
-
+class DoorsServer(HttpServer):
     def grpc(self) -> PoolingClient:
         return PoolingClient(self.process.address, timeout=60, api_key=KEY)
 
@@ -116,7 +90,7 @@ def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsSer
     ]
     process = start_server(args, root, "doors")
     try:
-        yield DoorsServer(process, http_port, metrics_port)
+        yield DoorsServer(process, http_port, metrics_port, KEY)
     finally:
         process.stop(signal.SIGTERM)
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,38 +19,15 @@ import pytest
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.metrics_endpoint import metric_sum, scrape
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import free_port, start_server
+from tests.service.http_calls import HttpServer as BaseHttpServer
 
 KEY = "http-test-key"
 TEXTS = ["the cat sat on the mat", "a quick brown fox", "pooling over http"]
 
 
 @dataclass
-class HttpServer:
-    process: ServerProcess
-    http_port: int
-    metrics_port: int
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.http_port}{path}"
-
-    def call(
-        self, path: str, body: Any = None, key: str | None = KEY, raw: bytes | None = None
-    ) -> tuple[int, dict[str, str], Any]:
-        """(status, headers, parsed JSON) of a request; errors are answers too."""
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        request = urllib.request.Request(
-            self.url(path), data=data, method="POST" if data else "GET"
-        )
-        request.add_header("Content-Type", "application/json")
-        if key is not None:
-            request.add_header("Authorization", f"Bearer {key}")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, dict(response.headers), json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            return error.code, dict(error.headers), json.loads(error.read())
-
+class HttpServer(BaseHttpServer):
     def stub(self) -> pooling_pb2_grpc.PoolingServiceStub:
         channel = grpc.insecure_channel(self.process.address)
         return pooling_pb2_grpc.PoolingServiceStub(channel)
@@ -91,7 +66,7 @@ def http(
     ]
     process = start_server(args, tmp_path_factory.mktemp("http"), "http")
     try:
-        yield HttpServer(process, http_port, metrics_port)
+        yield HttpServer(process, http_port, metrics_port, KEY)
     finally:
         process.stop(signal.SIGTERM)
 
