@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 BUF := tools/node_modules/.bin/buf
 HOST ?= 127.0.0.1
 PORT ?= 50051
+# Two workers, each taking whole files (module-scoped servers start once): most of the
+# suite waits on server processes, so two overlap on two cores.
+PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
 .PHONY: all venv serve test lint format proto clients buf-lint clean
@@ -47,7 +50,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) tools/node_modules
