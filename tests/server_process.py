@@ -77,12 +77,14 @@ def start_server(
     name: str = "server",
     credentials: grpc.ChannelCredentials | None = None,
     new_session: bool = False,
+    serving_timeout: float = 180.0,
 ) -> ServerProcess:
     """Start the server (the console script's module, with this interpreter) and wait for it.
 
     `credentials` are for a server started with TLS flags: its health is checked over TLS.
     `new_session` puts the server tree in a process group of its own, so that a test can
     signal the group (os.killpg) as systemd or `timeout` would, without hitting pytest.
+    `serving_timeout`: how long its models may take to load (exports included).
     """
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
@@ -97,7 +99,7 @@ def start_server(
         )
     server = ServerProcess(process, port, log_path, credentials)
     try:
-        server.wait_serving()
+        server.wait_serving(serving_timeout)
     except BaseException:
         server.stop(signal.SIGKILL)
         raise

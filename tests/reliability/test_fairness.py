@@ -185,7 +185,8 @@ def _assert_fair(greedy: Tally, polite: Tally) -> None:
     assert refused > 0, f"the greedy client was never held to its share: {greedy.outcomes}"
     served = greedy.outcomes["OK"] + greedy.outcomes["stream OK"]
     assert served > 0, "the greedy client still gets its share served"
-    assert polite.outcomes["OK"] > 10 and set(polite.outcomes) == {"OK"}, polite.outcomes
+    # How many calls fit in the window depends on the machine's load; that all succeed does not.
+    assert polite.outcomes["OK"] >= 3 and set(polite.outcomes) == {"OK"}, polite.outcomes
     assert polite.slowest_s < POLITE_LIMIT_S, f"a polite call took {polite.slowest_s:.2f}s"
 
 
@@ -264,7 +265,8 @@ def test_a_greedy_http_address_leaves_the_polite_one_served(
     assert not greedy.problems, greedy.problems
     refused = sum(n for code, n in greedy.outcomes.items() if code.startswith("429"))
     assert refused > 0, f"the greedy address was never held to its share: {greedy.outcomes}"
-    assert polite.outcomes["OK"] > 10 and set(polite.outcomes) == {"OK"}, polite.outcomes
+    # How many calls fit in the window depends on the machine's load; that all succeed does not.
+    assert polite.outcomes["OK"] >= 3 and set(polite.outcomes) == {"OK"}, polite.outcomes
     assert not polite.problems, polite.problems
     assert polite.slowest_s < POLITE_LIMIT_S, f"a polite call took {polite.slowest_s:.2f}s"
     watch.assert_unharmed()

@@ -61,7 +61,9 @@ def backend_server(
     for _base, (_folder, pooling) in MODELS.items():
         for kind in KINDS:
             args += ["--backend", kind, "--pooling-type", pooling]
-    process = start_server([*args, "--dtype", "float32"], root)
+    # 18 models, 12 of them exported and checked against torch at start: minutes on a
+    # loaded 2-core machine.
+    process = start_server([*args, "--dtype", "float32"], root, serving_timeout=480)
     yield process, http, args
     process.stop(signal.SIGTERM)
 
@@ -150,7 +152,9 @@ def test_a_second_start_loads_every_export_from_the_cache(
     backend_server: tuple, tmp_path: Path
 ) -> None:
     _process, _http, args = backend_server
-    again = start_server([*args, "--dtype", "float32", "--http-port", "0"], tmp_path)
+    again = start_server(
+        [*args, "--dtype", "float32", "--http-port", "0"], tmp_path, serving_timeout=480
+    )
     try:
         log = again.log()
         assert log.count("loaded from cache") == 2 * len(MODELS)
