@@ -57,8 +57,19 @@ def thread_share(
     return ThreadShare(alone=cores, shared=max(1, cores // workers))
 
 
+def single_threaded_blas() -> None:
+    """numpy's OpenBLAS keeps one thread: the forward passes run in torch's, ONNX Runtime's
+    and OpenVINO's pools, sized by --torch-threads and --intra-op-threads, and a second pool
+    beside them only oversubscribes the cores. Its multithreaded dot also hung for good in
+    exec_blas in an engine process that had loaded OpenVINO models."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
+
+
 def load_models(config: ServerConfig) -> tuple[list[LoadedModel], BatchConfig]:
     """Every --model on the configured device, with the batch settings for that device."""
+    single_threaded_blas()
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     batch = batch_config_for(config, device)

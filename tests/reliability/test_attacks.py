@@ -53,6 +53,8 @@ from tests.reliability.support import (
 )
 from tests.server_process import ServerProcess, start_server
 
+pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
+
 SERVICE = "/pooling.v1.PoolingService"
 API_KEY = "secret"
 KEYED = (("authorization", f"Bearer {API_KEY}"),)

@@ -37,6 +37,8 @@ from tests.reliability.support import assert_alive, embed_request, report
 from tests.reliability.test_attacks import RawHttp2
 from tests.server_process import ServerProcess, free_port, start_server
 
+pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
+
 FLOOD_LIMIT_S = 10.0  # give up if Envoy has not ended the connection by then
 FLOOD_S = 3.0  # the attacker reconnects and floods again for this long
 FLOOD_MAX_STREAMS = 20_000

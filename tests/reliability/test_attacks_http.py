@@ -31,6 +31,8 @@ from tests.reliability.attack_kit import MB, watching
 from tests.reliability.support import assert_alive, report
 from tests.server_process import ServerProcess, free_port
 
+pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
+
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 2.0
 KEEPALIVE_TIMEOUT_S = 2.0

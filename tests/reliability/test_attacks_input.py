@@ -43,6 +43,8 @@ from tests.reliability.support import (
 )
 from tests.server_process import ServerProcess, free_port, start_server
 
+pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
+
 SERVICE = "/pooling.v1.PoolingService"
 KEY = "input-attack-key"
 KEYED = (("authorization", f"Bearer {KEY}"),)

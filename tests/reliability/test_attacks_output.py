@@ -33,6 +33,8 @@ from tests.reliability.attack_kit import INVALID, refusal, timed, watching
 from tests.reliability.support import assert_alive, check_success, embed_request, report
 from tests.server_process import ServerProcess, free_port, start_server
 
+pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
+
 SERVICE = "/pooling.v1.PoolingService"
 GARBAGE = b"\xff" * 10 + b"\x01"  # an 11-byte varint: no message parses it
 FRAMED_GARBAGE = b"\x00" + len(GARBAGE).to_bytes(4, "big") + GARBAGE  # as a gRPC message

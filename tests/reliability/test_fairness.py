@@ -40,7 +40,8 @@ from tests.reliability.support import (
 from tests.rpc_errors import DecodedError
 from tests.server_process import ServerProcess, free_port, start_server
 
-pytestmark = pytest.mark.timeout(120)
+# quiet: times a bystander, so `make test` runs it with nothing beside it
+pytestmark = [pytest.mark.timeout(120), pytest.mark.quiet]
 
 MAX_QUEUED_ITEMS = 128
 MAX_CLIENT_BATCH = 16  # so the default share is a quarter of the queue, not one request
