@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -149,7 +148,7 @@ class HttpApi:
 
         async def handle(request: web.Request) -> web.Response:
             body = await self._body(request)
-            parsed = route.parse(body, _request_id(request, route.prefix))
+            parsed = route.parse(body, http_doors.request_id(request, route.prefix))
             parsed = parsed.budgeted(self.budget(parsed.float_bytes))
             ran = await parsed.run(self.runner, http_doors.call(request, route.rpc))
             result = ran.result
@@ -192,23 +191,6 @@ class HttpApi:
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def _request_id(request: web.Request, prefix: str) -> str:
-    given = request.headers.get("X-Request-Id")
-    if not given:
-        return f"{prefix}-{uuid.uuid4().hex}"
-    try:
-        given.encode()
-    except UnicodeEncodeError:  # bytes that are not UTF-8, read by aiohttp as surrogates
-        raise _invalid(
-            "X-Request-Id", "must be UTF-8 text (it becomes the request_id)", "REQUEST_ID_INVALID"
-        ) from None
-    return given
-
-
-def _invalid(field: str, description: str, reason: str) -> PoolingError:
-    return PoolingError.invalid([FieldViolation(field, description, reason)])
 
 
 def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:

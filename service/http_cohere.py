@@ -34,6 +34,7 @@ from service.http_doors import (
     call,
     decode_body,
     json_response,
+    new_request_id,
     rename_fields,
     render,
     text_list,
@@ -152,8 +153,11 @@ def cohere_errors(handler: Handler, prefix: str) -> Handler:
     """Every failure of a Cohere route in Cohere's error shape."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
-        rid = make_request_id(request, prefix)
-        request["request_id"] = rid
+        try:
+            rid = request["request_id"] = make_request_id(request, prefix)
+        except PoolingError as error:  # an X-Request-Id that is not UTF-8
+            message = f"invalid request: {error.message}"
+            return error_response(400, message, new_request_id(prefix), error.reason)
         try:
             return await handler(request)
         except DoorError as error:

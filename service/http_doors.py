@@ -61,8 +61,24 @@ def call(
     )
 
 
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
 def request_id(request: web.Request, prefix: str) -> str:
-    return request.headers.get("X-Request-Id") or f"{prefix}-{uuid.uuid4().hex}"
+    """The caller's X-Request-Id, or a new one. It is echoed and logged, so bytes that are
+    not UTF-8 (aiohttp reads them as surrogates) are refused, on every door alike."""
+    given = request.headers.get("X-Request-Id")
+    if not given:
+        return new_request_id(prefix)
+    try:
+        given.encode()
+    except UnicodeEncodeError:
+        violation = FieldViolation(
+            "X-Request-Id", "must be UTF-8 text (it becomes the request_id)", "REQUEST_ID_INVALID"
+        )
+        raise PoolingError.invalid([violation]) from None
+    return given
 
 
 def served_model(runner: RequestRunner, name: str) -> ModelInfo:

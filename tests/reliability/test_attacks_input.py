@@ -249,7 +249,11 @@ def test_header_bytes_that_are_not_utf8(served: Served, record_property) -> None
     body = b'{"input": "x"}'
     with watching(served.process, KEYED) as watch:
         started = time.monotonic()
-        request_id = served.post("/v1/embeddings", body, {"X-Request-Id": f"id-{BAD_BYTES}"})
+        bad_id = {"X-Request-Id": f"id-{BAD_BYTES}"}
+        request_id = served.post("/v1/embeddings", body, bad_id)
+        tei = served.post("/embed", b'{"inputs": "x"}', bad_id)
+        cohere_body = b'{"model": "tiny-bert", "texts": ["x"], "input_type": "search_query"}'
+        cohere = served.post("/v2/embed", cohere_body, bad_id)
         auth = served.post("/v1/embeddings", body, {"Authorization": f"Bearer {BAD_BYTES}"})
         scheme = served.post("/v1/embeddings", body, {"Authorization": f"{BAD_BYTES} {KEY}"})
         trace = served.post("/v1/embeddings", body, {"traceparent": f"00-{BAD_BYTES}"})
@@ -258,12 +262,15 @@ def test_header_bytes_that_are_not_utf8(served: Served, record_property) -> None
     report(
         record_property,
         "header_bytes_not_utf8",
-        statuses=",".join(str(s) for s, _ in (request_id, auth, scheme, trace, other)),
+        statuses=",".join(str(s) for s, _ in (request_id, tei, cohere, auth, scheme, trace, other)),
         **watch.figures(),
     )
     status, answer = request_id
     assert (status, answer["error"]["param"]) == (400, "X-Request-Id"), answer
     assert answer["error"]["reason"] == "REQUEST_ID_INVALID"
+    # TEI's and Cohere's doors refuse it the same way, in their own shapes
+    assert tei[0] == 422 and "X-Request-Id" in tei[1]["error"], tei
+    assert cohere[0] == 400 and cohere[1]["reason"] == "REQUEST_ID_INVALID", cohere
     for status, answer in (auth, scheme):
         assert (status, answer["error"]["reason"]) == (401, "UNAUTHENTICATED"), answer
     for status, answer in (trace, other):  # headers the server need not read: served
