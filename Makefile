@@ -21,7 +21,10 @@ all: test
 $(STAMP): requirements.txt constraints.txt pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt -c constraints.txt
+	@# pip compiles the .pyc files one at a time; compileall uses every core (a third of a
+	@# fresh venv's time). Files that are not Python 3 are skipped, as pip skips them.
+	-$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1
 	$(BIN)/python -m pip install --quiet --no-deps -e clients/python -e .
 	touch $(STAMP)
 
@@ -54,7 +57,7 @@ format: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not quiet" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m quiet $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/reliability -m quiet $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) tools/node_modules

@@ -49,9 +49,17 @@ SLOWEST_FIRST = (
 )
 
 
+QUIET_HOME = "tests/reliability/"  # `make test` runs `-m quiet` on this folder only
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    stray = [
+        i.nodeid for i in items if "quiet" in i.keywords and not i.nodeid.startswith(QUIET_HOME)
+    ]
+    if stray:  # `make test` would run them in neither of its two passes
+        raise pytest.UsageError(f"tests marked quiet outside {QUIET_HOME}: {stray}")
 
 
 @dataclass(frozen=True)
