@@ -752,6 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Each role imports only what it runs: an engine process neither grpc nor aiohttp.
     if args.role == "frontend":
+        from service.memory import return_freed_memory
+
+        return_freed_memory()  # before any thread that allocates starts
         from service.server import serve
         from service.split.frontend import FrontendRole
 
