@@ -8,6 +8,7 @@ installed; node_modules is installed from the lockfile (``npm ci``) when missing
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -43,11 +44,14 @@ def _require_node() -> tuple[str, str]:
     return node, npm
 
 
-@pytest.fixture(scope="module")
-def node() -> str:
-    """The node executable, with clients/node's dependencies installed from the lockfile."""
-    node, npm = _require_node()
-    if not (NODE_DIR / "node_modules").is_dir():
+def install_node_modules(npm: str) -> None:
+    """clients/node's dependencies from the lockfile, once: the two Node test files may run
+    on two workers at once, and one must not read node_modules while the other's `npm ci`
+    is still writing it (a lock file beside it orders them)."""
+    with (NODE_DIR / ".node-modules.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (NODE_DIR / "node_modules").is_dir():
+            return
         result = subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund"],
             cwd=NODE_DIR,
@@ -56,6 +60,13 @@ def node() -> str:
             timeout=TIMEOUT,
         )
         assert result.returncode == 0, f"npm ci failed:\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """The node executable, with clients/node's dependencies installed from the lockfile."""
+    node, npm = _require_node()
+    install_node_modules(npm)
     return node
 
 

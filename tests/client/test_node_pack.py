@@ -17,7 +17,12 @@ from pathlib import Path
 import pytest
 
 from pooling_client import PoolingClient
-from tests.client.test_node_client import NODE_DIR, TIMEOUT, _require_node
+from tests.client.test_node_client import (
+    NODE_DIR,
+    TIMEOUT,
+    _require_node,
+    install_node_modules,
+)
 from tests.server_process import ServerProcess
 
 SCRIPT = """
@@ -38,8 +43,7 @@ try {
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _, npm = _require_node()
-    if not (NODE_DIR / "node_modules").is_dir():
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True)
+    install_node_modules(npm)
     out = tmp_path_factory.mktemp("npm-pack")
     result = subprocess.run(
         [npm, "pack", "--pack-destination", str(out)],
