@@ -119,8 +119,8 @@ def served(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     per call, C=8 with 32 texts per call."""
     from benchmarks import h2load
     from benchmarks.throughput import (
-        POOL_PATH,
         _default_model_path,
+        _measure,
         sentences,
         start_project_server,
         verify_pool,
@@ -140,15 +140,7 @@ def served(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
             verify_pool(target, "warm up")
             row: dict[str, Any] = {}
             for label, body, concurrency in (("c1", one, 1), ("c64", one, 64), ("c8x32", many, 8)):
-                result = h2load.run(
-                    f"http://{target.address}{POOL_PATH}",
-                    body,
-                    concurrency=concurrency,
-                    duration_s=args.duration,
-                    warmup_s=args.warmup,
-                    max_connections=args.h2load_connections,
-                    work_dir=work,
-                )
+                result = _measure(target, body, concurrency, args, probes=[], watch=False)
                 row[label] = {
                     "calls_per_s": result["requests_per_s"],
                     "mean_ms": result.get("mean_ms"),

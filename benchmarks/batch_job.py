@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.throughput import sentences
+from benchmarks.throughput import best_encode_rate, sentences
 
 REFERENCE = [sys.executable, "-m", "benchmarks.batch_job", "--role", "reference"]
 RATE = re.compile(r"batch done: (\d+) lines answered \((\d+) errors\).* in ([\d.]+) s")
@@ -44,13 +44,7 @@ def reference(path: str, lines: int, batches: tuple[int, ...] = (32,)) -> dict[s
     texts = sentences(lines, seed=1)
     model = SentenceTransformer(path, device="cpu", backend="torch")
     model.encode(texts[:512], batch_size=32)
-    best, best_batch = 0.0, 0
-    for batch in batches:
-        started = time.perf_counter()
-        model.encode(texts, batch_size=batch)
-        rate = len(texts) / (time.perf_counter() - started)
-        if rate > best:
-            best, best_batch = rate, batch
+    best, best_batch = best_encode_rate(model, texts, batches)
     return {"lines_per_s": best, "batch_size": best_batch}
 
 

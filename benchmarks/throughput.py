@@ -76,6 +76,18 @@ def sentences(count: int, seed: int, min_words: int = 16, max_words: int = 16) -
     ]
 
 
+def best_encode_rate(model: Any, texts: list[str], batches: tuple[int, ...]) -> tuple[float, int]:
+    """sentence-transformers' encode of `texts` at each batch size: (best texts/s, its batch)."""
+    best, best_batch = 0.0, 0
+    for batch in batches:
+        started = time.perf_counter()
+        model.encode(texts, batch_size=batch)
+        rate = len(texts) / (time.perf_counter() - started)
+        if rate > best:
+            best, best_batch = rate, batch
+    return best, best_batch
+
+
 def mixed_sentences(count: int, seed: int) -> list[str]:
     """Lengths spread over 5..256 tokens (a word here is one token)."""
     return sentences(count, seed, min_words=3, max_words=250)
@@ -100,13 +112,7 @@ def run_reference(model_path: str) -> dict[str, float]:
     texts = sentences(2048 if device.type == "cpu" else 16384, seed=1)
     model = SentenceTransformer(model_path, device=str(device), model_kwargs={"dtype": dtype})
     model.encode(texts[:1024], batch_size=64)
-    best, best_batch = 0.0, 0
-    for batch in batches:
-        started = time.perf_counter()
-        model.encode(texts, batch_size=batch)
-        rate = len(texts) / (time.perf_counter() - started)
-        if rate > best:
-            best, best_batch = rate, batch
+    best, best_batch = best_encode_rate(model, texts, batches)
     latencies = []
     for text in texts[:300]:
         started = time.perf_counter()
