@@ -1,6 +1,6 @@
 """The backends through the real server: a split server (--frontends 1) serves each model
 on torch, onnx and openvino side by side; every task's answers over gRPC and HTTP match
-torch's, ListModels says what runs each model, and a second start loads from the cache."""
+torch's, ListModels says what runs each model, and the exports land in --backend-cache-dir."""
 
 from __future__ import annotations
 
@@ -148,16 +148,14 @@ def test_http_answers_match_torch(backend_server: tuple, kind: str) -> None:
     np.testing.assert_allclose(scores[f"cross-{kind}"], scores["cross-torch"], atol=1e-4)
 
 
-def test_a_second_start_loads_every_export_from_the_cache(
-    backend_server: tuple, tmp_path: Path
-) -> None:
-    _process, _http, args = backend_server
-    again = start_server(
-        [*args, "--dtype", "float32", "--http-port", "0"], tmp_path, serving_timeout=480
-    )
-    try:
-        log = again.log()
-        assert log.count("loaded from cache") == 2 * len(MODELS)
-        assert "exported to" not in log
-    finally:
-        again.stop(signal.SIGTERM)
+def test_exports_land_in_the_backend_cache_dir(backend_server: tuple) -> None:
+    """--backend-cache-dir reaches the engine process: one export per model and backend
+    there, each with the key file beside it. That a second load reuses them, and that a
+    changed model exports again, tests/engine/test_backends.py shows without a server."""
+    process, _http, args = backend_server
+    cache = Path(args[args.index("--backend-cache-dir") + 1])
+    exports = sorted(p.parent.name.split("-")[0] for p in cache.glob("*/export.json"))
+    assert exports == sorted(base for base in MODELS for _ in ("onnx", "openvino")), exports
+    assert len(list(cache.glob("*/model.onnx"))) == len(MODELS)
+    assert len(list(cache.glob("*/openvino_model.xml"))) == len(MODELS)
+    assert process.log().count("exported to") == 2 * len(MODELS)
