@@ -4,11 +4,11 @@ A front end reads up to --max-message-mb per message from anyone. glibc's defaul
 that poorly: each thread that allocates (gRPC's, aiohttp's, the loop) may get an arena of
 its own, and freeing a large block raises the mmap threshold to its size, so the next
 flood's messages come from arenas that keep their pages. A flood of 16 MB messages then
-grew a fresh front end by 200 MB and more, well past the messages in flight. Two arenas and
+grew a fresh server by 200 MB and more, well past the messages in flight. Two arenas and
 fixed thresholds make blocks of 256 KiB and more mmapped and unmapped when freed, and a
-freed heap top returned at once. Engine processes, and a single-process server (--frontends 0),
-keep the defaults: torch's tensors of that size come and go with every batch, where a fresh
-mapping each time would cost page faults.
+freed heap top returned at once. Engine processes, and a single-process server
+(--frontends 0), keep the defaults: torch's tensors of that size come and go with every
+batch, where a fresh mapping each time would cost page faults.
 """
 
 from __future__ import annotations

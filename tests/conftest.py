@@ -47,8 +47,6 @@ SLOWEST_FIRST = (
     "tests/service/test_lifecycle.py",
     "tests/service/test_request_path.py",
 )
-
-
 QUIET_HOME = "tests/reliability/"  # `make test` runs `-m quiet` on this folder only
 
 
