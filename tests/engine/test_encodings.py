@@ -21,13 +21,14 @@ from engine.encodings import (
     to_bfloat16,
 )
 from engine.errors import ErrorKind, PoolingError
-from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
+from engine.model_info import Activation, HeadKind, ModelInfo
 from engine.outputs import Embedding, PoolResult, TokenRows
 from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest
 from engine.validation import Limits, validate_request
 from pooling_client.v1 import pooling_pb2 as pb
 from service import convert
+from tests.model_infos import embedder_info
 
 E = OutputEncoding
 RNG = np.random.default_rng(13)
@@ -144,19 +145,7 @@ def test_both_calibration_files_is_an_error(tmp_path: Path) -> None:
 
 # The rules.
 
-EMBEDDER = ModelInfo(
-    name="embedder",
-    architecture="BertModel",
-    head=HeadKind.HIDDEN,
-    tasks=(Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
-    hidden_size=3,
-    max_input_tokens=128,
-    num_special_tokens=2,
-    pooling_type=PoolingType.MEAN,
-    default_normalize=True,
-    activation=Activation.IDENTITY,
-    is_matryoshka=True,
-)
+EMBEDDER = embedder_info(name="embedder", hidden_size=3, is_matryoshka=True)
 CALIBRATED = replace(EMBEDDER, name="calibrated", calibration_ranges=[[-1.0] * 3, [1.0] * 3])
 CLASSIFIER = replace(
     EMBEDDER,

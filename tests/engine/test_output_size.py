@@ -3,12 +3,13 @@ real message size, and refusals with the estimate, the limit and the field path.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
 from engine.engine import TokenizedText
 from engine.errors import ErrorKind, PoolingError
-from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
 from engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
@@ -28,22 +29,9 @@ from engine.validation import (
     validate_tokenize,
 )
 from service import convert
+from tests.model_infos import embedder_info
 
-
-def info(**fields: object) -> ModelInfo:
-    base: dict[str, object] = {
-        "name": "m",
-        "architecture": "BertModel",
-        "head": HeadKind.HIDDEN,
-        "tasks": (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
-        "hidden_size": 384,
-        "max_input_tokens": 512,
-        "num_special_tokens": 2,
-        "pooling_type": PoolingType.MEAN,
-        "default_normalize": True,
-        "activation": Activation.IDENTITY,
-    }
-    return ModelInfo(**{**base, **fields})  # type: ignore[arg-type]
+info = partial(embedder_info, hidden_size=384, max_input_tokens=512)
 
 
 def token_result(rows: list[int], width: int, text_chars: int) -> PoolResult:

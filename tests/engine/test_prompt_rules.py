@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from engine.errors import ErrorKind, PoolingError
-from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
+from engine.model_info import HeadKind, LongInput, ModelInfo
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest
 from engine.validation import Limits, prompt_text, validate_request
+from tests.model_infos import embedder_info
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 
 
-def info(**fields: object) -> ModelInfo:
-    base: dict[str, object] = {
-        "name": "m",
-        "architecture": "BertModel",
-        "head": HeadKind.HIDDEN,
-        "tasks": (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
-        "hidden_size": 32,
-        "max_input_tokens": 128,
-        "num_special_tokens": 2,
-        "pooling_type": PoolingType.MEAN,
-        "default_normalize": True,
-        "activation": Activation.IDENTITY,
-        "prompts": PROMPTS,
-        "default_prompt_name": "query",
-    }
-    return ModelInfo(**{**base, **fields})  # type: ignore[arg-type]
+info = partial(embedder_info, prompts=PROMPTS, default_prompt_name="query")
 
 
 def embed(*texts: str, **fields: object) -> PoolRequest:

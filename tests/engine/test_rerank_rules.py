@@ -13,20 +13,9 @@ from engine.outputs import PoolResult, Score
 from engine.params import PoolingParams, Task
 from engine.request import RerankRequest
 from engine.validation import Limits, rerank_error, validate_rerank
+from tests.model_infos import embedder_info
 
-EMBEDDER = ModelInfo(
-    name="embedder",
-    architecture="BertModel",
-    head=HeadKind.HIDDEN,
-    tasks=(Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
-    hidden_size=32,
-    max_input_tokens=128,
-    num_special_tokens=2,
-    pooling_type=PoolingType.MEAN,
-    default_normalize=True,
-    activation=Activation.IDENTITY,
-    max_input_chars=20,
-)
+EMBEDDER = embedder_info(name="embedder", max_input_chars=20)
 CLASSIFIER = ModelInfo(
     name="classifier",
     architecture="BertForSequenceClassification",

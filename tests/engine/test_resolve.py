@@ -4,10 +4,12 @@ read that one decision."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from engine.errors import PoolingError
-from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
+from engine.model_info import HeadKind, LongInput
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from engine.validation import (
@@ -20,27 +22,17 @@ from engine.validation import (
     validate_request,
     validate_rerank,
 )
+from tests.model_infos import embedder_info
 
 MAX_TOKENS = 128
 
 
-def info(**fields: object) -> ModelInfo:
-    base: dict[str, object] = {
-        "name": "m",
-        "architecture": "BertModel",
-        "head": HeadKind.HIDDEN,
-        "tasks": (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
-        "hidden_size": 32,
-        "max_input_tokens": MAX_TOKENS,
-        "num_special_tokens": 2,
-        "pooling_type": PoolingType.MEAN,
-        "default_normalize": True,
-        "activation": Activation.IDENTITY,
-        "prompts": {"query": "query: "},
-        "default_prompt_name": "query",
-        "truncation_side": "right",
-    }
-    return ModelInfo(**{**base, **fields})  # type: ignore[arg-type]
+info = partial(
+    embedder_info,
+    max_input_tokens=MAX_TOKENS,
+    prompts={"query": "query: "},
+    default_prompt_name="query",
+)
 
 
 def request(task: Task = Task.EMBED, truncate: int | None = None, **fields: object) -> PoolRequest:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from engine.errors import PoolingError
-from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from engine.validation import Limits, validate_request, validate_rerank
@@ -21,20 +20,10 @@ from service.handlers import Malformed, tolerant
 from service.json_body import MAX_DEPTH, Body, BodyError, parse_body, structure
 from service.proto import pooling_pb2 as pb
 from service.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
+from tests.model_infos import embedder_info
 
 LIMIT = 1024
-MODEL = ModelInfo(
-    name="embedder",
-    architecture="BertModel",
-    head=HeadKind.HIDDEN,
-    tasks=(Task.EMBED, Task.SCORE),
-    hidden_size=32,
-    max_input_tokens=128,
-    num_special_tokens=2,
-    pooling_type=PoolingType.MEAN,
-    default_normalize=True,
-    activation=Activation.IDENTITY,
-)
+MODEL = embedder_info(name="embedder", tasks=(Task.EMBED, Task.SCORE))
 MANY = 4_200_000  # two-character texts: a 16 MB body
 
 
