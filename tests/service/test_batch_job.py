@@ -53,6 +53,15 @@ def cli(models: dict[str, Path], *args: str, embed_only: bool = False) -> list[s
     ]
 
 
+def run_job(
+    command: list[str], stdin: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """A batch job run to its end, with its output and log captured."""
+    return subprocess.run(
+        command, cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def line(custom_id: str, url: str, body: dict[str, Any], method: str = "POST") -> str:
     return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
 
@@ -141,13 +150,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def clean(model_folders: dict[str, Path], mixed: Path) -> list[dict[str, Any]]:
     out = mixed.with_name("clean.jsonl")
-    done = subprocess.run(
-        cli(model_folders, "--input", str(mixed), "--output", str(out)),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_job(cli(model_folders, "--input", str(mixed), "--output", str(out)))
     assert done.returncode == 0, done.stderr[-3000:]
     return read_output(out)
 
@@ -210,13 +213,7 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(
     assert 0 < complete < MIXED_LINES
     with out.open("ab") as file:  # as a kill inside a write leaves it
         file.write(b'{"id":"batch_req_x","custom_id":"req-')
-    done = subprocess.run(
-        cli(model_folders, *args, "--resume"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_job(cli(model_folders, *args, "--resume"))
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = read_output(out)
     assert collections.Counter(a["custom_id"] for a in resumed) == collections.Counter(
@@ -238,13 +235,8 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(
 
 def test_stdin_to_stdout(model_folders: dict[str, Path]) -> None:
     lines = [mixed_line(i) for i in range(12)]
-    done = subprocess.run(
-        cli(model_folders, "--input", "-", "--output", "-"),
-        cwd=ROOT,
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_job(
+        cli(model_folders, "--input", "-", "--output", "-"), stdin="\n".join(lines) + "\n"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     answers = [json.loads(text) for text in done.stdout.splitlines()]
@@ -254,13 +246,7 @@ def test_stdin_to_stdout(model_folders: dict[str, Path]) -> None:
 
 
 def test_resume_needs_an_output_file(model_folders: dict[str, Path]) -> None:
-    done = subprocess.run(
-        cli(model_folders, "--input", "-", "--output", "-", "--resume"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_job(cli(model_folders, "--input", "-", "--output", "-", "--resume"), timeout=60)
     assert done.returncode == 2 and "--resume needs --output to be a file" in done.stderr
 
 
@@ -375,13 +361,7 @@ def test_batch_line_answers_as_the_http_route(
     source.write_text(
         "".join(line(f"r{i}", url, body) + "\n" for i, (url, body) in enumerate(SAME_AS_HTTP))
     )
-    done = subprocess.run(
-        cli(model_folders, "--input", str(source), "--output", str(out)),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_job(cli(model_folders, "--input", str(source), "--output", str(out)))
     assert done.returncode == 0, done.stderr[-3000:]
     batch = read_output(out)
     served = cli(model_folders)[4:-1]  # the same models, backend and dtype, as a server
