@@ -86,6 +86,24 @@ def start_server(
     signal the group (os.killpg) as systemd or `timeout` would, without hitting pytest.
     `serving_timeout`: how long its models may take to load (exports included).
     """
+    server = spawn_server(args, log_dir, name, credentials, new_session)
+    try:
+        server.wait_serving(serving_timeout)
+    except BaseException:
+        server.stop(signal.SIGKILL)
+        raise
+    return server
+
+
+def spawn_server(
+    args: list[str],
+    log_dir: Path,
+    name: str = "server",
+    credentials: grpc.ChannelCredentials | None = None,
+    new_session: bool = False,
+) -> ServerProcess:
+    """start_server without the wait: servers a module needs together load side by side
+    (their start-up is mostly imports on one core each)."""
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -97,10 +115,4 @@ def start_server(
             env=env,
             start_new_session=new_session,
         )
-    server = ServerProcess(process, port, log_path, credentials)
-    try:
-        server.wait_serving(serving_timeout)
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return server
+    return ServerProcess(process, port, log_path, credentials)

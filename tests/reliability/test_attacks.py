@@ -51,7 +51,7 @@ from tests.reliability.support import (
     embed_request,
     report,
 )
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, spawn_server
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
@@ -79,31 +79,43 @@ def model_args(model_folders: dict[str, Path]) -> list[str]:
     return ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
 
 
-def _serve(args: list[str], log_dir: Path, name: str) -> Iterator[ServerProcess]:
-    process = start_server(args, log_dir, name)
+@pytest.fixture(scope="module")
+def servers(model_args: list[str], tmp_path_factory: pytest.TempPathFactory):
+    """The module's three servers, started side by side (each waits on its own imports):
+    `attacked` with default limits serves every test without flags of its own, `keyed`
+    wants an API key, `bounded` has low character limits."""
+    flags = {
+        "attacked": [],
+        "keyed": ["--api-key", API_KEY],
+        "bounded": [
+            *("--max-input-chars", str(MAX_INPUT_CHARS)),
+            *("--max-request-chars", str(MAX_REQUEST_CHARS)),
+        ],
+    }
+    log_dir = tmp_path_factory.mktemp("attacks")
+    started = {name: spawn_server([*model_args, *f], log_dir, name) for name, f in flags.items()}
     try:
-        yield process
+        for process in started.values():
+            process.wait_serving()
+        yield started
     finally:
-        process.stop(signal.SIGTERM, timeout=10)
+        for process in started.values():
+            process.stop(signal.SIGTERM, timeout=10)
 
 
 @pytest.fixture(scope="module")
-def attacked(model_args: list[str], tmp_path_factory: pytest.TempPathFactory):
-    """The server of every test without flags of its own; default limits."""
-    yield from _serve(model_args, tmp_path_factory.mktemp("attacks"), "attacked")
+def attacked(servers: dict[str, ServerProcess]) -> ServerProcess:
+    return servers["attacked"]
 
 
 @pytest.fixture(scope="module")
-def keyed(model_args: list[str], tmp_path_factory: pytest.TempPathFactory):
-    args = [*model_args, "--api-key", API_KEY]
-    yield from _serve(args, tmp_path_factory.mktemp("attacks-auth"), "keyed")
+def keyed(servers: dict[str, ServerProcess]) -> ServerProcess:
+    return servers["keyed"]
 
 
 @pytest.fixture(scope="module")
-def bounded(model_args: list[str], tmp_path_factory: pytest.TempPathFactory):
-    args = [*model_args, "--max-input-chars", str(MAX_INPUT_CHARS)]
-    args += ["--max-request-chars", str(MAX_REQUEST_CHARS)]
-    yield from _serve(args, tmp_path_factory.mktemp("attacks-bounds"), "bounded")
+def bounded(servers: dict[str, ServerProcess]) -> ServerProcess:
+    return servers["bounded"]
 
 
 def _stub(server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
