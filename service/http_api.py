@@ -44,6 +44,8 @@ MAX_RESPONSE_BYTES = 64 * MIB
 # Also the most connections asyncio accepts in one go, each a descriptor before the cap
 # sees it: the cap leaves half the open-file limit, far more than this, to the rest.
 LISTEN_BACKLOG = 128
+# How long aiohttp waits for a handler it cancels at the end of the drain's grace.
+CUT_WAIT_S = 1.0
 
 
 class HttpApi:
@@ -99,6 +101,8 @@ class HttpApi:
             handler_cancellation=True,
             access_log=None,
             keepalive_timeout=limits.keepalive_timeout_s,
+            # stop() waits out the grace itself; aiohttp's own wait (60 s) would add to it
+            shutdown_timeout=CUT_WAIT_S,
         )
         await self._runner.setup()
         assert self._runner.server is not None
@@ -111,12 +115,15 @@ class HttpApi:
         )
         return int(self._listener.sockets[0].getsockname()[1])
 
-    async def stop(self) -> None:
-        """Stop accepting, then let aiohttp finish (or close) the open connections."""
+    async def stop(self, grace: float) -> bool:
+        """Stop accepting, let running requests finish for up to `grace` seconds, then
+        close every connection. True when requests were still running: they are cut."""
         if self._listener is not None:
             self._listener.close()
+        cut = self.guard is not None and not await self.guard.finished(grace)
         if self._runner is not None:
             await self._runner.cleanup()
+        return cut
 
     # ----------------------------------------------------------------- middleware
 

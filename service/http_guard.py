@@ -195,10 +195,22 @@ class ConnectionGuard:
         )
         self.header_timeouts = 0
         self.body_timeouts = 0
+        self.running = 0  # requests whose handlers have begun and not ended
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def open_connections(self) -> int:
         return self._count
+
+    async def finished(self, timeout: float) -> bool:
+        """Whether every running request ends within `timeout` seconds (the drain's grace)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """The protocol factory for loop.create_server, around aiohttp's own (`inner`)."""
@@ -223,13 +235,19 @@ class ConnectionGuard:
 
     @web.middleware
     async def track(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Outermost: the request's headers are complete, so its header timer stops."""
+        """Outermost: the request's headers are complete, so its header timer stops; the
+        drain counts it as running until its handler returns."""
         connection = self._open.get(request.protocol)  # type: ignore[call-overload]
         if connection is not None:
             connection.request_began()
+        self.running += 1
+        self._idle.clear()
         try:
             return await handler(request)
         finally:
+            self.running -= 1
+            if not self.running:
+                self._idle.set()
             if connection is not None:
                 connection.request_ended()
 

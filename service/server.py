@@ -149,7 +149,7 @@ class PoolingServer:
         self.health.close_watches()
         stopping = [self._stop_grpc()]
         if self.http is not None:
-            stopping.append(self.http.stop())
+            stopping.append(self._stop_http())
         await asyncio.gather(*stopping)
         if self.runner.engine is not None:
             await self.runner.engine.stop()
@@ -164,6 +164,14 @@ class PoolingServer:
         if grace > 0 and asyncio.get_running_loop().time() - started >= grace:
             self.grace_ran_out = True
             log.error("--shutdown-grace-s %g ran out: calls still running were cancelled", grace)
+
+    async def _stop_http(self) -> None:
+        """As _stop_grpc: HTTP requests still running when the grace ends are cut, a loss."""
+        assert self.http is not None
+        grace = self.config.shutdown_grace_s
+        if await self.http.stop(grace):
+            self.grace_ran_out = True
+            log.error("--shutdown-grace-s %g ran out: HTTP requests still running were cut", grace)
 
 
 async def serve(config: ServerConfig, frontend: FrontendRole | None = None) -> int:

@@ -20,6 +20,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -35,12 +36,13 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.reliability.support import embed_request, report
 from tests.rpc_errors import decode_rpc_error
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, free_port, start_server
 
 CLIENTS = 24
 WARM_CALLS = 48  # successes before the signal: the clients are all under way
 CALL_TIMEOUT_S = 20.0
 EXIT_TIMEOUT_S = 30.0
+TRICKLE_CHUNK = 32 * 1024
 # How a call the server never started may fail: refused by a closed listener (UNAVAILABLE),
 # refused by a draining handler (UNAVAILABLE / NOT_READY), or, when it was still waiting in
 # grpcio's core for a handler as the server shut down, CANCELLED (grpc/grpc#41785: the core
@@ -255,16 +257,40 @@ def test_split_server_drains_when_only_its_front_end_gets_the_signal(
     drain_case(model_args, tmp_path, record_property, signal.SIGTERM, "engine, then front end")
 
 
+def _trickle(port: int, sent: threading.Event, stop: threading.Event) -> None:
+    """An embed body of ~1 MB of JSON whitespace at 64 KiB/s, above the door's minimum rate:
+    its request runs for about 16 s unless the server cuts it."""
+    head = b'{"input": "held open past the grace"'
+    with socket.create_connection(("127.0.0.1", port), timeout=EXIT_TIMEOUT_S) as sock:
+        sock.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(head) + 32 * TRICKLE_CHUNK + 1}\r\n\r\n".encode()
+            + head
+        )
+        with contextlib.suppress(OSError):  # the server cuts it: the point of the test
+            for _ in range(32):
+                sock.sendall(b" " * TRICKLE_CHUNK)
+                sent.set()
+                if stop.wait(0.5):
+                    return
+            sock.sendall(b"}")
+
+
 def test_exit_code_is_1_when_the_grace_runs_out(
     model_args: list[str],
     tmp_path: Path,
     record_property,  # type: ignore[no-untyped-def]
 ) -> None:
-    """A stream still open when --shutdown-grace-s runs out is cancelled by grpcio: that is
-    a loss, so the front end exits 1 and so does the supervisor."""
+    """A stream and an HTTP request still running when --shutdown-grace-s runs out are cut
+    (grpcio cancels the one, the HTTP door the other): that is a loss, so the front end
+    exits 1 and so does the supervisor, and the log names both."""
+    http_port = free_port()
     args = [*model_args, "--device", "cpu", "--shutdown-grace-s", "1"]
+    args += ["--http-port", str(http_port)]
     server = start_server(args, tmp_path, "drain_grace", new_session=True)
     outbox: queue.SimpleQueue[pb.PoolStreamRequest | None] = queue.SimpleQueue()
+    sent, stop = threading.Event(), threading.Event()
+    trickle = threading.Thread(target=_trickle, args=(http_port, sent, stop), daemon=True)
     try:
         with grpc.insecure_channel(server.address) as channel:
             call = pooling_pb2_grpc.PoolingServiceStub(channel).PoolStream(
@@ -273,6 +299,9 @@ def test_exit_code_is_1_when_the_grace_runs_out(
             request = embed_request(["held open past the grace"], request_id="s0")
             outbox.put(pb.PoolStreamRequest(request=request))
             assert next(call).request_id == "s0"
+            trickle.start()
+            assert sent.wait(10)
+            time.sleep(0.3)  # the body's first bytes are in: its request runs
             signalled_at = time.monotonic()
             os.killpg(server.process.pid, signal.SIGTERM)
             returncode = server.process.wait(EXIT_TIMEOUT_S)
@@ -287,10 +316,13 @@ def test_exit_code_is_1_when_the_grace_runs_out(
             exit_code=returncode,
             exit_s=exit_s,
         )
-        assert returncode == 1, server.log()[-3000:]
-        assert "--shutdown-grace-s 1 ran out" in server.log()
+        log = server.log()
+        assert returncode == 1, log[-3000:]
+        assert "--shutdown-grace-s 1 ran out: calls still running were cancelled" in log
+        assert "--shutdown-grace-s 1 ran out: HTTP requests still running were cut" in log
         assert exit_s < 10
     finally:
+        stop.set()
         outbox.put(None)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGKILL)
