@@ -68,9 +68,12 @@ class FaultServer:
         }
 
     def resources(self) -> tuple[int, int]:
-        """The server's thread count and open file descriptors."""
-        proc = psutil.Process(self.process.process.pid)
-        return proc.num_threads(), proc.num_fds()
+        """Threads and open file descriptors over the server tree: the supervisor, and the
+        engine and front end under it, where the calls are handled."""
+        root = psutil.Process(self.process.process.pid)
+        tree = [root, *root.children(recursive=True)]
+        assert len(tree) == 3, "a supervisor, an engine and a front end"
+        return sum(p.num_threads() for p in tree), sum(p.num_fds() for p in tree)
 
     def recovered(self) -> float:
         """Wait for an empty queue, then check a fresh request; returns the drain time."""
