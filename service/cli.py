@@ -219,6 +219,19 @@ def _transport_flags(net: Group) -> None:
         help="time given to calls on a connection closed for age",
     )
     net.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=1024,
+        help="gRPC connections open at once, per front end, and never more than a quarter "
+        "of the open-file limit; gRPC core closes new ones past it",
+    )
+    net.add_argument(
+        "--handshake-timeout-s",
+        type=positive_float,
+        default=10.0,
+        help="close a gRPC connection that has not begun HTTP/2 (and TLS) within this time",
+    )
+    net.add_argument(
         "--gzip-responses",
         action="store_true",
         help="compress responses (gzip-compressed requests are always accepted)",
@@ -673,6 +686,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_concurrent_streams=args.max_concurrent_streams,
             max_connection_age_s=args.max_connection_age_s,
             max_connection_age_grace_s=args.max_connection_age_grace_s,
+            max_connections=args.max_connections,
+            handshake_timeout_s=args.handshake_timeout_s,
             gzip_responses=args.gzip_responses,
             reuse_port=args.role == "frontend" and args.frontends > 1,
         ),

@@ -40,6 +40,11 @@ class TransportConfig:
     max_concurrent_streams: int = 4096  # 0: gRPC's default (unlimited)
     max_connection_age_s: float = 1800.0  # 0: connections live forever
     max_connection_age_grace_s: float = 30.0
+    # Connections open at once, lowered to a quarter of the open-file limit (the HTTP door
+    # takes up to half): past it gRPC core closes new ones at once, so idle sockets cannot
+    # take the descriptors the other door, the engine sockets and the logs need.
+    max_connections: int = 1024
+    handshake_timeout_s: float = 10.0  # a connection that has not begun HTTP/2 is closed
     gzip_responses: bool = False
     # Several server processes share one port (--frontends); otherwise a taken port is an error.
     reuse_port: bool = False
@@ -63,6 +68,15 @@ class TransportConfig:
             ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
         ]
         options.append(("grpc.so_reuseport", int(self.reuse_port)))
+        options.append(("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)))
+        connections = descriptor_budget(self.max_connections, GRPC_DESCRIPTOR_SHARE)
+        if connections < self.max_connections:
+            log.warning(
+                "gRPC connection cap lowered from %d to %d: a quarter of the open-file limit",
+                self.max_connections,
+                connections,
+            )
+        options.append(("grpc.max_allowed_incoming_connections", connections))
         if self.max_concurrent_streams:
             options.append(("grpc.max_concurrent_streams", self.max_concurrent_streams))
         if self.max_connection_age_s:
@@ -151,6 +165,20 @@ def load_keys(keys: Iterable[str], key_file: str | None) -> list[str]:
             if line and not line.startswith("#"):
                 found.append(line)
     return found
+
+
+# What each door may hold of the open-file limit: 1/2 for HTTP, 1/4 for gRPC; the rest is
+# for the engine sockets, model files and logs.
+HTTP_DESCRIPTOR_SHARE = 2
+GRPC_DESCRIPTOR_SHARE = 4
+
+
+def descriptor_budget(requested: int, share: int) -> int:
+    """`requested` connections, lowered to 1/`share` of the open-file limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return requested
+    return max(1, min(requested, soft // share))
 
 
 def raise_open_file_limit() -> None:

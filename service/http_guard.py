@@ -30,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from service.config import HttpLimits
+from service.config import HTTP_DESCRIPTOR_SHARE, HttpLimits, descriptor_budget
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +50,6 @@ _OVER_CAP_BODY = (
 _HEADER_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 ABORT_AFTER_S = 1.0  # a closed socket whose answer the client does not read is reset then
 LOG_EVERY_S = 10.0  # one line per this many seconds for refusals that come in floods
-
-
-def connection_budget(requested: int) -> int:
-    """`requested`, lowered to half the open-file limit: the rest stays for gRPC and IPC."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return requested
-    return max(1, min(requested, soft // 2))
 
 
 class RateLimitedLog:
@@ -175,7 +167,7 @@ class ConnectionGuard:
 
     def __init__(self, limits: HttpLimits, error: ErrorFactory) -> None:
         self.limits = limits
-        self.max_connections = connection_budget(limits.max_connections)
+        self.max_connections = descriptor_budget(limits.max_connections, HTTP_DESCRIPTOR_SHARE)
         if self.max_connections < limits.max_connections:
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             log.warning(

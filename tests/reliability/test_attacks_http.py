@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from grpc_health.v1 import health_pb2
 
 from tests.reliability.attack_kit import MB, watching
 from tests.reliability.support import assert_alive, report
@@ -43,6 +44,7 @@ SLOWLORIS = 500
 FD_LIMIT = 1024  # systemd's default soft limit
 IDLE_SOCKETS = 1100
 SLACK_S = 2.5  # scheduling noise on a shared 2-core machine
+HANDSHAKE_TIMEOUT_S = 2.0  # the starved server's --handshake-timeout-s
 
 
 # --------------------------------------------------------------------------- servers
@@ -364,6 +366,7 @@ def starved(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFac
         pytest.skip(f"the test needs {IDLE_SOCKETS + 200} descriptors; the hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process opens 1,100
     flags = ["--http-header-timeout-s", "30", "--http-keepalive-timeout-s", "30"]
+    flags += ["--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S)]
     yield from _serve(
         model_folders,
         tmp_path_factory.mktemp("http-fds"),
@@ -428,6 +431,70 @@ def test_idle_sockets_past_the_file_limit_leave_grpc_serving(starved, record_pro
     assert _status(answer) == 503 and b"TOO_MANY_CONNECTIONS" in answer
     assert f"HTTP connection cap lowered from 1024 to {FD_LIMIT // 2}" in log
     assert accept_lines <= 3, accept_lines
+    assert_alive(server)
+
+
+def _closed_within(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
+    """Those of `socks` the server has not closed within `timeout` seconds."""
+    left = set(socks)
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as waiting:  # epoll: descriptors past 1024
+        for sock in socks:
+            waiting.register(sock, selectors.EVENT_READ)
+        while left and time.monotonic() < deadline:
+            for key, _ in waiting.select(0.2):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    data = sock.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    left.discard(sock)
+                    waiting.unregister(sock)
+    return [sock for sock in socks if sock in left]
+
+
+def test_idle_sockets_on_the_grpc_port_leave_both_doors_serving(starved, record_property) -> None:
+    """1,100 idle sockets on the gRPC port under `ulimit -n 1024`: gRPC core holds a quarter
+    of the limit (256) and closes the rest at once, so HTTP and the connections already
+    open go on; the held ones are closed when --handshake-timeout-s ends, and new gRPC
+    connections then come in. Without the cap they took every descriptor: both doors
+    stopped answering."""
+    server, http_port = starved
+    cap = FD_LIMIT // 4
+    socks: list[socket.socket] = []
+    with watching(server) as watch:  # the bystander's connection is open before the flood
+        started = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            socks = list(pool.map(lambda _: _connect(server.port), range(IDLE_SOCKETS)))
+        held = _closed_within(socks, 1.0)  # the cap, less what was open already
+        watch.answer_s = time.monotonic() - started
+        with _connect(http_port) as probe:  # the other door meanwhile
+            probe.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            _, answer = _wait_closed(probe, time.monotonic(), 5)
+        still_open = _closed_within(held, HANDSHAKE_TIMEOUT_S + SLACK_S)
+    for sock in socks:
+        sock.close()
+    fresh = server.health()  # a new connection once the held ones are gone
+    log = server.log()
+    report(
+        record_property,
+        "grpc_idle_sockets_fd_limit",
+        **watch.figures(),
+        sockets=IDLE_SOCKETS,
+        held=len(held),
+        refused_at_once=IDLE_SOCKETS - len(held),
+        open_after_handshake_timeout=len(still_open),
+        log_kb=len(log) / 1024,
+    )
+    watch.assert_unharmed()
+    assert cap - 3 <= len(held) <= cap, len(held)  # the bystander's connection is one
+    assert _status(answer) == 200
+    assert not still_open, len(still_open)
+    assert fresh == health_pb2.HealthCheckResponse.SERVING
+    assert f"gRPC connection cap lowered from 1024 to {cap}" in log
+    assert "File descriptor limit reached" not in log
     assert_alive(server)
 
 

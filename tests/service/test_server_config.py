@@ -1,8 +1,10 @@
-"""What the server fills in for the device: batch size cap, forward workers, torch threads."""
+"""What the server fills in for the device (batch size cap, forward workers, torch threads)
+and for gRPC core (the connection cap under the open-file limit)."""
 
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +12,7 @@ import torch
 
 from engine.batch_queue import BatchConfig
 from engine.model_runner import ThreadShare
+from service import config
 from service.config import ServerConfig
 from service.loading import batch_config_for, thread_share
 
@@ -70,3 +73,20 @@ def test_a_tiny_model_runs_its_passes_on_one_thread(eight_cores: None) -> None:
     assert thread_share(config, CPU, batch.workers, 32) == ThreadShare(alone=1, shared=1)
     given = ServerConfig(torch_threads=4)
     assert thread_share(given, CPU, batch.workers, 32) == ThreadShare(alone=4, shared=2)
+
+
+def test_grpc_connection_cap_takes_a_quarter_of_the_file_limit(monkeypatch, caplog) -> None:
+    """--max-connections and --handshake-timeout-s reach gRPC core; under `ulimit -n 1024`
+    the cap is lowered to 256 (the HTTP door may take half), with a warning."""
+
+    def options(soft: int) -> dict[str, int]:
+        monkeypatch.setattr(config.resource, "getrlimit", lambda _: (soft, resource.RLIM_INFINITY))
+        transport = config.TransportConfig(max_connections=1000, handshake_timeout_s=2.5)
+        return dict(transport.options(16 << 20))
+
+    roomy = options(100_000)
+    assert roomy["grpc.max_allowed_incoming_connections"] == 1000
+    assert roomy["grpc.server_handshake_timeout_ms"] == 2500
+    assert "lowered" not in caplog.text
+    assert options(1024)["grpc.max_allowed_incoming_connections"] == 256
+    assert "gRPC connection cap lowered from 1000 to 256" in caplog.text
