@@ -17,10 +17,9 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -380,34 +379,17 @@ def test_idle_sockets_past_the_file_limit_leave_grpc_serving(starved, record_pro
     """1,100 idle sockets under `ulimit -n 1024`: the cap (half the limit) holds 512, the
     rest are answered 503 and closed at once; gRPC calls go on; the log stays quiet."""
     server, port = starved
-    socks: list[socket.socket] = []
     with watching(server) as watch:
         started = time.monotonic()
-        lock = threading.Lock()
-
-        def connect(_: int) -> None:
-            sock = _connect(port)
-            with lock:
-                socks.append(sock)
-
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(connect, range(IDLE_SOCKETS)))
-        refused = 0
-        deadline = time.monotonic() + 5
-        with selectors.DefaultSelector() as waiting:  # epoll: descriptors past 1024
-            for sock in socks:
-                waiting.register(sock, selectors.EVENT_READ)
-            while refused < IDLE_SOCKETS - FD_LIMIT // 2 and time.monotonic() < deadline:
-                for key, _ in waiting.select(0.2):
-                    sock = key.fileobj
-                    assert isinstance(sock, socket.socket)
-                    try:
-                        data = sock.recv(4096)
-                    except OSError:
-                        data = b""
-                    if not data or data.startswith(b"HTTP/1.1 503"):
-                        refused += 1
-                    waiting.unregister(sock)
+            socks = list(pool.map(lambda _: _connect(port), range(IDLE_SOCKETS)))
+        held = _refused_within(
+            socks,
+            5.0,
+            want=IDLE_SOCKETS - FD_LIMIT // 2,
+            refusal=lambda data: not data or data.startswith(b"HTTP/1.1 503"),
+        )
+        refused = IDLE_SOCKETS - len(held)
         watch.answer_s = time.monotonic() - started
         with _connect(port) as probe:  # one more, over the cap
             probe.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -434,14 +416,21 @@ def test_idle_sockets_past_the_file_limit_leave_grpc_serving(starved, record_pro
     assert_alive(server)
 
 
-def _closed_within(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
-    """Those of `socks` the server has not closed within `timeout` seconds."""
+def _refused_within(
+    socks: list[socket.socket],
+    timeout: float,
+    want: int | None = None,
+    refusal: Callable[[bytes], bool] = lambda data: not data,
+) -> list[socket.socket]:
+    """Those of `socks` the server has not refused (by default: closed) within `timeout`
+    seconds, or by the time `want` of them are."""
     left = set(socks)
+    want = len(socks) if want is None else want
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as waiting:  # epoll: descriptors past 1024
         for sock in socks:
             waiting.register(sock, selectors.EVENT_READ)
-        while left and time.monotonic() < deadline:
+        while len(socks) - len(left) < want and time.monotonic() < deadline:
             for key, _ in waiting.select(0.2):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
@@ -449,8 +438,10 @@ def _closed_within(socks: list[socket.socket], timeout: float) -> list[socket.so
                     data = sock.recv(4096)
                 except OSError:
                     data = b""
-                if not data:
+                if refusal(data):
                     left.discard(sock)
+                    waiting.unregister(sock)
+                elif not data:  # closed, yet not what `refusal` asks for: nothing more comes
                     waiting.unregister(sock)
     return [sock for sock in socks if sock in left]
 
@@ -463,17 +454,16 @@ def test_idle_sockets_on_the_grpc_port_leave_both_doors_serving(starved, record_
     stopped answering."""
     server, http_port = starved
     cap = FD_LIMIT // 4
-    socks: list[socket.socket] = []
     with watching(server) as watch:  # the bystander's connection is open before the flood
         started = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
             socks = list(pool.map(lambda _: _connect(server.port), range(IDLE_SOCKETS)))
-        held = _closed_within(socks, 1.0)  # the cap, less what was open already
+        held = _refused_within(socks, 1.0)  # the cap, less what was open already
         watch.answer_s = time.monotonic() - started
         with _connect(http_port) as probe:  # the other door meanwhile
             probe.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             _, answer = _wait_closed(probe, time.monotonic(), 5)
-        still_open = _closed_within(held, HANDSHAKE_TIMEOUT_S + SLACK_S)
+        still_open = _refused_within(held, HANDSHAKE_TIMEOUT_S + SLACK_S)
     for sock in socks:
         sock.close()
     fresh = server.health()  # a new connection once the held ones are gone
