@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -101,9 +102,11 @@ def spawn_server(
     name: str = "server",
     credentials: grpc.ChannelCredentials | None = None,
     new_session: bool = False,
+    nofile: tuple[int, int] | None = None,
 ) -> ServerProcess:
     """start_server without the wait: servers a module needs together load side by side
-    (their start-up is mostly imports on one core each)."""
+    (their start-up is mostly imports on one core each). `nofile`: the tree's open-file
+    limit (soft, hard), as `ulimit -n` would set it."""
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -114,5 +117,12 @@ def spawn_server(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=new_session,
+            preexec_fn=None
+            if nofile is None
+            else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile),
         )
     return ServerProcess(process, port, log_path, credentials)
+
+
+def _limit_files(nofile: tuple[int, int]) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, nofile)

@@ -9,7 +9,6 @@ prints one `RELIABILITY <name>:` line.
 
 from __future__ import annotations
 
-import os
 import resource
 import select
 import selectors
@@ -19,8 +18,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2
 
 from tests.reliability.attack_kit import MB, watching
 from tests.reliability.support import assert_alive, report
-from tests.server_process import ServerProcess, free_port
+from tests.server_process import ServerProcess, free_port, spawn_server
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
@@ -49,63 +49,68 @@ HANDSHAKE_TIMEOUT_S = 2.0  # the starved server's --handshake-timeout-s
 # --------------------------------------------------------------------------- servers
 
 
-def _start(args: list[str], log_dir: Path, name: str, nofile: tuple[int, int]) -> ServerProcess:
-    """start_server's twin that starts the tree under an open-file limit of `nofile`."""
-    port = free_port()
-    log_path = log_dir / f"{name}-{port}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
-
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "--port", str(port), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            preexec_fn=limit,
-        )
-    server = ServerProcess(process, port, log_path)
-    try:
-        server.wait_serving()
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return server
+@dataclass
+class Door:
+    server: ServerProcess
+    http_port: int
 
 
-def _serve(
+def _spawn(
     model_folders: dict[str, Path], log_dir: Path, name: str, nofile: tuple[int, int], *flags: str
-) -> Iterator[tuple[ServerProcess, int]]:
+) -> Door:
     http_port = free_port()
     args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
     args += ["--http-port", str(http_port), *flags]
-    server = _start(args, log_dir, name, nofile)
-    try:
-        yield server, http_port
-    finally:
-        server.stop(signal.SIGTERM, timeout=10)
+    return Door(spawn_server(args, log_dir, name, nofile=nofile), http_port)
 
 
 @pytest.fixture(scope="module")
-def door(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    """Short timeouts; started under a soft open-file limit of 1024 it must raise."""
+def servers(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """The module's two servers, started side by side (each waits on its own imports).
+
+    `door`: short timeouts, started under a soft open-file limit of 1024 it must raise.
+    `starved`: soft = hard = 1024, so the raise cannot help; timeouts long enough to hold
+    sockets. It needs this process to open 1,100 sockets, so it is left out (its tests
+    skip) where the hard limit is lower.
+    """
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    flags = [
-        "--http-header-timeout-s",
-        str(HEADER_TIMEOUT_S),
-        "--http-body-timeout-s",
-        str(BODY_TIMEOUT_S),
-        "--http-keepalive-timeout-s",
-        str(KEEPALIVE_TIMEOUT_S),
-        "--http-max-concurrent-bodies",
-        str(CONCURRENT_BODIES),
+    log_dir = tmp_path_factory.mktemp("http-door")
+    door_flags = [
+        *("--http-header-timeout-s", str(HEADER_TIMEOUT_S)),
+        *("--http-body-timeout-s", str(BODY_TIMEOUT_S)),
+        *("--http-keepalive-timeout-s", str(KEEPALIVE_TIMEOUT_S)),
+        *("--http-max-concurrent-bodies", str(CONCURRENT_BODIES)),
     ]
-    soft = min(FD_LIMIT, hard)
-    yield from _serve(
-        model_folders, tmp_path_factory.mktemp("http-door"), "door", (soft, hard), *flags
-    )
+    started = {
+        "door": _spawn(model_folders, log_dir, "door", (min(FD_LIMIT, hard), hard), *door_flags)
+    }
+    if hard >= IDLE_SOCKETS + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process opens 1,100
+        starved_flags = ["--http-header-timeout-s", "30", "--http-keepalive-timeout-s", "30"]
+        starved_flags += ["--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S)]
+        started["starved"] = _spawn(
+            model_folders, log_dir, "starved", (FD_LIMIT, FD_LIMIT), *starved_flags
+        )
+    try:
+        for door in started.values():
+            door.server.wait_serving()
+        yield started
+    finally:
+        for door in started.values():
+            door.server.stop(signal.SIGTERM, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def door(servers: dict[str, Door]) -> tuple[ServerProcess, int]:
+    return servers["door"].server, servers["door"].http_port
+
+
+@pytest.fixture(scope="module")
+def starved(servers: dict[str, Door]) -> tuple[ServerProcess, int]:
+    if "starved" not in servers:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        pytest.skip(f"the test needs {IDLE_SOCKETS + 200} descriptors; the hard limit is {hard}")
+    return servers["starved"].server, servers["starved"].http_port
 
 
 # --------------------------------------------------------------------------- raw HTTP
@@ -355,24 +360,6 @@ def test_open_file_limit_is_raised_and_logged(door) -> None:
 
 
 # --------------------------------------------------------------------------- descriptors
-
-
-@pytest.fixture(scope="module")
-def starved(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    """soft = hard = 1024, so the raise cannot help; timeouts long enough to hold sockets."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard < IDLE_SOCKETS + 200:
-        pytest.skip(f"the test needs {IDLE_SOCKETS + 200} descriptors; the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process opens 1,100
-    flags = ["--http-header-timeout-s", "30", "--http-keepalive-timeout-s", "30"]
-    flags += ["--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S)]
-    yield from _serve(
-        model_folders,
-        tmp_path_factory.mktemp("http-fds"),
-        "starved",
-        (FD_LIMIT, FD_LIMIT),
-        *flags,
-    )
 
 
 def test_idle_sockets_past_the_file_limit_leave_grpc_serving(starved, record_property) -> None:
