@@ -120,6 +120,8 @@ class HttpApi:
         close every connection. True when requests were still running: they are cut."""
         if self._listener is not None:
             self._listener.close()
+        if self._runner is not None and self._runner.server is not None:
+            self._runner.server.pre_shutdown()  # no new request on a kept-alive connection
         cut = self.guard is not None and not await self.guard.finished(grace)
         if self._runner is not None:
             await self._runner.cleanup()
