@@ -232,6 +232,13 @@ def _transport_flags(net: Group) -> None:
         help="close a gRPC connection that has not begun HTTP/2 (and TLS) within this time",
     )
     net.add_argument(
+        "--max-connection-idle-s",
+        type=float,
+        default=600.0,
+        help="send GOAWAY to a connection with no call for this long; clients reconnect "
+        "on their next call (0: never)",
+    )
+    net.add_argument(
         "--gzip-responses",
         action="store_true",
         help="compress responses (gzip-compressed requests are always accepted)",
@@ -688,6 +695,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_connection_age_grace_s=args.max_connection_age_grace_s,
             max_connections=args.max_connections,
             handshake_timeout_s=args.handshake_timeout_s,
+            max_connection_idle_s=args.max_connection_idle_s,
             gzip_responses=args.gzip_responses,
             reuse_port=args.role == "frontend" and args.frontends > 1,
         ),

@@ -45,6 +45,9 @@ class TransportConfig:
     # take the descriptors the other door, the engine sockets and the logs need.
     max_connections: int = 1024
     handshake_timeout_s: float = 10.0  # a connection that has not begun HTTP/2 is closed
+    # A connection with no call for this long gets GOAWAY (clients reconnect on their next
+    # call): idle connections cannot hold the cap's slots for the half hour of their age.
+    max_connection_idle_s: float = 600.0  # 0: never
     gzip_responses: bool = False
     # Several server processes share one port (--frontends); otherwise a taken port is an error.
     reuse_port: bool = False
@@ -79,6 +82,8 @@ class TransportConfig:
         options.append(("grpc.max_allowed_incoming_connections", connections))
         if self.max_concurrent_streams:
             options.append(("grpc.max_concurrent_streams", self.max_concurrent_streams))
+        if self.max_connection_idle_s:
+            options.append(("grpc.max_connection_idle_ms", int(self.max_connection_idle_s * 1000)))
         if self.max_connection_age_s:
             options.append(("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)))
             options.append(

@@ -23,9 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.reliability.attack_kit import MB, watching
 from tests.reliability.support import assert_alive, report
@@ -44,6 +45,7 @@ FD_LIMIT = 1024  # systemd's default soft limit
 IDLE_SOCKETS = 1100
 SLACK_S = 2.5  # scheduling noise on a shared 2-core machine
 HANDSHAKE_TIMEOUT_S = 2.0  # the starved server's --handshake-timeout-s
+IDLE_CONNECTION_S = 2.0  # and its --max-connection-idle-s
 
 
 # --------------------------------------------------------------------------- servers
@@ -88,6 +90,7 @@ def servers(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFac
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this process opens 1,100
         starved_flags = ["--http-header-timeout-s", "30", "--http-keepalive-timeout-s", "30"]
         starved_flags += ["--handshake-timeout-s", str(HANDSHAKE_TIMEOUT_S)]
+        starved_flags += ["--max-connection-idle-s", str(IDLE_CONNECTION_S)]
         started["starved"] = _spawn(
             model_folders, log_dir, "starved", (FD_LIMIT, FD_LIMIT), *starved_flags
         )
@@ -473,6 +476,25 @@ def test_idle_sockets_on_the_grpc_port_leave_both_doors_serving(starved, record_
     assert f"gRPC connection cap lowered from 1024 to {cap}" in log
     assert "File descriptor limit reached" not in log
     assert_alive(server)
+
+
+def test_a_grpc_connection_without_calls_is_sent_away(starved) -> None:
+    """A connection that began HTTP/2 but makes no call gets GOAWAY after
+    --max-connection-idle-s, so it cannot hold a slot of the cap for the connection's
+    whole age; the channel reconnects for its next call."""
+    server, _ = starved
+    states: list[grpc.ChannelConnectivity] = []
+    with grpc.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        channel.subscribe(states.append)
+        deadline = time.monotonic() + IDLE_CONNECTION_S + SLACK_S + 2
+        while grpc.ChannelConnectivity.IDLE not in states and time.monotonic() < deadline:
+            time.sleep(0.1)
+        idle = grpc.ChannelConnectivity.IDLE in states
+        again = stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+    assert idle, f"the connection was not sent away: {states}"
+    assert again == health_pb2.HealthCheckResponse.SERVING
 
 
 # A listener in a process of its own with 64 descriptors, held connections and, with

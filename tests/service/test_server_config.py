@@ -76,17 +76,21 @@ def test_a_tiny_model_runs_its_passes_on_one_thread(eight_cores: None) -> None:
 
 
 def test_grpc_connection_cap_takes_a_quarter_of_the_file_limit(monkeypatch, caplog) -> None:
-    """--max-connections and --handshake-timeout-s reach gRPC core; under `ulimit -n 1024`
-    the cap is lowered to 256 (the HTTP door may take half), with a warning."""
+    """--max-connections, --handshake-timeout-s and --max-connection-idle-s reach gRPC core;
+    under `ulimit -n 1024` the cap is lowered to 256 (the HTTP door may take half), with a
+    warning."""
 
     def options(soft: int) -> dict[str, int]:
         monkeypatch.setattr(config.resource, "getrlimit", lambda _: (soft, resource.RLIM_INFINITY))
-        transport = config.TransportConfig(max_connections=1000, handshake_timeout_s=2.5)
+        transport = config.TransportConfig(
+            max_connections=1000, handshake_timeout_s=2.5, max_connection_idle_s=7.0
+        )
         return dict(transport.options(16 << 20))
 
     roomy = options(100_000)
     assert roomy["grpc.max_allowed_incoming_connections"] == 1000
     assert roomy["grpc.server_handshake_timeout_ms"] == 2500
+    assert roomy["grpc.max_connection_idle_ms"] == 7000
     assert "lowered" not in caplog.text
     assert options(1024)["grpc.max_allowed_incoming_connections"] == 256
     assert "gRPC connection cap lowered from 1000 to 256" in caplog.text
