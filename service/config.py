@@ -72,13 +72,7 @@ class TransportConfig:
         ]
         options.append(("grpc.so_reuseport", int(self.reuse_port)))
         options.append(("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)))
-        connections = descriptor_budget(self.max_connections, GRPC_DESCRIPTOR_SHARE)
-        if connections < self.max_connections:
-            log.warning(
-                "gRPC connection cap lowered from %d to %d: a quarter of the open-file limit",
-                self.max_connections,
-                connections,
-            )
+        connections = descriptor_budget("gRPC", self.max_connections, GRPC_DESCRIPTOR_SHARE)
         options.append(("grpc.max_allowed_incoming_connections", connections))
         if self.max_concurrent_streams:
             options.append(("grpc.max_concurrent_streams", self.max_concurrent_streams))
@@ -178,12 +172,22 @@ HTTP_DESCRIPTOR_SHARE = 2
 GRPC_DESCRIPTOR_SHARE = 4
 
 
-def descriptor_budget(requested: int, share: int) -> int:
-    """`requested` connections, lowered to 1/`share` of the open-file limit."""
+def descriptor_budget(door: str, requested: int, share: int) -> int:
+    """`requested` connections for `door`, lowered (with a warning) to 1/`share` of the
+    open-file limit."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
+    if soft == resource.RLIM_INFINITY or requested <= soft // share:
         return requested
-    return max(1, min(requested, soft // share))
+    budget = max(1, soft // share)
+    log.warning(
+        "%s connection cap lowered from %d to %d: 1/%d of the open-file limit (%d)",
+        door,
+        requested,
+        budget,
+        share,
+        soft,
+    )
+    return budget
 
 
 def raise_open_file_limit() -> None:

@@ -167,15 +167,9 @@ class ConnectionGuard:
 
     def __init__(self, limits: HttpLimits, error: ErrorFactory) -> None:
         self.limits = limits
-        self.max_connections = descriptor_budget(limits.max_connections, HTTP_DESCRIPTOR_SHARE)
-        if self.max_connections < limits.max_connections:
-            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            log.warning(
-                "HTTP connection cap lowered from %d to %d: half the open-file limit (%d)",
-                limits.max_connections,
-                self.max_connections,
-                soft,
-            )
+        self.max_connections = descriptor_budget(
+            "HTTP", limits.max_connections, HTTP_DESCRIPTOR_SHARE
+        )
         self._error = error
         self._open: dict[asyncio.Protocol, _Guarded] = {}  # by aiohttp's protocol
         # Counted when the protocol is made: asyncio accepts a burst before any of its
