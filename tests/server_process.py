@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +124,19 @@ def spawn_server(
             else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile),
         )
     return ServerProcess(process, port, log_path, credentials)
+
+
+@contextmanager
+def all_serving(servers: Iterable[ServerProcess], stop_timeout: float = 10.0) -> Iterator[None]:
+    """Wait until every spawned server serves; on leaving (a failed start too), stop them."""
+    servers = list(servers)
+    try:
+        for server in servers:
+            server.wait_serving()
+        yield
+    finally:
+        for server in servers:
+            server.stop(signal.SIGTERM, timeout=stop_timeout)
 
 
 def _limit_files(nofile: tuple[int, int]) -> None:

@@ -15,7 +15,6 @@ it stays busy for many seconds, and nothing else should run on it afterwards.
 
 from __future__ import annotations
 
-import signal
 import socket
 import threading
 import time
@@ -51,7 +50,7 @@ from tests.reliability.support import (
     embed_request,
     report,
 )
-from tests.server_process import ServerProcess, spawn_server
+from tests.server_process import ServerProcess, all_serving, spawn_server
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
@@ -94,13 +93,8 @@ def servers(model_args: list[str], tmp_path_factory: pytest.TempPathFactory):
     }
     log_dir = tmp_path_factory.mktemp("attacks")
     started = {name: spawn_server([*model_args, *f], log_dir, name) for name, f in flags.items()}
-    try:
-        for process in started.values():
-            process.wait_serving()
+    with all_serving(started.values()):
         yield started
-    finally:
-        for process in started.values():
-            process.stop(signal.SIGTERM, timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import resource
 import select
 import selectors
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -30,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.reliability.attack_kit import MB, watching
 from tests.reliability.support import assert_alive, report
-from tests.server_process import ServerProcess, free_port, spawn_server
+from tests.server_process import ServerProcess, all_serving, free_port, spawn_server
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
@@ -51,19 +49,14 @@ IDLE_CONNECTION_S = 2.0  # and its --max-connection-idle-s
 # --------------------------------------------------------------------------- servers
 
 
-@dataclass
-class Door:
-    server: ServerProcess
-    http_port: int
-
-
 def _spawn(
     model_folders: dict[str, Path], log_dir: Path, name: str, nofile: tuple[int, int], *flags: str
-) -> Door:
+) -> tuple[ServerProcess, int]:
+    """A server with the HTTP door on, and that door's port."""
     http_port = free_port()
     args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
     args += ["--http-port", str(http_port), *flags]
-    return Door(spawn_server(args, log_dir, name, nofile=nofile), http_port)
+    return spawn_server(args, log_dir, name, nofile=nofile), http_port
 
 
 @pytest.fixture(scope="module")
@@ -94,26 +87,21 @@ def servers(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFac
         started["starved"] = _spawn(
             model_folders, log_dir, "starved", (FD_LIMIT, FD_LIMIT), *starved_flags
         )
-    try:
-        for door in started.values():
-            door.server.wait_serving()
+    with all_serving(server for server, _ in started.values()):
         yield started
-    finally:
-        for door in started.values():
-            door.server.stop(signal.SIGTERM, timeout=10)
 
 
 @pytest.fixture(scope="module")
-def door(servers: dict[str, Door]) -> tuple[ServerProcess, int]:
-    return servers["door"].server, servers["door"].http_port
+def door(servers: dict[str, tuple[ServerProcess, int]]) -> tuple[ServerProcess, int]:
+    return servers["door"]
 
 
 @pytest.fixture(scope="module")
-def starved(servers: dict[str, Door]) -> tuple[ServerProcess, int]:
+def starved(servers: dict[str, tuple[ServerProcess, int]]) -> tuple[ServerProcess, int]:
     if "starved" not in servers:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         pytest.skip(f"the test needs {IDLE_SOCKETS + 200} descriptors; the hard limit is {hard}")
-    return servers["starved"].server, servers["starved"].http_port
+    return servers["starved"]
 
 
 # --------------------------------------------------------------------------- raw HTTP
