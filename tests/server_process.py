@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
@@ -22,6 +23,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and every descendant it has now: a split server's supervisor, engines
+    and front ends, whose totals are the server's."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
 
 
 @dataclass

@@ -20,7 +20,7 @@ import psutil
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.reliability.support import check_rpc_error, embed_request
 from tests.rpc_errors import DecodedError
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, process_tree
 
 MB = 1 << 20
 RSS_LIMIT_MB = 100
@@ -86,8 +86,7 @@ class PeakRss:
     """
 
     def __init__(self, pid: int) -> None:
-        process = psutil.Process(pid)
-        self.processes = [process, *process.children(recursive=True)]
+        self.processes = process_tree(pid)
         self.baseline = self.peak = self._total()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss", daemon=True)

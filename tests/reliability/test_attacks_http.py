@@ -22,13 +22,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.reliability.attack_kit import MB, watching
 from tests.reliability.support import assert_alive, report
-from tests.server_process import ServerProcess, all_serving, free_port, spawn_server
+from tests.server_process import (
+    ServerProcess,
+    all_serving,
+    free_port,
+    process_tree,
+    spawn_server,
+)
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
@@ -184,11 +189,6 @@ def _stall_body(port: int, timeout: float) -> tuple[float, int, int]:
         sock.close()
 
 
-def _tree_rss(pid: int) -> int:
-    process = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
-
-
 # --------------------------------------------------------------------------- attacks
 
 
@@ -203,7 +203,9 @@ def test_stalled_bodies_are_closed_and_their_memory_freed(door, record_property)
             outcomes = list(pool.map(lambda _: _stall_body(port, timeout), range(STALLED_BODIES)))
         watch.answer_s = time.monotonic() - started
         time.sleep(0.5)
-        after_mb = (_tree_rss(server.process.pid) - watch.rss.baseline) / MB
+        after_mb = (
+            sum(p.memory_info().rss for p in process_tree(server.process.pid)) - watch.rss.baseline
+        ) / MB
     closed = [seconds for seconds, _, _ in outcomes]
     # 0: reset, the answer lost. A socket closed with body bytes unread is reset by the
     # kernel, and the client, still sending, may see that before the 503 or 408.

@@ -36,7 +36,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.reliability.support import embed_request, report
 from tests.rpc_errors import decode_rpc_error
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import ServerProcess, free_port, process_tree, start_server
 
 CLIENTS = 24
 WARM_CALLS = 48  # successes before the signal: the clients are all under way
@@ -136,11 +136,6 @@ def lost_calls(failures: list[Failure], started: dict[str, str]) -> list[str]:
     return lost
 
 
-def server_tree(server: ServerProcess) -> list[psutil.Process]:
-    root = psutil.Process(server.process.pid)
-    return [root, *root.children(recursive=True)]
-
-
 def role(tree: list[psutil.Process], name: str) -> psutil.Process:
     [process] = [p for p in tree if f"--role {name}" in " ".join(p.cmdline())]
     return process
@@ -148,7 +143,7 @@ def role(tree: list[psutil.Process], name: str) -> psutil.Process:
 
 def send(server: ServerProcess, sig: signal.Signals, target: str, load: PoolLoad) -> int:
     """Signal `target`; returns how many processes the server had."""
-    tree = server_tree(server)
+    tree = process_tree(server.process.pid)
     if target == "supervisor":
         os.kill(server.process.pid, sig)
     elif target == "group":

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 
 from engine.loader import ModelSpec
@@ -39,7 +38,7 @@ from tests.reliability.support import (
     vector,
     wait_queue_empty,
 )
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import ServerProcess, free_port, process_tree, start_server
 
 # About 210 tokens for the default model (maximum 256): slow enough to keep its queue busy.
 LONG = "the queue is busy with long texts " * 30
@@ -70,8 +69,7 @@ class FaultServer:
     def resources(self) -> tuple[int, int]:
         """Threads and open file descriptors over the server tree: the supervisor, and the
         engine and front end under it, where the calls are handled."""
-        root = psutil.Process(self.process.process.pid)
-        tree = [root, *root.children(recursive=True)]
+        tree = process_tree(self.process.process.pid)
         assert len(tree) == 3, "a supervisor, an engine and a front end"
         return sum(p.num_threads() for p in tree), sum(p.num_fds() for p in tree)
 

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 
 from pooling_client.v1 import pooling_pb2 as pb
@@ -41,7 +40,7 @@ from tests.reliability.support import (
     vector,
 )
 from tests.rpc_errors import decode_rpc_error, decode_status
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, process_tree, start_server
 
 WARM_UP_S = 40.0  # and at least WARM_UP_REQUESTS answered
 WARM_UP_REQUESTS = 4_000
@@ -231,14 +230,13 @@ class Memory:
     threads: list[int] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
 
-    warmed_s: float = 0.0
-
-    def measured(self) -> tuple[np.ndarray, np.ndarray]:
-        t = np.array([t for t, _ in self.samples if t >= self.warmed_s])
-        rss = np.array([r for t, r in self.samples if t >= self.warmed_s], dtype=np.float64)
+    def measured(self, since: float) -> tuple[np.ndarray, np.ndarray]:
+        """The samples from `since` (the end of the warm-up) on."""
+        t = np.array([t for t, _ in self.samples if t >= since])
+        rss = np.array([r for t, r in self.samples if t >= since], dtype=np.float64)
         return t, rss
 
-    def fitted(self) -> tuple[float, float]:
+    def fitted(self, since: float) -> tuple[float, float]:
         """The least-squares line through the samples after warm-up, at its two ends.
 
         RSS under load swings by +-15% with the batches in flight (activations are
@@ -246,7 +244,7 @@ class Memory:
         with what the allocator keeps; two single readings would drown a 10% bound. The
         trend over ~200 readings is steady to about 2%, and a leak shows as its slope.
         """
-        t, rss = self.measured()
+        t, rss = self.measured(since)
         slope, intercept = np.polyfit(t, rss, 1)
         return intercept + slope * t[0], intercept + slope * t[-1]
 
@@ -254,13 +252,11 @@ class Memory:
 async def sample_memory(pid: int, soak: Soak, memory: Memory) -> None:
     """The server tree's totals: a supervisor, its engine and its front end (a split
     server holds the models and the clients' messages in its children, not in the pid)."""
-    root = psutil.Process(pid)
-    tree = [root, *root.children(recursive=True)]
+    tree = process_tree(pid)
     memory.processes = len(tree)
     while soak.running():
         memory.samples.append((soak.elapsed(), sum(p.memory_info().rss for p in tree)))
         if soak.warmed() and not memory.threads:
-            memory.warmed_s = soak.warmed_s or 0.0
             memory.threads.append(sum(p.num_threads() for p in tree))
             memory.fds.append(sum(p.num_fds() for p in tree))
         await asyncio.sleep(SAMPLE_EVERY_S)
@@ -286,9 +282,9 @@ def test_soak_memory_is_stable(soak_server: ServerProcess, record_property) -> N
     soak, memory = asyncio.run(run_soak(soak_server))
     seconds = time.monotonic() - started
     assert soak.warmed_s is not None, f"the warm-up never ended: {soak.requests} requests"
-    start, end = memory.fitted()
+    start, end = memory.fitted(soak.warmed_s)
     growth = (end - start) / start
-    _, rss = memory.measured()
+    _, rss = memory.measured(soak.warmed_s)
     window = max(1, len(rss) // 8)
     mib = 1 << 20
     report(
