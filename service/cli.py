@@ -234,7 +234,7 @@ def _transport_flags(net: Group) -> None:
     net.add_argument(
         "--max-connection-idle-s",
         type=float,
-        default=600.0,
+        default=0.0,
         help="send GOAWAY to a connection with no call for this long; clients reconnect "
         "on their next call (0: never)",
     )
