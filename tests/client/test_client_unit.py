@@ -416,7 +416,11 @@ class _AbortStatus(grpc.Status):
 
 
 class FakePoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
-    """Answers embed with [len(text), index]; request_id "bad" fails, "slow" sleeps."""
+    """Answers embed with [len(text), index].
+
+    request_id "bad" fails, "slow" sleeps; one starting "cancel-once" is cancelled by the
+    server the first time it comes, as grpcio does to a call reaching a stopping server.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -434,6 +438,11 @@ class FakePoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             context.abort_with_status(_AbortStatus(_rich_status()))
         if request.request_id == "slow":
             time.sleep(1.0)
+        if request.request_id.startswith("cancel-once"):
+            with self.lock:
+                seen = sum(r.request_id == request.request_id for r in self.requests)
+            if seen == 1:
+                context.abort(grpc.StatusCode.CANCELLED, "server stopping")
         embeddings = [
             pooling_pb2.Embedding(values=[len(text), i])
             for i, text in enumerate(request.embed.texts)
@@ -521,6 +530,35 @@ def test_client_timeout_maps_to_deadline_exceeded(
     with PoolingClient(target, timeout=30) as client, pytest.raises(PoolingError) as caught:
         client.embed("x", request_id="slow", timeout=0.05)
     assert caught.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_a_call_the_server_cancelled_is_retried(
+    fake_server: tuple[str, FakePoolingServicer],
+) -> None:
+    target, servicer = fake_server
+    with PoolingClient(target, timeout=10) as client:
+        [result] = client.embed("abc", request_id="cancel-once-sync")
+    assert result.outputs.embedding == [3.0, 0.0]
+    assert [r.request_id for r in servicer.requests].count("cancel-once-sync") == 2
+
+
+def test_a_call_the_client_cancelled_is_not_retried(
+    fake_server: tuple[str, FakePoolingServicer],
+) -> None:
+    target, servicer = fake_server
+
+    async def main() -> None:
+        async with AsyncPoolingClient(target, timeout=10) as client:
+            call = asyncio.ensure_future(client.embed("x", request_id="slow"))
+            await asyncio.sleep(0.3)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.sleep(1.5)  # the server's handler ends; a retry would come now
+
+    before = [r.request_id for r in servicer.requests].count("slow")
+    asyncio.run(main())
+    assert [r.request_id for r in servicer.requests].count("slow") == before + 1
 
 
 def test_client_sends_api_key_and_metadata(fake_server: tuple[str, FakePoolingServicer]) -> None:

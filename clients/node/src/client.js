@@ -22,7 +22,9 @@ import {
 
 /**
  * Spread calls over every address a target resolves to, and retry calls that found a replica
- * going away (UNAVAILABLE) on another one.
+ * going away on another one: UNAVAILABLE, or CANCELLED, which a server gives a call that
+ * reached it as it stopped or died (grpc/grpc#41785). Every Pooling RPC is a pure function,
+ * so a retry is safe; a call this client cancels is not retried.
  */
 export const SERVICE_CONFIG = JSON.stringify({
   loadBalancingConfig: [{ round_robin: {} }],
@@ -34,7 +36,7 @@ export const SERVICE_CONFIG = JSON.stringify({
         initialBackoff: '0.05s',
         maxBackoff: '1s',
         backoffMultiplier: 2,
-        retryableStatusCodes: ['UNAVAILABLE'],
+        retryableStatusCodes: ['UNAVAILABLE', 'CANCELLED'],
       },
     },
   ],
@@ -147,7 +149,8 @@ function addMetadata(metadata, source) {
 export class PoolingClient {
   /**
    * @param {string|string[]} target "host:port", a DNS name resolving to every replica, or a
-   *   list of "ip:port" replicas; calls are spread round-robin and retried on UNAVAILABLE.
+   *   list of "ip:port" replicas; calls are spread round-robin and retried on UNAVAILABLE
+   *   or CANCELLED.
    * @param {ClientOptions} [options]
    */
   constructor(target, options = {}) {

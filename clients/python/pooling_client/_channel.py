@@ -19,7 +19,10 @@ MetadataArg = MetadataPairs | Callable[[], MetadataPairs] | None
 
 #: Spread calls over every address a target resolves to, skip replicas whose health service
 #: says NOT_SERVING (a draining server says so before it stops accepting calls), and retry
-#: calls that found a replica going away (UNAVAILABLE) on another one.
+#: calls that found a replica going away on another one: UNAVAILABLE, or CANCELLED, which
+#: grpcio gives a call that reached a server as it stopped or died (grpc/grpc#41785). Every
+#: Pooling RPC is a pure function, so a retry is safe; a call this client cancels is not
+#: retried (gRPC's retry layer drops a call cancelled by its application).
 SERVICE_CONFIG = json.dumps(
     {
         "loadBalancingConfig": [{"round_robin": {}}],
@@ -32,7 +35,7 @@ SERVICE_CONFIG = json.dumps(
                     "initialBackoff": "0.05s",
                     "maxBackoff": "1s",
                     "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE"],
+                    "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
                 },
             }
         ],

@@ -52,7 +52,7 @@ class PoolingClient:
     Args:
         target: "host:port" of the server, a DNS name resolving to every replica, or a
             list of "ip:port" replicas; calls are spread round-robin and retried on
-            UNAVAILABLE.
+            UNAVAILABLE or CANCELLED (a replica that stopped or died).
         model: default served model name; None uses the server's default model.
         timeout: default deadline in seconds for each call; None waits indefinitely.
         credentials: TLS channel credentials; or give the PEM parts below instead.
