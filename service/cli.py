@@ -40,6 +40,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """A whole number of zero or more (0 is "no limit" where a flag says so)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -237,6 +245,20 @@ def _transport_flags(net: Group) -> None:
         default=0.0,
         help="send GOAWAY to a connection with no call for this long; clients reconnect "
         "on their next call (0: never)",
+    )
+    net.add_argument(
+        "--max-concurrent-reads",
+        type=count,
+        default=TransportConfig.max_concurrent_reads,
+        help="gRPC request messages read at once per front end (0: no limit); a read holds "
+        "about three times its message, and a message waiting its turn at most 4 MiB",
+    )
+    net.add_argument(
+        "--read-turn-s",
+        type=positive_float,
+        default=TransportConfig.read_turn_s,
+        help="the longest a gRPC message read keeps its turn: a slower one reads on without "
+        "it, so slow senders cannot hold up other calls",
     )
     net.add_argument(
         "--gzip-responses",
@@ -696,6 +718,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_connections=args.max_connections,
             handshake_timeout_s=args.handshake_timeout_s,
             max_connection_idle_s=args.max_connection_idle_s,
+            max_concurrent_reads=args.max_concurrent_reads,
+            read_turn_s=args.read_turn_s,
             gzip_responses=args.gzip_responses,
             reuse_port=args.role == "frontend" and args.frontends > 1,
         ),

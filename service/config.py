@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 # core still sheds them, which is part of its defence against rapid-reset floods.
 MAX_PENDING_CALLS = 4096
 
+# The HTTP/2 window of a stream whose message is not being read (gRPC core's lookahead),
+# so what a call waiting for its read turn may hold on the server. 4 MiB keeps a 16 MB
+# upload over a 20 ms round trip as fast as gRPC core's window probing (0.18 s against
+# 0.17 s; 1 MiB: 0.29 s), which would grow the window whether anyone reads or not.
+UNREAD_WINDOW_BYTES = 4 << 20
+
 
 @dataclass(frozen=True)
 class TransportConfig:
@@ -50,6 +56,10 @@ class TransportConfig:
     # Off by default: a suite run with 600 s saw one call on a long-idle channel hang to
     # its deadline, which did not reproduce; set it where idle slot-holding is the threat.
     max_connection_idle_s: float = 0.0  # 0: never
+    # Request messages read at once per process, each read holding its turn at most
+    # read_turn_s (service/read_gate.py): a read costs about three times its message.
+    max_concurrent_reads: int = 1  # 0: no limit
+    read_turn_s: float = 0.5
     gzip_responses: bool = False
     # Several server processes share one port (--frontends); otherwise a taken port is an error.
     reuse_port: bool = False
@@ -72,6 +82,10 @@ class TransportConfig:
             ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
             ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
         ]
+        if self.max_concurrent_reads:
+            # A message waiting for its read turn stays in the client's socket beyond this.
+            options.append(("grpc.http2.bdp_probe", 0))
+            options.append(("grpc.http2.lookahead_bytes", UNREAD_WINDOW_BYTES))
         options.append(("grpc.so_reuseport", int(self.reuse_port)))
         options.append(("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)))
         connections = descriptor_budget("gRPC", self.max_connections, GRPC_DESCRIPTOR_SHARE)

@@ -12,12 +12,14 @@ that for a cancellation), and serves one that carries two. So methods with one r
 message are registered as client-streaming and read it themselves: none, or more than
 one, is INVALID_ARGUMENT. The wire format is the same, so clients see a unary method.
 
-The handlers are built once at startup; a call pays nothing beyond its own parse.
+Request messages are read through a gate (service/read_gate.py) that, while large ones
+come, lets them in one at a time. The handlers are built once at startup; a call pays
+nothing beyond its own parse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.validation import too_many_inputs
 from service.errors import to_grpc_status
 from service.proto import pooling_pb2 as pb
+from service.read_gate import ReadGate
 from service.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit, string_at
 
 SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
@@ -56,16 +59,22 @@ class Malformed:
 
 
 def tolerant(
-    message_class: type[Message], input_limit: Callable[[], int | None] = lambda: None
+    message_class: type[Message],
+    input_limit: Callable[[], int | None] = lambda: None,
+    saw: Callable[[int], None] = lambda size: None,
 ) -> Callable[[bytes], Message | Malformed]:
     """`input_limit`: the most entries an input list may hold (None: not known yet); a
-    large message is counted on its bytes first (service/wire_count.py)."""
+    large message is counted on its bytes first (service/wire_count.py). `saw` is told
+    each large message's size (the read gate's cue)."""
     parse = message_class.FromString
     spec = SPECS.get(message_class.__name__)
     stream = message_class.__name__ == "PoolStreamRequest"  # request (1) .request_id (1)
 
     def deserialize(data: bytes) -> Message | Malformed:
-        limit = input_limit() if spec is not None and len(data) >= PRECOUNT_BYTES else None
+        limit = None
+        if len(data) >= PRECOUNT_BYTES:
+            saw(len(data))
+            limit = None if spec is None else input_limit()
         if limit is not None:
             path = list_over_limit(data, spec, limit)  # type: ignore[arg-type]
             if path is not None:
@@ -92,16 +101,16 @@ def _input_limit(servicer: Any) -> Callable[[], int | None]:
     return limit
 
 
-def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
-    """Register every method of the service's descriptor on `servicer`'s same-named method."""
+def add_pooling_service(servicer: Any, server: grpc.aio.Server, gate: ReadGate) -> None:
+    """Register every method of the service's descriptor on `servicer`'s same-named method,
+    its request messages read through `gate`."""
     handlers = {}
     limit = _input_limit(servicer)
     for method in SERVICE.methods:
         request_class = getattr(pb, method.input_type.name)
         response_class = getattr(pb, method.output_type.name)
         behaviour = getattr(servicer, method.name)
-        if not method.client_streaming:
-            behaviour = _one_message(behaviour)
+        behaviour = (_gated if method.client_streaming else _one_message)(behaviour, gate)
         kind = (
             grpc.stream_stream_rpc_method_handler
             if method.server_streaming
@@ -109,7 +118,7 @@ def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
         )
         handlers[method.name] = kind(
             behaviour,
-            request_deserializer=tolerant(request_class, limit),
+            request_deserializer=tolerant(request_class, limit, gate.saw),
             response_serializer=response_class.SerializeToString,
         )
     server.add_generic_rpc_handlers(
@@ -118,16 +127,28 @@ def add_pooling_service(servicer: Any, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(SERVICE.full_name, handlers)
 
 
-def _one_message(
-    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
-) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+Behaviour = Callable[[Any, grpc.aio.ServicerContext], Any]
+
+
+def _gated(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
+    """A streaming method's behaviour, fed the call's messages as the gate lets them in."""
+
+    # An async generator function itself: grpcio takes any other callable for a sync one.
+    async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
+        async for response in behaviour(gate.messages(context), context):
+            yield response
+
+    return call
+
+
+def _one_message(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
     """A unary method's behaviour, fed the call's one request message."""
 
     async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
-        request = await context.read()
+        request = await gate.read(context)
         if request is grpc.aio.EOF:
             await _refuse(context, "the call ended without its request message")
-        if await context.read() is not grpc.aio.EOF:
+        if await gate.read(context) is not grpc.aio.EOF:
             await _refuse(context, "the call carried more than one request message")
         return await behaviour(request, context)
 

@@ -20,6 +20,7 @@ from service.http_api import HttpApi
 from service.http_cohere import input_type_prompts
 from service.metrics import Metrics
 from service.proto import pooling_pb2
+from service.read_gate import ReadGate
 from service.runner import RequestRunner
 from service.servicer import PoolingServicer
 from service.split.frontend import FrontendRole, connect_engine
@@ -63,7 +64,9 @@ class PoolingServer:
             options=config.transport.options(config.max_message_bytes),
             compression=grpc.Compression.Gzip if config.transport.gzip_responses else None,
         )
-        add_pooling_service(self.servicer, self.server)
+        transport = config.transport
+        gate = ReadGate(transport.max_concurrent_reads, transport.read_turn_s)
+        add_pooling_service(self.servicer, self.server, gate)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
@@ -89,6 +92,7 @@ class PoolingServer:
         await self._load()
         if self.frontend is not None:
             await self.frontend.all_ready()
+
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on port %d", self.port)
 

@@ -1,0 +1,121 @@
+"""The read gate: reads at once while calm, one at a time while large messages come."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from service import config
+from service.cli import build_parser, config_from_args
+from service.read_gate import LARGE_BYTES, ReadGate
+
+
+class SlowReads:
+    """A stand-in ServicerContext whose reads each take `read_s`, counting overlap."""
+
+    def __init__(self, read_s: float, messages: int = 1) -> None:
+        self.read_s = read_s
+        self.left = messages
+        self.now = 0
+        self.most = 0
+
+    async def read(self) -> object:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(self.read_s)
+        finally:
+            self.now -= 1
+        if self.left == 0:
+            return grpc.aio.EOF
+        self.left -= 1
+        return b"message"
+
+
+async def _read_side_by_side(gate: ReadGate, context: SlowReads, calls: int) -> list[object]:
+    return await asyncio.gather(*(gate.read(context) for _ in range(calls)))  # type: ignore[arg-type]
+
+
+def test_calm_reads_run_side_by_side() -> None:
+    async def main() -> int:
+        gate = ReadGate(1, hold_s=5.0)
+        gate.saw(LARGE_BYTES - 1)  # below the cue
+        context = SlowReads(0.05, messages=4)
+        await _read_side_by_side(gate, context, 4)
+        return context.most
+
+    assert asyncio.run(main()) == 4
+
+
+def test_after_a_large_message_reads_take_turns_until_it_is_calm_again() -> None:
+    async def main() -> tuple[int, int]:
+        gate = ReadGate(1, hold_s=5.0, heavy_s=0.3)
+        gate.saw(LARGE_BYTES)
+        heavy = SlowReads(0.05, messages=4)
+        await _read_side_by_side(gate, heavy, 4)
+        await asyncio.sleep(0.3)
+        calm = SlowReads(0.05, messages=4)
+        await _read_side_by_side(gate, calm, 4)
+        return heavy.most, calm.most
+
+    assert asyncio.run(main()) == (1, 4)
+
+
+def test_a_slow_read_gives_up_its_turn_after_hold_s() -> None:
+    """Two readers stuck on slow senders cannot hold up a third past the hold time."""
+
+    async def main() -> float:
+        gate = ReadGate(2, hold_s=0.1)
+        gate.saw(16 << 20)
+        loop = asyncio.get_running_loop()
+        slow = [asyncio.ensure_future(gate.read(SlowReads(2.0))) for _ in range(2)]  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        started = loop.time()
+        assert await gate.read(SlowReads(0.0)) == b"message"  # type: ignore[arg-type]
+        waited = loop.time() - started
+        for read in slow:
+            read.cancel()
+        await asyncio.gather(*slow, return_exceptions=True)
+        return waited
+
+    assert asyncio.run(main()) < 1.0
+
+
+def test_a_stream_reads_each_message_then_ends() -> None:
+    async def main() -> list[object]:
+        gate = ReadGate(1, hold_s=1.0)
+        gate.saw(LARGE_BYTES)
+        return [m async for m in gate.messages(SlowReads(0.0, messages=3))]  # type: ignore[arg-type]
+
+    assert asyncio.run(main()) == [b"message"] * 3
+
+
+def test_no_slots_means_no_gate() -> None:
+    async def main() -> int:
+        gate = ReadGate(0, hold_s=1.0)
+        gate.saw(16 << 20)
+        context = SlowReads(0.05, messages=3)
+        await _read_side_by_side(gate, context, 3)
+        return context.most
+
+    assert asyncio.run(main()) == 3
+
+
+@pytest.mark.parametrize(("reads", "window_fixed"), [("1", True), ("0", False)])
+def test_flags_reach_the_gate_and_the_http2_window(reads: str, window_fixed: bool) -> None:
+    """With turns, a message waiting for one holds at most UNREAD_WINDOW_BYTES: gRPC core's
+    window probing, which would open the window regardless, is off."""
+    args = build_parser().parse_args(["--max-concurrent-reads", reads, "--read-turn-s", "0.25"])
+    transport = config_from_args(args).transport
+    assert (transport.max_concurrent_reads, transport.read_turn_s) == (int(reads), 0.25)
+    options = dict(transport.options(16 << 20))
+    assert (options.get("grpc.http2.bdp_probe") == 0) is window_fixed
+    assert (options.get("grpc.http2.lookahead_bytes") == config.UNREAD_WINDOW_BYTES) is window_fixed
+
+
+def test_reads_must_be_a_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-concurrent-reads", "-1"])
+    assert "--max-concurrent-reads" in capsys.readouterr().err
