@@ -56,8 +56,9 @@ class TransportConfig:
     # Off by default: a suite run with 600 s saw one call on a long-idle channel hang to
     # its deadline, which did not reproduce; set it where idle slot-holding is the threat.
     max_connection_idle_s: float = 0.0  # 0: never
-    # Request messages read at once per process, each read holding its turn at most
-    # read_turn_s (service/read_gate.py): a read costs about three times its message.
+    # Request messages read at once per process while large ones come, each read holding
+    # its turn at most read_turn_s (service/read_gate.py): a read costs about three times
+    # its message.
     max_concurrent_reads: int = 1  # 0: no limit
     read_turn_s: float = 0.5
     gzip_responses: bool = False

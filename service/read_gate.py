@@ -2,7 +2,7 @@
 
 grpcio hands a request to Python as gRPC core's slices, then a bytearray grown slice by
 slice, then a bytes copy: a 16 MB message costs about 48 MB while it is read. Unbounded,
-three clients sending such messages side by side took +110-145 MB, and more clients more.
+three clients sending such messages side by side took +105-144 MB, and more clients more.
 So while large messages come, each read waits for one of `slots` turns before it asks gRPC
 core for its message; until then all but the first UNREAD_WINDOW_BYTES of it stay in the
 client's socket (service/config.py sets that HTTP/2 window, and turns gRPC core's window

@@ -92,7 +92,6 @@ class PoolingServer:
         await self._load()
         if self.frontend is not None:
             await self.frontend.all_ready()
-
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on port %d", self.port)
 

@@ -484,7 +484,7 @@ def test_envoy_retries_unavailable(envoy: dict[str, Any]) -> None:
     assert len(unary) == 1, "one catch-all route for unary calls"
     policy = unary[0]["route"]["retry_policy"]
     retry_on = set(policy["retry_on"].split(","))
-    assert {"unavailable", "reset", "connect-failure"} <= retry_on
+    assert {"unavailable", "cancelled", "reset", "connect-failure"} <= retry_on
     if "retriable-status-codes" in retry_on:
         assert policy["retriable_status_codes"]
     assert policy["num_retries"] >= 1
