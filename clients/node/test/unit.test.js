@@ -225,6 +225,13 @@ describe('wire behaviour against an in-process fake server', () => {
     server.addService(Service.service, {
       Pool: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         seen.push({ request: call.request, metadata: call.metadata.getMap() });
+        if (call.request.request_id.startsWith('cancel-once')) {
+          const id = call.request.request_id;
+          if (seen.filter((s) => s.request.request_id === id).length === 1) {
+            callback({ code: grpc.status.CANCELLED, details: 'server stopping' });
+            return;
+          }
+        }
         if (call.request.model === 'broken') {
           const trailer = new grpc.Metadata();
           trailer.set('grpc-status-details-bin', richStatusBytes());
@@ -294,6 +301,12 @@ describe('wire behaviour against an in-process fake server', () => {
       assert.equal(error.retryDelayMs, 1500);
       return true;
     });
+  });
+
+  test('a call the server cancelled is retried, as one refused UNAVAILABLE', async () => {
+    const outputs = await client.embed('abc', { requestId: 'cancel-once' });
+    assert.deepEqual(outputs[0].outputs.embedding, [3, 0.5]);
+    assert.equal(seen.filter((s) => s.request.request_id === 'cancel-once').length, 2);
   });
 
   test('local validation rejects before anything is sent', async () => {
