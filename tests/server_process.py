@@ -18,6 +18,12 @@ import grpc
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+# free_port's port is free when it returns, not when the server binds it: in between, any
+# outgoing connection on the machine may be given it as its own ephemeral port (a suite run
+# lost a test so). A server that finds its gRPC port taken is started again on another.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "is the port taken?"  # service/server.py's message
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -97,13 +103,17 @@ def start_server(
     signal the group (os.killpg) as systemd or `timeout` would, without hitting pytest.
     `serving_timeout`: how long its models may take to load (exports included).
     """
-    server = spawn_server(args, log_dir, name, credentials, new_session)
-    try:
-        server.wait_serving(serving_timeout)
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return server
+    for attempt in range(PORT_ATTEMPTS):
+        server = spawn_server(args, log_dir, name, credentials, new_session)
+        try:
+            server.wait_serving(serving_timeout)
+        except BaseException:
+            server.stop(signal.SIGKILL)
+            if attempt + 1 < PORT_ATTEMPTS and PORT_TAKEN in server.log():
+                continue
+            raise
+        return server
+    raise AssertionError("unreachable")
 
 
 def spawn_server(
@@ -127,9 +137,7 @@ def spawn_server(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=new_session,
-            preexec_fn=None
-            if nofile is None
-            else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile),
+            preexec_fn=None if nofile is None else lambda: _limit_files(nofile),
         )
     return ServerProcess(process, port, log_path, credentials)
 
