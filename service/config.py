@@ -53,8 +53,9 @@ class TransportConfig:
     handshake_timeout_s: float = 10.0  # a connection that has not begun HTTP/2 is closed
     # A connection with no call for this long gets GOAWAY (clients reconnect on their next
     # call), so idle connections cannot hold the cap's slots for the half hour of their age.
-    # Off by default: a suite run with 600 s saw one call on a long-idle channel hang to
-    # its deadline, which did not reproduce; set it where idle slot-holding is the threat.
+    # Off by default: it was turned off when a suite run with 600 s saw a call hang to its
+    # deadline; that hang was later traced to pair truncation (engine/tokenization.py), not
+    # to this. Set it where idle slot-holding is the threat.
     max_connection_idle_s: float = 0.0  # 0: never
     # Request messages read at once per process while large ones come, each read holding
     # its turn at most read_turn_s (service/read_gate.py): a read costs about three times
