@@ -67,7 +67,10 @@ class ModelTokenizer:
     def __init__(self, spec: TokenizerSpec, max_input_tokens: int) -> None:
         self.spec = spec
         self._local = threading.local()
-        self._shared = Tokenizer.from_str(spec.source)  # read-only uses: ids to tokens
+        # Shared, its settings never changed after this: ids to tokens, and counting.
+        self._shared = Tokenizer.from_str(spec.source)
+        self._shared.no_truncation()
+        self._shared.no_padding()
         self.max_input_tokens = max_input_tokens
         self.uses_token_type_ids = spec.uses_token_type_ids
         self.pad_token_id = spec.pad_token_id
@@ -142,14 +145,13 @@ class ModelTokenizer:
         """
         out: list[tuple[str, str]] = []
         shifts: list[tuple[int, int]] = []
-        plain = self._plain()
         keep = max_length + PAIR_MARGIN
         for first, second in zip(texts, pairs, strict=True):
             if len(first) + len(second) <= CHARS_PER_TOKEN_BOUND * max_length:
                 out.append((first, second))  # few enough tokens either way
                 shifts.append((0, 0))
                 continue
-            a, b = plain.encode_batch([first, second], add_special_tokens=False)
+            a, b = self._shared.encode_batch([first, second], add_special_tokens=False)
             keep_a, keep_b = min(len(a), keep), min(len(b), keep)
             if len(a) > len(b) and keep_a <= keep_b:
                 keep_a = keep_b + 1
@@ -162,15 +164,6 @@ class ModelTokenizer:
             out.append((first, second))
             shifts.append((start_a, start_b))
         return out, shifts
-
-    def _plain(self) -> Tokenizer:
-        """This thread's tokenizer that neither truncates nor pads (for counting)."""
-        plain: Tokenizer | None = getattr(self._local, "plain", None)
-        if plain is None:
-            plain = self._local.plain = Tokenizer.from_str(self.spec.source)
-            plain.no_truncation()
-            plain.no_padding()
-        return plain
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
         to_token = self._shared.id_to_token

@@ -229,20 +229,20 @@ def _transport_flags(net: Group) -> None:
     net.add_argument(
         "--max-connections",
         type=positive_int,
-        default=1024,
+        default=TransportConfig.max_connections,
         help="gRPC connections open at once, per front end, and never more than a quarter "
         "of the open-file limit; gRPC core closes new ones past it",
     )
     net.add_argument(
         "--handshake-timeout-s",
         type=positive_float,
-        default=10.0,
+        default=TransportConfig.handshake_timeout_s,
         help="close a gRPC connection that has not begun HTTP/2 (and TLS) within this time",
     )
     net.add_argument(
         "--max-connection-idle-s",
         type=float,
-        default=0.0,
+        default=TransportConfig.max_connection_idle_s,
         help="send GOAWAY to a connection with no call for this long; clients reconnect "
         "on their next call (0: never)",
     )
