@@ -76,14 +76,15 @@ class Route:
 
 
 def parse_embeddings(body: Body, request_id: str) -> Parsed:
-    """OpenAI's POST /v1/embeddings."""
+    """OpenAI's POST /v1/embeddings, with vLLM's extra fields (truncate_prompt_tokens,
+    use_activation or its older name normalize), as vLLM's own route takes them."""
     texts = body.texts("input")
     fmt = body.string("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise unknown_value("encoding_format", fmt)
     request = PoolRequest(
         task=Task.EMBED,
-        params=PoolingParams(dimensions=body.integer("dimensions")),
+        params=dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions")),
         request_id=request_id,
         model=body.string("model", ""),
         texts=tuple(texts),

@@ -97,6 +97,35 @@ def test_openai_client_embeddings_equal_grpc(http: HttpServer) -> None:
     np.testing.assert_allclose(one.data[0].embedding, grpc_embed(http, TEXTS[:1], dimensions=8)[0])
 
 
+def test_embeddings_take_vllms_pooling_fields(http: HttpServer) -> None:
+    """vLLM's /v1/embeddings reads truncate_prompt_tokens and normalize (use_activation):
+    so does ours, as the official client sends them (extra_body), never ignoring them."""
+    client = openai.OpenAI(base_url=http.url("/v1"), api_key=KEY, max_retries=0)
+    whole = client.embeddings.create(model="tiny-bert", input=TEXTS[0], encoding_format="float")
+    cut = client.embeddings.create(
+        model="tiny-bert",
+        input=TEXTS[0],
+        encoding_format="float",
+        extra_body={"truncate_prompt_tokens": 3},
+    )
+    assert cut.usage.prompt_tokens == 3 < whole.usage.prompt_tokens
+    np.testing.assert_allclose(
+        cut.data[0].embedding, grpc_embed(http, TEXTS[:1], truncate_prompt_tokens=3)[0], rtol=1e-6
+    )
+    raw = client.embeddings.create(
+        model="tiny-bert", input=TEXTS[0], encoding_format="float", extra_body={"normalize": False}
+    )
+    expected = grpc_embed(http, TEXTS[:1], use_activation=False)[0]
+    assert abs(np.linalg.norm(expected) - 1) > 1e-3  # the raw pooled vector, not unit length
+    np.testing.assert_allclose(raw.data[0].embedding, expected, rtol=1e-6)
+    for bad in (-1.5, "3", 10**12):
+        status, _, body = http.call(
+            "/v1/embeddings", {"input": "x", "model": "tiny-bert", "truncate_prompt_tokens": bad}
+        )
+        assert status in (400, 422), (bad, status, body)
+        assert body["error"]["param"] == "truncate_prompt_tokens", body
+
+
 def test_base64_is_little_endian_float32(http: HttpServer) -> None:
     status, _, body = http.call(
         "/v1/embeddings", {"input": TEXTS[1], "model": "tiny-bert", "encoding_format": "base64"}
