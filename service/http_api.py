@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from engine.errors import FieldViolation, PoolingError, internal_error
 from engine.output_size import MIB, ResponseBudget
@@ -26,7 +26,7 @@ from service import http_doors
 from service.auth import BearerKeys
 from service.errors import HTTP_STATUS
 from service.http_cohere import CohereRoutes
-from service.http_guard import AcceptErrors, ConnectionGuard, HttpLimits
+from service.http_guard import AcceptErrors, ClientFaults, ConnectionGuard, HttpLimits
 from service.http_tei import TeiRoutes
 from service.json_body import Body, BodyError
 from service.routes import JSON_FLOAT_BYTES, ROUTES, Route, error_body, values_in
@@ -74,10 +74,35 @@ class HttpApi:
         tei = TeiRoutes(self)
         post = {path: self.handler(route) for path, route in ROUTES.items()}
         post["/rerank"] = tei.rerank_or(post["/rerank"])
-        app.add_routes([web.post(path, handler) for path, handler in post.items()])
-        app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.health)])
-        app.add_routes(tei.routes() + CohereRoutes(self, self.cohere_prompts).routes())
+        routes = [web.post(path, handler) for path, handler in post.items()]
+        routes += [web.get("/v1/models", self.models), web.get("/health", self.health)]
+        routes += tei.routes() + CohereRoutes(self, self.cohere_prompts).routes()
+        app.add_routes(
+            [
+                web.RouteDef(
+                    d.method, d.path, d.handler, {**d.kwargs, "expect_handler": self._expect}
+                )
+                for d in routes
+            ]
+        )
         return app
+
+    async def _expect(self, request: web.Request) -> None:
+        """`Expect: 100-continue` is answered only for a body the server would read: a
+        client without a valid key, or one declaring a body over the limit, gets its
+        refusal from the middlewares instead, before it sends the body."""
+        expect = request.headers.get("Expect", "")
+        if request.version != HttpVersion11:
+            return
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"unknown Expect: {expect[:64]}")
+        if self._keys and request.path not in UNPROTECTED and not self._authorized(request):
+            return
+        length = request.content_length
+        if length is not None and length > request.client_max_size:
+            return
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer proper has not started
 
     async def start(
         self,
@@ -94,6 +119,7 @@ class HttpApi:
         limits = limits or HttpLimits()
         loop = asyncio.get_running_loop()
         AcceptErrors(loop)
+        ClientFaults.install()
         self.guard = ConnectionGuard(limits, _error_response)
         # A client that goes away cancels its handler, which drops its queued items.
         self._runner = web.AppRunner(

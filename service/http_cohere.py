@@ -79,6 +79,7 @@ FIELD_NAMES = {
     "score.text_2": "documents",
     "score.text_1": "query",
     "params.dimensions": "output_dimension",
+    "params.truncate_prompt_tokens (-1 truncates to the maximum)": "truncate to END or START",
     "params.truncate_prompt_tokens": "max_tokens",
 }
 

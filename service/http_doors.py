@@ -11,6 +11,7 @@ other connections, and an answer over --max-http-response-mb is refused.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.model_info import ModelInfo
@@ -105,10 +107,31 @@ def present(raw: msgspec.Raw) -> bool:
     return len(raw) > 0 and bytes(raw) != b"null"
 
 
+async def read_raw(request: web.Request) -> bytes:
+    """The body's bytes. One that cannot be read as its headers say (a Content-Encoding
+    its bytes do not decode by, a chunked body cut short) is the client's MALFORMED_REQUEST,
+    which every door answers in its own shape; a client gone mid-body is a cancelled call."""
+    try:
+        return await request.read()
+    except RequestPayloadError as exc:
+        raise PoolingError(
+            ErrorKind.INVALID_ARGUMENT,
+            "MALFORMED_REQUEST",
+            f"the body could not be read as its headers describe it: {_problem(exc)}",
+        ) from None
+    except ConnectionError:
+        raise asyncio.CancelledError from None
+
+
+def _problem(exc: BaseException) -> str:
+    """aiohttp's "400, message:\n  Can not decode ..." as "Can not decode ..."."""
+    return " ".join(str(exc).partition("message:")[2].split()) or type(exc).__name__
+
+
 async def read_body(request: web.Request, max_inputs: int) -> json_body.Body:
     """The body as service/json_body.py reads it (the OpenAI/vLLM routes'), its input lists
     counted against `max_inputs` as read; on a worker thread when large."""
-    raw = await request.read()
+    raw = await read_raw(request)
     if len(raw) > OFF_LOOP_BODY:
         return await asyncio.to_thread(json_body.parse_body, raw, max_inputs)
     return json_body.parse_body(raw, max_inputs)
@@ -117,7 +140,7 @@ async def read_body(request: web.Request, max_inputs: int) -> json_body.Body:
 async def decode_body(request: web.Request, kind: type[Any]) -> Any:
     """The body as `kind`, its nesting checked first (service/json_body.py's bound), on a
     worker thread when large; a wrong type stops at the first wrong value."""
-    raw = await request.read()
+    raw = await read_raw(request)
     if len(raw) > OFF_LOOP_BODY:
         return await asyncio.to_thread(_decode, raw, kind)
     return _decode(raw, kind)
@@ -140,6 +163,13 @@ def where(problem: str) -> str:
     if not field:
         return f"body: {message}"
     return f"{field}: {message}"
+
+
+def within(field: str, exc: msgspec.DecodeError) -> str:
+    """A raw field's decode error, its path inside the field kept: "inputs[0][1]: Expected
+    `str`, got `int`", or "inputs: Invalid UTF-8 encoded string"."""
+    message, _, at = str(exc).partition(" - at `$")
+    return f"{field}{at.rstrip('`')}: {message}"
 
 
 def text_list(raw: msgspec.Raw, field: str, max_inputs: int) -> list[str]:
@@ -186,10 +216,12 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
 
 def rename_fields(message: str, names: dict[str, str]) -> str:
     """The engine names fields by the gRPC request's paths (`embed.texts[2]`); a door's
-    errors name its own (`inputs[2]`)."""
-    for engine_name, door_name in names.items():
-        message = message.replace(engine_name, door_name)
-    return message
+    errors name its own (`inputs[2]`). A name is matched whole, never inside a longer one
+    (`embed.texts` within `token_embed.texts`)."""
+    pattern = re.compile(
+        r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + ")"
+    )
+    return pattern.sub(lambda found: names[found.group(1)], message)
 
 
 def unprocessable(field: str, description: str) -> PoolingError:

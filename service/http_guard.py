@@ -29,6 +29,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from service.config import HTTP_DESCRIPTOR_SHARE, HttpLimits, descriptor_budget
 
@@ -286,7 +288,12 @@ class ConnectionGuard:
         )
 
     async def _read_at_rate(self, request: web.Request) -> bool:
-        """False when a window of body_timeout_s brought too few bytes."""
+        """False when a window of body_timeout_s brought too few bytes.
+
+        A body past the limit is 413 here. A read that fails otherwise (a body its
+        Content-Encoding does not decode, the client gone) counts as done: the stream keeps
+        the error, so the route's own read raises it again and answers it in its door's
+        shape."""
         window = self.limits.body_timeout_s
         needed = self.limits.body_min_bytes_per_s * window
         content = request.content
@@ -296,14 +303,19 @@ class ConnectionGuard:
             while True:
                 done, _ = await asyncio.wait({reading}, timeout=window)
                 if done:
-                    reading.result()  # 413 past the limit, or the client gone
+                    error = reading.exception()
+                    if isinstance(error, web.HTTPException):  # 413: a body read past the limit
+                        raise error
                     return True
                 received = content.total_raw_bytes
                 if received - seen < needed:
                     return False
                 seen = received
         finally:
-            if not reading.done():
+            if reading.done():
+                if not reading.cancelled():
+                    reading.exception()  # retrieved: asyncio would log it as never seen
+            else:
                 reading.cancel()
 
     async def _refuse(
@@ -326,6 +338,40 @@ class ConnectionGuard:
 
 def _limit(value: int) -> str:
     return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+class ClientFaults(logging.Filter):
+    """Keeps aiohttp's tracebacks for requests the client broke out of the log.
+
+    aiohttp answers a request it cannot parse (a bad request line or header, a body its
+    Content-Encoding does not decode, a client gone mid-body) with 400 or a closed socket,
+    and logs a traceback at ERROR for each: a client could fill the log with them. They are
+    the client's faults, answered already, so one rate-limited warning line says how many
+    came; errors of any other kind pass through untouched."""
+
+    FAULTS: tuple[type[BaseException], ...] = (
+        HttpProcessingError,
+        RequestPayloadError,
+        ConnectionError,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._log = RateLimitedLog("refused malformed HTTP requests, the last: %s")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, self.FAULTS):
+            self._log.hit(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}")
+            return False
+        return True
+
+    @classmethod
+    def install(cls) -> None:
+        """Once per process, on aiohttp's server logger."""
+        logger = logging.getLogger("aiohttp.server")
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
 
 
 class AcceptErrors:

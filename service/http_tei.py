@@ -47,7 +47,7 @@ from service.http_doors import (
     render,
     request_id,
     text_list,
-    where,
+    within,
 )
 from service.runner import RequestRunner
 from service.version import server_version
@@ -66,6 +66,8 @@ FIELD_NAMES = {
     "classify.texts": "inputs",
     "score.text_1": "inputs",
     "score.text_2": "inputs",
+    # The engine's advice for a long input; TEI's truncate is a boolean.
+    "params.truncate_prompt_tokens (-1 truncates to the maximum)": "truncate to true",
     "params.truncate_prompt_tokens": "truncate",
     "params.use_activation": "normalize",
     "params.dimensions": "dimensions",
@@ -417,10 +419,8 @@ class TeiRoutes:
         _count(body.inputs, "inputs", self._max_inputs)
         try:
             inputs = _PREDICT_INPUTS.decode(body.inputs)
-        except msgspec.ValidationError as exc:
-            raise DoorError(
-                422, "Validation", "inputs" + where(str(exc)).partition(":")[2]
-            ) from None
+        except msgspec.DecodeError as exc:  # a wrong type, or bytes that are not UTF-8
+            raise DoorError(422, "Validation", within("inputs", exc)) from None
         batch, single = _sequences(inputs)
         if not batch:
             raise DoorError(400, "Empty", "`inputs` cannot be empty")
@@ -538,8 +538,8 @@ class TeiRoutes:
         _count(body.ids, "ids", self._max_inputs)
         try:
             ids = _IDS.decode(body.ids)
-        except msgspec.ValidationError as exc:
-            raise DoorError(422, "Validation", "ids" + where(str(exc)).partition(":")[2]) from None
+        except msgspec.DecodeError as exc:
+            raise DoorError(422, "Validation", within("ids", exc)) from None
         if ids and all(isinstance(i, int) for i in ids):
             sequences: list[list[int]] = [ids]  # type: ignore[list-item]
         elif all(isinstance(i, list) for i in ids):

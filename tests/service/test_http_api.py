@@ -4,8 +4,11 @@ the same results and error reasons as gRPC, auth, health and metrics by protocol
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import signal
+import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,3 +297,98 @@ def test_status_mapping_of_overload_and_unavailability() -> None:
     broken = _pooling_error(PoolingError(ErrorKind.INTERNAL, "INTERNAL_ERROR", "internal"))
     body = json.loads(broken.body)  # type: ignore[arg-type]
     assert (broken.status, body["error"]["type"]) == (500, "server_error")
+
+
+# ------------------------------------------------------------ bodies the client broke
+
+
+def _raw(http: HttpServer, request: bytes, then: bytes = b"", wait_s: float = 0.3) -> bytes:
+    """What the server sends back within a few seconds of `request` (then `then`)."""
+    with socket.create_connection(("127.0.0.1", http.http_port), timeout=5) as sock:
+        sock.sendall(request)
+        if then:
+            time.sleep(wait_s)
+            sock.sendall(then)
+        received = b""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and b"\r\n\r\n" not in received:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def _head(path: str, length: int, *headers: str, key: str | None = KEY) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    lines += [f"Authorization: Bearer {key}"] if key else []
+    lines += [f"Content-Length: {length}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_a_body_its_content_encoding_does_not_decode_is_the_clients_error(
+    http: HttpServer,
+) -> None:
+    """gzip or deflate named over plain JSON: 400 MALFORMED_REQUEST in each door's shape,
+    not 500, and no traceback in the log."""
+    offset = len(http.process.log())
+    body = json.dumps({"input": "hi", "model": "tiny-bert"}).encode()
+    for path, status, field in (
+        ("/v1/embeddings", 400, "reason"),
+        ("/embed", 422, "error_type"),
+        ("/v2/embed", 400, "message"),
+    ):
+        for encoding in ("gzip", "deflate"):
+            answer = _raw(http, _head(path, len(body), f"Content-Encoding: {encoding}") + body)
+            head, _, payload = answer.partition(b"\r\n\r\n")
+            assert head.startswith(f"HTTP/1.1 {status}".encode()), (path, encoding, answer[:300])
+            assert b"could not be read" in payload or b"MALFORMED" in payload, payload[:300]
+            assert field.encode() in payload
+    # A body that does decode by its encoding is served.
+    packed = gzip.compress(body)
+    answer = _raw(http, _head("/v1/embeddings", len(packed), "Content-Encoding: gzip") + packed)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    _no_traceback_since(http, offset)
+
+
+def _no_traceback_since(http: HttpServer, offset: int) -> None:
+    time.sleep(0.5)  # aiohttp logs after the answer
+    log = http.process.log()[offset:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+def test_broken_requests_leave_one_warning_not_a_traceback_each(http: HttpServer) -> None:
+    """Requests aiohttp cannot parse, and clients gone mid-body, are answered (400, or a
+    closed socket) and counted in one rate-limited warning: a client cannot fill the log."""
+    offset = len(http.process.log())
+    broken = [
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Content-Length: 6\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n",
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    ]
+    for request in broken * 5:
+        assert b" 400 " in _raw(http, request).partition(b"\r\n")[0]
+    for _ in range(5):  # a body cut short by the client going away
+        with socket.create_connection(("127.0.0.1", http.http_port), timeout=5) as sock:
+            sock.sendall(_head("/v1/embeddings", 30) + b'{"input":')
+            time.sleep(0.2)
+    _no_traceback_since(http, offset)
+    status, _, _ = http.call("/v1/embeddings", {"input": "still fine", "model": "tiny-bert"})
+    assert status == 200
+
+
+def test_expect_100_continue_only_for_a_body_the_server_will_read(http: HttpServer) -> None:
+    """curl sends Expect: 100-continue before large bodies: a keyless or oversized one hears
+    its refusal before sending; a good one hears 100 Continue and is served."""
+    body = json.dumps({"input": "hi", "model": "tiny-bert"}).encode()
+    expect = "Expect: 100-continue"
+    assert _raw(http, _head("/v1/embeddings", len(body), expect, key=None)).startswith(
+        b"HTTP/1.1 401"
+    )
+    assert _raw(http, _head("/embed", 10**10, expect)).startswith(b"HTTP/1.1 413")
+    with socket.create_connection(("127.0.0.1", http.http_port), timeout=5) as sock:
+        sock.sendall(_head("/v1/embeddings", len(body), expect))
+        assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")

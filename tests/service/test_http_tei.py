@@ -94,6 +94,9 @@ def test_embed_all_and_embed_sparse(doors: DoorsServer) -> None:
         assert {w["index"]: w["value"] for w in weights} == pytest.approx(grpc.outputs.to_dict())
     _, _, routed = doors.call("/", {"inputs": TEXTS[0], "model": "splade"})
     assert routed == sparse[:1]
+    # The engine's token_embed.texts[1], named as TEI names it.
+    long = doors.call("/embed_all", {"inputs": ["ok", "x " * 1000]})
+    assert assert_tei_error(long, 422, "Tokenizer").startswith("inputs[1]: has ")
 
 
 def test_answers_over_the_http_response_cap_are_refused(doors: DoorsServer) -> None:
@@ -252,6 +255,16 @@ def test_root_routes_by_model_kind(doors: DoorsServer) -> None:
         ("/embed", {"text": "x"}, 422, "Validation", "inputs"),
         ("/embed", [1], 422, "Validation", "body"),
         ("/predict", {"inputs": "x"}, 424, "Backend", "classify"),
+        (
+            "/predict",
+            {"model": "classifier", "inputs": [["a", 1]]},
+            422,
+            "Validation",
+            "inputs[0][1]",
+        ),
+        ("/decode", {"ids": [1.5]}, 422, "Validation", "ids[0]"),
+        # With TEI's advice: its truncate is a boolean.
+        ("/embed_all", {"inputs": ["x " * 1000]}, 422, "Tokenizer", "set truncate to true"),
         ("/rerank", {"query": 3, "texts": ["a"]}, 422, "Validation", "query"),
         ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, 400, "Empty", ""),
         ("/tokenize", {"inputs": []}, 400, "Empty", "inputs"),
@@ -266,6 +279,11 @@ def test_errors_in_tei_shape(
 
 def test_malformed_json_and_auth(doors: DoorsServer) -> None:
     assert_tei_error(doors.call("/embed", raw=b"{not json"), 422, "Validation")
+    # Bytes that are not UTF-8 inside a string: the client's 422, on every route.
+    for path in ("/embed", "/predict", "/tokenize"):
+        raw = b'{"model": "classifier", "inputs": "\xc3("}'
+        message = assert_tei_error(doors.call(path, raw=raw), 422, "Validation")
+        assert "UTF-8" in message or "string" in message, (path, message)
     status, _, _ = doors.call("/embed", {"inputs": "x"}, key=None)
     assert status == 401
     status, _, _ = doors.call("/info", key="wrong")
