@@ -749,7 +749,12 @@ def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
 
 def validate_tokenize(texts: Sequence[str], info: ModelInfo, limits: Limits) -> None:
     """Tokenize's bounds: as many texts as a request, each up to the long-text character
-    limit (Tokenize counts tokens of texts that may be truncated or chunked later)."""
+    limit (Tokenize counts tokens of texts that may be truncated or chunked later). No
+    text at all is EMPTY_INPUT, as for every other request."""
+    if not texts:
+        raise PoolingError.invalid(
+            [FieldViolation("texts", "must hold at least one text", "EMPTY_INPUT")]
+        )
     if len(texts) > limits.max_client_batch_size:
         raise PoolingError.invalid(
             [

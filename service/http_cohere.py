@@ -240,9 +240,15 @@ class CohereRoutes:
         if truncate not in ("NONE", "START", "END"):
             raise DoorError(400, "", "truncate: must be NONE, START or END")
         limit = body.max_tokens
-        if limit is not None and limit < 1:
-            raise DoorError(400, "", "max_tokens: must be at least 1")
-        if truncate != "NONE" and limit is None:
+        if limit is not None:
+            if limit < 1:
+                raise DoorError(400, "", "max_tokens: must be at least 1")
+            # A ceiling, as on rerank: past the model's maximum it is the maximum.
+            limit = max(min(limit, info.max_input_tokens), info.num_special_tokens)
+            if truncate == "NONE":  # longer inputs are refused, not cut
+                await self._refuse_longer(body.model, texts, limit)
+                limit = None
+        elif truncate != "NONE":
             limit = -1  # the model's maximum
         pool = PoolRequest(
             task=Task.EMBED,
@@ -278,28 +284,26 @@ class CohereRoutes:
         return await render(build, values, self.api.max_response_bytes)
 
     async def rerank(self, request: web.Request) -> web.Response:
-        engine = self.runner.ready()
+        self.runner.ready()
         body = await decode_body(request, _Rerank)
         if body.query is None:
             raise DoorError(400, "", "query: missing; send a string")
         if body.documents is None:
             raise DoorError(400, "", "documents: missing; send a list of strings")
         documents = [d if isinstance(d, str) else d.text for d in body.documents]
-        info = engine.resolve(body.model).info
         top_n = body.top_n
         if top_n is not None and top_n < 1:
             raise DoorError(400, "", "top_n: must be at least 1")
-        limit = -1  # Cohere truncates long documents rather than refusing them
+        scored = documents
         if body.max_tokens_per_doc is not None:
             if body.max_tokens_per_doc < 1:
                 raise DoorError(400, "", "max_tokens_per_doc: must be at least 1")
-            limit = max(
-                min(body.max_tokens_per_doc, info.max_input_tokens), info.num_special_tokens
-            )
+            scored = await self._cut_documents(body.model, documents, body.max_tokens_per_doc)
         rerank = RerankRequest(
             query=body.query,
-            documents=tuple(documents),
-            params=PoolingParams(truncate_prompt_tokens=limit),
+            documents=tuple(scored),
+            # Cohere truncates a long pair rather than refusing it.
+            params=PoolingParams(truncate_prompt_tokens=-1),
             request_id=request["request_id"],
             model=body.model,
             top_n=top_n or 0,
@@ -323,10 +327,36 @@ class CohereRoutes:
             }
         )
 
+    async def _refuse_longer(self, model: str, texts: Sequence[str], limit: int) -> None:
+        """truncate NONE with max_tokens: an input over max_tokens is an error (Cohere's)."""
+        _, tokenized = await self.runner.tokenize(model, texts)
+        for n, tokens in enumerate(tokenized):
+            if len(tokens.token_ids) > limit:
+                raise DoorError(
+                    400,
+                    "",
+                    f"texts[{n}]: has {len(tokens.token_ids)} tokens, more than max_tokens "
+                    f"({limit}); shorten it, or set truncate to END or START",
+                )
+
+    async def _cut_documents(self, model: str, documents: Sequence[str], limit: int) -> list[str]:
+        """Each document cut after its first `limit` tokens (Cohere's max_tokens_per_doc),
+        at the end of that token in its text; the query and the pair are not counted."""
+        if not documents:  # the rerank refuses that itself, naming its own field
+            return list(documents)
+        _, tokenized = await self.runner.tokenize(model, documents, add_special_tokens=False)
+        cut = []
+        for text, tokens in zip(documents, tokenized, strict=True):
+            offsets = tokens.offsets
+            cut.append(text[: offsets[limit - 1][1]] if len(offsets) > limit else text)
+        return cut
+
 
 def _embed_texts(body: _Embed, max_inputs: int) -> list[str]:
     """`texts`, or the text of each of `inputs` (its text parts, joined by newlines)."""
     if len(body.texts) and bytes(body.texts) != b"null":
+        if body.inputs is not None:
+            raise DoorError(400, "", "texts, inputs: send one of them, not both")
         try:
             return text_list(body.texts, "texts", max_inputs)
         except DoorError as error:  # Cohere answers 400 for too many texts too
@@ -339,6 +369,8 @@ def _embed_texts(body: _Embed, max_inputs: int) -> list[str]:
         )
     texts = []
     for n, item in enumerate(body.inputs):
+        if not item.content:
+            raise DoorError(400, "", f"inputs[{n}].content: must hold at least one text part")
         parts = []
         for k, content in enumerate(item.content):
             if content.type != "text" or content.text is None:

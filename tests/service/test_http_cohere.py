@@ -10,7 +10,9 @@ import cohere
 import numpy as np
 import pytest
 from cohere.core.api_error import ApiError
+from transformers import AutoTokenizer
 
+from tests.fixture_models import MINILM
 from tests.service.doors_server import KEY, DoorsServer
 
 TEXTS = ["the cat sat on the mat", "a quick brown fox", "pooling over http"]
@@ -96,6 +98,33 @@ def test_embed_other_types_truncation_and_inputs(doors: DoorsServer, co: cohere.
         np.array(short.embeddings.float_, np.float32),
         grpc_vectors(doors, [LONG], truncate_prompt_tokens=16).astype(np.float32),
     )
+    # max_tokens is a ceiling: past the model's maximum it is the maximum.
+    ceiling = co.embed(
+        model="embedder", texts=[LONG], input_type="classification", max_tokens=10**6
+    )
+    assert ceiling.embeddings.float_ == end.embeddings.float_
+    # truncate NONE with max_tokens refuses a longer input, and serves one that fits.
+    with pytest.raises(ApiError) as over:
+        co.embed(
+            model="embedder",
+            texts=["short", TEXTS[0]],
+            input_type="classification",
+            truncate="NONE",
+            max_tokens=4,
+        )
+    assert over.value.status_code == 400 and "texts[1]" in over.value.body["message"]
+    assert "max_tokens" in over.value.body["message"]
+    fits = co.embed(
+        model="embedder",
+        texts=TEXTS[:1],
+        input_type="classification",
+        truncate="NONE",
+        max_tokens=64,
+    )
+    np.testing.assert_array_equal(
+        np.array(fits.embeddings.float_, np.float32),
+        grpc_vectors(doors, TEXTS[:1]).astype(np.float32),
+    )
     status, _, body = doors.call(
         "/v2/embed",
         {
@@ -123,12 +152,25 @@ def test_rerank_equals_grpc(doors: DoorsServer, co: cohere.ClientV2) -> None:
         rtol=1e-6,
     )
     assert response.id and response.meta.billed_units.search_units == 1
+    # max_tokens_per_doc cuts each document after its first tokens; the query is not counted.
     capped = co.rerank(model="cross", query="pets", documents=[LONG], max_tokens_per_doc=16)
+    ends = AutoTokenizer.from_pretrained(MINILM)(
+        LONG, add_special_tokens=False, return_offsets_mapping=True
+    )["offset_mapping"]
     with doors.grpc() as client:
-        truncated = client.rerank("pets", [LONG], model="cross", truncate_prompt_tokens=16)
+        cut = client.rerank("pets", [LONG[: ends[15][1]]], model="cross")
+        whole = client.rerank("pets", [LONG], model="cross", truncate_prompt_tokens=-1)
     assert capped.results[0].relevance_score == pytest.approx(
-        truncated.results[0].relevance_score, rel=1e-6
+        cut.results[0].relevance_score, rel=1e-6
     )
+    assert capped.results[0].relevance_score != pytest.approx(whole.results[0].relevance_score)
+    query = "what is the capital city of france and germany, and which river runs through it"
+    short = ["paris", "berlin", "rome"]
+    uncapped = co.rerank(model="cross", query=query, documents=short)
+    kept = co.rerank(model="cross", query=query, documents=short, max_tokens_per_doc=3)
+    assert [(r.index, r.relevance_score) for r in kept.results] == [
+        (r.index, r.relevance_score) for r in uncapped.results
+    ]
 
 
 @pytest.mark.parametrize(
@@ -144,6 +186,16 @@ def test_rerank_equals_grpc(doors: DoorsServer, co: cohere.ClientV2) -> None:
         ({"model": "embedder", "texts": "x" * 3, "max_tokens": "ten"}, 400, "max_tokens"),
         ({"model": "embedder", "texts": ["x"] * 17}, 400, "17"),  # as Cohere: over 96
         ({"model": "classifier", "texts": ["x"]}, 400, "embed"),
+        ({"model": "embedder", "inputs": [{"content": []}]}, 400, "inputs[0].content"),
+        (
+            {
+                "model": "embedder",
+                "texts": ["x"],
+                "inputs": [{"content": [{"type": "text", "text": "y"}]}],
+            },
+            400,
+            "not both",
+        ),
     ],
 )
 def test_embed_errors_in_cohere_shape(

@@ -12,6 +12,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL, Served
 from tests.fixture_models import MINILM
+from tests.rpc_errors import decode_rpc_error
 from tests.server_process import ServerProcess
 
 
@@ -58,6 +59,23 @@ def test_tokenize_matches_the_tokenizer(client: PoolingClient) -> None:
         ]
     without = client.tokenize(["Hello world"], add_special_tokens=False)[0]
     assert without.token_ids == reference("Hello world", add_special_tokens=False)["input_ids"]
+
+
+def test_tokenize_without_texts_is_empty_input_as_pool_is(server: ServerProcess) -> None:
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
+        for call in (
+            lambda: stub.Tokenize(pb.TokenizeRequest(), timeout=30),
+            lambda: stub.Pool(pb.PoolRequest(embed=pb.TextInput()), timeout=30),
+        ):
+            try:
+                call()
+            except grpc.RpcError as error:
+                decoded = decode_rpc_error(error)
+                assert decoded.code == grpc.StatusCode.INVALID_ARGUMENT, decoded
+                assert decoded.info is not None and decoded.info.reason == "EMPTY_INPUT"
+            else:
+                raise AssertionError("a request without texts was answered")
 
 
 def test_reflection_describes_the_schema_well_enough_to_call_it(server: ServerProcess) -> None:
