@@ -59,6 +59,7 @@ class _Fields(msgspec.Struct):
     query: msgspec.Raw = msgspec.Raw()
     top_n: msgspec.Raw = msgspec.Raw()
     return_documents: msgspec.Raw = msgspec.Raw()
+    add_special_tokens: msgspec.Raw = msgspec.Raw()
 
 
 class _Document(msgspec.Struct):

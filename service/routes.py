@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import FieldViolation
+import numpy as np
+
+from engine.errors import FieldViolation, PoolingError
 from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
@@ -79,9 +81,7 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
     """OpenAI's POST /v1/embeddings, with vLLM's extra fields (truncate_prompt_tokens,
     use_activation or its older name normalize), as vLLM's own route takes them."""
     texts = body.texts("input")
-    fmt = body.string("encoding_format", "float")
-    if fmt not in ("float", "base64"):
-        raise unknown_value("encoding_format", fmt)
+    fmt = _encoding_format(body)
     request = PoolRequest(
         task=Task.EMBED,
         params=dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions")),
@@ -94,11 +94,7 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
         data = []
         for index, output in enumerate(result.outputs):
             assert isinstance(output, Embedding)
-            values: Any
-            if fmt == "base64":
-                values = base64.b64encode(output.values.astype("<f4").tobytes()).decode()
-            else:
-                values = output.values.tolist()
+            values = _encoded(output.values, fmt)
             data.append({"object": "embedding", "index": index, "embedding": values})
         return {"object": "list", "data": data, "model": result.model, "usage": usage(result)}
 
@@ -153,10 +149,12 @@ POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
 
 
 def parse_pooling(body: Body, request_id: str) -> Parsed:
-    """vLLM's POST /pooling: any task; `data` is a vector (or a row per token)."""
+    """vLLM's POST /pooling: any task; `data` is a vector (or a row per token), or with
+    encoding_format base64 its little-endian float32 bytes, rows one after another."""
     task = body.string("task", "embed")
     if task not in POOLING_TASKS:
         raise unknown_value("task", task)
+    fmt = _encoding_format(body)
     params = dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions"))
     request = PoolRequest(
         task=Task(task),
@@ -170,14 +168,14 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
         data = []
         for index, output in enumerate(result.outputs):
             if isinstance(output, Classification):
-                row = output.probs.tolist()
+                row = _encoded(output.probs, fmt)
             else:
                 assert isinstance(output, (Embedding, TokenRows))
-                row = output.values.tolist()
+                row = _encoded(output.values, fmt)
             data.append({"index": index, "object": "pooling", "data": row})
         return listing(request_id, result, data)
 
-    return Parsed(request, render)
+    return Parsed(request, render, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES)
 
 
 def parse_rerank(body: Body, request_id: str) -> Parsed:
@@ -227,9 +225,36 @@ ROUTES: dict[str, Route] = {
 # ------------------------------------------------------------------ helpers
 
 
+def _encoding_format(body: Body) -> str:
+    fmt = body.string("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise unknown_value("encoding_format", fmt)
+    return fmt
+
+
+def _encoded(values: np.ndarray, fmt: str) -> Any:
+    """Floats as JSON numbers, or (base64) the little-endian float32 bytes of them all."""
+    if fmt == "base64":
+        return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode()
+    return values.tolist()
+
+
 def pooling_params(body: Body) -> PoolingParams:
     """vLLM's request-level pooling fields: use_activation (or its older name softmax /
-    normalize) and truncate_prompt_tokens."""
+    normalize) and truncate_prompt_tokens. vLLM's add_special_tokens may only be true
+    (its default): the texts are always encoded as the model was trained on them, so
+    false is refused rather than ignored."""
+    if body.boolean("add_special_tokens") is False:
+        raise PoolingError.invalid(
+            [
+                FieldViolation(
+                    "add_special_tokens",
+                    "false is not supported: every text is encoded with the model's special "
+                    "tokens; leave it out or send true",
+                    "UNSUPPORTED_FIELD",
+                )
+            ]
+        )
     use_activation = None
     for name in ("use_activation", "softmax", "normalize", "activation"):
         use_activation = body.boolean(name)

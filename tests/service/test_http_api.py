@@ -215,6 +215,30 @@ def test_score_classify_and_pooling_equal_grpc(http: HttpServer) -> None:
     np.testing.assert_allclose(
         [d["data"] for d in body["data"]], grpc_embed(http, TEXTS), rtol=1e-6, atol=1e-7
     )
+    # vLLM's encoding_format on /pooling: each item's float32 bytes, rows one after another.
+    status, _, packed = http.call(
+        "/pooling",
+        {"model": "ner", "input": TEXTS[:1], "task": "token_classify", "encoding_format": "base64"},
+    )
+    assert status == 200
+    values = np.frombuffer(base64.b64decode(packed["data"][0]["data"]), dtype="<f4")
+    np.testing.assert_array_equal(values, rows.reshape(-1))
+    status, _, refused = http.call(
+        "/pooling", {"model": "tiny-bert", "input": "x", "encoding_format": "bogus"}
+    )
+    assert status == 400 and refused["error"]["param"] == "encoding_format", refused
+
+
+def test_add_special_tokens_false_is_refused_not_ignored(http: HttpServer) -> None:
+    for path, body in (
+        ("/v1/embeddings", {"model": "tiny-bert", "input": "x"}),
+        ("/pooling", {"model": "tiny-bert", "input": "x"}),
+        ("/classify", {"model": "classifier", "input": "x"}),
+    ):
+        status, _, answer = http.call(path, {**body, "add_special_tokens": False})
+        assert status == 400, (path, answer)
+        assert answer["error"]["param"] == "add_special_tokens", answer
+        assert http.call(path, {**body, "add_special_tokens": True})[0] == 200
 
 
 def test_models_health_and_metrics_by_protocol(http: HttpServer) -> None:
