@@ -294,7 +294,8 @@ def values_in(result: object) -> int:
 
 
 # OpenAI's error `type` values, which its SDK and the tools built on it read.
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+# OpenAI's error types; any other 4xx is invalid_request_error, a 5xx server_error.
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
 def error_body(
@@ -309,7 +310,9 @@ def error_body(
     the reason, every field violation and the retry delay."""
     error: dict[str, Any] = {
         "message": message,
-        "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request"),
+        "type": ERROR_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        ),
         "param": violations[0].field if violations else None,
         "code": reason,
         "reason": reason,

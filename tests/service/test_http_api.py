@@ -229,6 +229,23 @@ def test_score_classify_and_pooling_equal_grpc(http: HttpServer) -> None:
     assert status == 400 and refused["error"]["param"] == "encoding_format", refused
 
 
+def test_error_types_are_openais(http: HttpServer) -> None:
+    """Each status's `type` is one of OpenAI's, whatever the route's error."""
+    cases = [
+        (("/v1/embeddings", {"input": "x", "model": "tiny-bert", "dimensions": 1.5}), 422),
+        (("/classify", {"input": "x", "model": "tiny-bert"}), 412),
+        (("/v1/embeddings", {"input": "x", "model": "nope"}), 404),
+        (("/v1/embeddings", {"input": []}), 400),
+    ]
+    expected = {400: "invalid_request_error", 404: "not_found_error"}
+    for (path, body), status in cases:
+        got, _, answer = http.call(path, body)
+        assert got == status, answer
+        assert answer["error"]["type"] == expected.get(status, "invalid_request_error"), answer
+    got, _, answer = http.call("/v1/embeddings", {"input": "x"}, key="wrong")
+    assert (got, answer["error"]["type"]) == (401, "authentication_error")
+
+
 def test_add_special_tokens_false_is_refused_not_ignored(http: HttpServer) -> None:
     for path, body in (
         ("/v1/embeddings", {"model": "tiny-bert", "input": "x"}),
