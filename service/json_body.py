@@ -149,8 +149,8 @@ class Body:
             return None
         try:
             return decoder.decode(raw)
-        except msgspec.DecodeError:
-            raise BodyError(name, f"must be {wants}") from None
+        except msgspec.DecodeError as exc:
+            raise BodyError(name, _not_utf8(exc) or f"must be {wants}") from None
 
     def string(self, name: str, default: str) -> str:
         value = self._typed(name, _str, "a string")
@@ -212,7 +212,9 @@ def decode_list(
         return _decode_documents(raw)
     try:
         value = _texts.decode(raw)
-    except msgspec.DecodeError:
+    except msgspec.DecodeError as exc:
+        if problem := _not_utf8(exc):
+            return name, FieldViolation(name, problem, "INVALID_BODY")
         if _NUMBER_OR_LIST.match(bytes(memoryview(raw)[:64])):
             return name, FieldViolation(
                 name,
@@ -222,6 +224,11 @@ def decode_list(
             )
         return name, FieldViolation(name, "must be a string or a list of strings", "INVALID_BODY")
     return [value] if isinstance(value, str) else value
+
+
+def _not_utf8(exc: msgspec.DecodeError) -> str | None:
+    """A string whose bytes are not UTF-8 is said to be so, not to be of the wrong type."""
+    return "holds bytes that are not valid UTF-8" if "UTF-8" in str(exc) else None
 
 
 def _decode_documents(raw: msgspec.Raw) -> list[str] | tuple[str, FieldViolation]:

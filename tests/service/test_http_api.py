@@ -155,6 +155,17 @@ def test_openai_client_sees_the_error_reason_and_field(http: HttpServer) -> None
         )
 
 
+def test_bytes_that_are_not_utf8_are_named_so(http: HttpServer) -> None:
+    for raw, field in (
+        (b'{"input": "ab\xc3(", "model": "tiny-bert"}', "input"),
+        (b'{"input": ["ok", "\xff"], "model": "tiny-bert"}', "input"),
+        (b'{"input": "ok", "model": "tiny\xc3("}', "model"),
+    ):
+        status, _, body = http.call("/v1/embeddings", raw=raw)
+        assert status == 422 and body["error"]["param"] == field, body
+        assert "not valid UTF-8" in body["error"]["message"], body
+
+
 def test_errors_carry_grpc_reasons_and_statuses(http: HttpServer) -> None:
     status, _, body = http.call("/v1/embeddings", {"input": "x", "dimensions": 99999})
     assert status == 400
