@@ -88,12 +88,25 @@ class _Embed(msgspec.Struct):
     model: str = ""
 
 
+class _TextClassificationParameters(msgspec.Struct):
+    """What huggingface_hub's InferenceClient.text_classification sends beside `inputs`."""
+
+    top_k: int | None = None
+    function_to_apply: str | None = None  # sigmoid, softmax or none
+
+
 class _Predict(msgspec.Struct):
     inputs: msgspec.Raw = msgspec.Raw()
     raw_scores: bool = False
     truncate: bool | None = None
     truncation_direction: str | None = None
     model: str = ""
+    # Sent by Hugging Face's Inference API clients (TEI ignores it): then the answer for a
+    # single input is that API's [[{label, score}, ...]], which the client unwraps.
+    parameters: _TextClassificationParameters | None = None
+
+
+FUNCTIONS = ("sigmoid", "softmax", "none")
 
 
 class _Rerank(msgspec.Struct):
@@ -281,7 +294,7 @@ class TeiRoutes:
 
         async def dispatch(request: web.Request) -> web.StreamResponse:
             try:
-                shape = await decode_body(request, _Shape)
+                shape = await _decode(request, _Shape)
             except (DoorError, PoolingError):
                 return await other(request)  # its own errors, in its own shape
             if present(shape.texts) and not present(shape.documents):
@@ -306,7 +319,7 @@ class TeiRoutes:
 
     async def root(self, request: web.Request) -> web.StreamResponse:
         """TEI's POST /: the route for the model's kind."""
-        shape = await decode_body(request, _Shape)
+        shape = await _decode(request, _Shape)
         info = self.runner.ready().resolve(shape.model).info
         kind = model_kind(info)
         if kind == "reranker":
@@ -344,7 +357,7 @@ class TeiRoutes:
 
     async def embed(self, request: web.Request) -> web.Response:
         """[[float]]: one vector per input."""
-        body = await decode_body(request, _Embed)
+        body = await _decode(request, _Embed)
         if body.dimensions is not None and body.dimensions < 1:
             raise DoorError(422, "Validation", "dimensions: must be at least 1")
         result = await self._pool(request, self._embed_request(body, Task.EMBED, "embed", request))
@@ -354,7 +367,7 @@ class TeiRoutes:
 
     async def embed_all(self, request: web.Request) -> web.Response:
         """[[[float]]]: one vector per token of each input."""
-        body = await decode_body(request, _Embed)
+        body = await _decode(request, _Embed)
         pool = self._embed_request(body, Task.TOKEN_EMBED, "embed_all", request)
         result = await self._pool(request, pool)
         rows = [_of(output, TokenRows).values for output in result.outputs]
@@ -363,7 +376,7 @@ class TeiRoutes:
 
     async def embed_sparse(self, request: web.Request) -> web.Response:
         """[[{index, value}]]: each input's non-zero vocabulary weights, by index."""
-        body = await decode_body(request, _Embed)
+        body = await _decode(request, _Embed)
         pool = self._embed_request(body, Task.EMBED_SPARSE, "embed_sparse", request)
         result = await self._pool(request, pool)
         items = [_of(output, SparseEmbedding) for output in result.outputs]
@@ -384,7 +397,7 @@ class TeiRoutes:
     async def similarity(self, request: web.Request) -> web.Response:
         """[float]: the cosine similarity of each sentence to the source sentence, from
         their embeddings (unnormalized, as TEI computes it)."""
-        body = await decode_body(request, _Similarity)
+        body = await _decode(request, _Similarity)
         if body.inputs is None:
             raise DoorError(422, "Validation", "inputs: missing; send {source_sentence, sentences}")
         sentences = body.inputs.sentences
@@ -413,7 +426,7 @@ class TeiRoutes:
         """[{score, label}] for one input (a text, or a [text, text] pair), sorted by score;
         a batch ([[text], [text, text], ...]) gets one such list each. Pairs go through
         the model's score (a cross-encoder's), single texts through classify."""
-        body = await decode_body(request, _Predict)
+        body = await _decode(request, _Predict)
         if not present(body.inputs):
             raise DoorError(422, "Validation", "inputs: missing")
         _count(body.inputs, "inputs", self._max_inputs)
@@ -426,8 +439,19 @@ class TeiRoutes:
             raise DoorError(400, "Empty", "`inputs` cannot be empty")
         _batch([""] * len(batch), "inputs", self._max_inputs)
         info = self.runner.ready().resolve(body.model).info
+        hub = body.parameters
+        function = None if hub is None else hub.function_to_apply
+        if function is not None and function not in FUNCTIONS:
+            known = ", ".join(FUNCTIONS)
+            raise DoorError(
+                422, "Validation", f"parameters.function_to_apply: must be one of {known}"
+            )
+        if hub is not None and hub.top_k is not None and hub.top_k < 1:
+            raise DoorError(422, "Validation", "parameters.top_k: must be at least 1")
         params = PoolingParams(
-            use_activation=not body.raw_scores, truncate_prompt_tokens=_truncate(body.truncate)
+            # A function asked for is applied here, to the raw scores.
+            use_activation=not body.raw_scores and function is None,
+            truncate_prompt_tokens=_truncate(body.truncate),
         )
         side = _side(body.truncation_direction)
         singles = [i for i, sequence in enumerate(batch) if len(sequence) == 1]
@@ -462,12 +486,16 @@ class TeiRoutes:
         for places, result in zip(ordered, results, strict=True):
             for place, output in zip(places, result.outputs, strict=True):
                 outputs[place] = output
-        predictions = [_predictions(output, info) for output in outputs]
-        return json_response(predictions[0] if single else predictions)
+        predictions = [_predictions(output, info, function) for output in outputs]
+        if hub is not None and hub.top_k is not None:
+            predictions = [ranked[: hub.top_k] for ranked in predictions]
+        if single and hub is None:  # TEI's shape; the Inference API's keeps the outer list
+            return json_response(predictions[0])
+        return json_response(predictions)
 
     async def rerank(self, request: web.Request) -> web.Response:
         """[{index, score, text?}], best first."""
-        body = await decode_body(request, _Rerank)
+        body = await _decode(request, _Rerank)
         if body.query is None:
             raise DoorError(422, "Validation", "query: missing; send a string")
         texts = text_list(body.texts, "texts", self._max_inputs)
@@ -496,7 +524,7 @@ class TeiRoutes:
     async def tokenize(self, request: web.Request) -> web.Response:
         """[[{id, text, special, start, stop}]]: `text` is the input's span (character
         offsets), or the token itself for special tokens, which have no span."""
-        body = await decode_body(request, _Tokenize)
+        body = await _decode(request, _Tokenize)
         texts = text_list(body.inputs, "inputs", self._max_inputs)
         _batch(texts, "inputs", self._max_inputs)
         info = self.runner.ready().resolve(body.model).info
@@ -532,7 +560,7 @@ class TeiRoutes:
 
     async def decode(self, request: web.Request) -> web.Response:
         """[str]: the text of each id sequence."""
-        body = await decode_body(request, _Decode)
+        body = await _decode(request, _Decode)
         if not present(body.ids):
             raise DoorError(422, "Validation", "ids: missing; send a list of token ids")
         _count(body.ids, "ids", self._max_inputs)
@@ -650,12 +678,30 @@ def _sequences(inputs: str | list[Any]) -> tuple[list[list[str]], bool]:
     return inputs, False
 
 
-def _predictions(output: Any, info: ModelInfo) -> list[dict[str, Any]]:
+async def _decode(request: web.Request, kind: type[Any]) -> Any:
+    """A TEI body; its model, where the body names none, from `?model=` in the URL, so that
+    clients that cannot put one in the body (huggingface_hub's InferenceClient, given the
+    URL as its model) can still reach any model this server serves, as /info?model= does."""
+    body = await decode_body(request, kind)
+    if hasattr(body, "model") and not body.model:
+        body.model = request.query.get("model", "")
+    return body
+
+
+def _predictions(output: Any, info: ModelInfo, function: str | None) -> list[dict[str, Any]]:
+    """Labels by score, best first; `function` (the Inference API's function_to_apply)
+    applied to the raw scores the engine was asked for, where given."""
     if isinstance(output, Score):
-        return [{"score": output.value, "label": info.label(0)}]
-    probs = _of(output, Classification).probs.tolist()
-    order = sorted(range(len(probs)), key=lambda i: probs[i], reverse=True)
-    return [{"score": probs[i], "label": info.label(i)} for i in order]
+        scores = np.array([output.value], dtype=np.float64)
+    else:
+        scores = _of(output, Classification).probs.astype(np.float64)
+    if function == "sigmoid":
+        scores = 1.0 / (1.0 + np.exp(-scores))
+    elif function == "softmax":
+        scores = np.exp(scores - scores.max())
+        scores /= scores.sum()
+    order = np.argsort(-scores, kind="stable")
+    return [{"score": float(scores[i]), "label": info.label(int(i))} for i in order]
 
 
 def _of(output: Any, kind: type) -> Any:

@@ -150,6 +150,43 @@ def test_predict_single_batch_pairs_and_raw_scores(doors: DoorsServer) -> None:
     assert "pair" in message
 
 
+def test_inference_client_text_classification_with_its_parameters(doors: DoorsServer) -> None:
+    """huggingface_hub's text_classification, pointed at a model by ?model= in the URL:
+    every label, best first; top_k and function_to_apply as the Inference API has them."""
+    client = InferenceClient(model=doors.url("/?model=classifier"), token=KEY)
+    with doors.grpc() as grpc_client:
+        [probs] = grpc_client.classify([TEXTS[0]], model="classifier")
+        [raw] = grpc_client.classify(
+            [TEXTS[0]], model="classifier", pooling_params=PoolingParams(False)
+        )
+    labels = ["negative", "neutral", "positive"]
+
+    def by_label(elements: list) -> list[float]:
+        scores = {e.label: e.score for e in elements}
+        assert set(scores) <= set(labels)
+        return [scores[x] for x in labels if x in scores]
+
+    every = client.text_classification(TEXTS[0])
+    assert len(every) == 3 and [e.score for e in every] == sorted(
+        (e.score for e in every), reverse=True
+    )
+    np.testing.assert_allclose(by_label(every), probs.outputs.probs, rtol=1e-6)
+    [best] = client.text_classification(TEXTS[0], top_k=1)
+    assert (best.label, best.score) == (every[0].label, every[0].score)
+    logits = np.asarray(raw.outputs.probs, dtype=np.float64)
+    none = client.text_classification(TEXTS[0], function_to_apply="none")
+    np.testing.assert_allclose(by_label(none), logits, rtol=1e-6)
+    sigmoid = client.text_classification(TEXTS[0], function_to_apply="sigmoid")
+    np.testing.assert_allclose(by_label(sigmoid), 1 / (1 + np.exp(-logits)), rtol=1e-6)
+    # TEI's own shape without the Inference API's parameters: the flat list.
+    _, _, flat = doors.call("/predict?model=classifier", {"inputs": TEXTS[0]})
+    assert [p["label"] for p in flat] == [e.label for e in every]
+    refused = doors.call(
+        "/predict", {"inputs": "x", "model": "classifier", "parameters": {"top_k": 0}}
+    )
+    assert "top_k" in assert_tei_error(refused, 422, "Validation")
+
+
 def test_rerank_tei_shape_and_the_cohere_shape_on_one_path(doors: DoorsServer) -> None:
     documents = ["cats purr", "dogs bark", "the stock market fell"]
     body = {"query": "pets", "texts": documents, "return_text": True, "model": "cross"}
