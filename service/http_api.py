@@ -26,7 +26,13 @@ from service import http_doors
 from service.auth import BearerKeys
 from service.errors import HTTP_STATUS
 from service.http_cohere import CohereRoutes
-from service.http_guard import AcceptErrors, ClientFaults, ConnectionGuard, HttpLimits
+from service.http_guard import (
+    AcceptErrors,
+    ClientFaults,
+    ConnectionGuard,
+    HttpLimits,
+    declares_too_much,
+)
 from service.http_tei import TeiRoutes
 from service.json_body import Body, BodyError
 from service.routes import JSON_FLOAT_BYTES, ROUTES, Route, error_body, values_in
@@ -96,10 +102,7 @@ class HttpApi:
             return
         if expect.lower() != "100-continue":
             raise web.HTTPExpectationFailed(text=f"unknown Expect: {expect[:64]}")
-        if self._keys and request.path not in UNPROTECTED and not self._authorized(request):
-            return
-        length = request.content_length
-        if length is not None and length > request.client_max_size:
+        if self._refused(request) or declares_too_much(request):
             return
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the answer proper has not started
@@ -158,7 +161,7 @@ class HttpApi:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Bearer keys before anything is read; every failure as one JSON error shape."""
-        if self._keys and request.path not in UNPROTECTED and not self._authorized(request):
+        if self._refused(request):
             return _error_response(401, "UNAUTHENTICATED", "missing or invalid credentials")
         try:
             return await handler(request)
@@ -173,8 +176,11 @@ class HttpApi:
             log.exception("HTTP %s %s failed", request.method, request.path)
             return _pooling_error(internal_error())
 
-    def _authorized(self, request: web.Request) -> bool:
-        return self._keys.allow(request.headers.get("Authorization"))
+    def _refused(self, request: web.Request) -> bool:
+        """A protected route without a valid key: answered 401 before anything is read."""
+        if not self._keys or request.path in UNPROTECTED:
+            return False
+        return not self._keys.allow(request.headers.get("Authorization"))
 
     # --------------------------------------------------------------------- routes
 

@@ -26,6 +26,7 @@ from engine.model_info import ModelInfo
 from engine.output_size import ResponseBudget
 from engine.validation import output_too_large
 from service import json_body
+from service.http_guard import client_problem
 from service.runner import Call, RequestRunner
 
 # Answers of more float values than this are built and encoded off the event loop.
@@ -117,15 +118,10 @@ async def read_raw(request: web.Request) -> bytes:
         raise PoolingError(
             ErrorKind.INVALID_ARGUMENT,
             "MALFORMED_REQUEST",
-            f"the body could not be read as its headers describe it: {_problem(exc)}",
+            f"the body could not be read as its headers describe it: {client_problem(exc)}",
         ) from None
     except ConnectionError:
         raise asyncio.CancelledError from None
-
-
-def _problem(exc: BaseException) -> str:
-    """aiohttp's "400, message:\n  Can not decode ..." as "Can not decode ..."."""
-    return " ".join(str(exc).partition("message:")[2].split()) or type(exc).__name__
 
 
 async def read_body(request: web.Request, max_inputs: int) -> json_body.Body:
@@ -156,20 +152,23 @@ def _decode(raw: bytes, kind: type[Any]) -> Any:
         raise DoorError(422, "Validation", f"the body is not valid JSON: {exc}") from None
 
 
-def where(problem: str) -> str:
-    """msgspec's "Expected `bool`, got `str` - at `$.normalize`" as "normalize: ..."."""
+def _at(problem: str) -> tuple[str, str]:
+    """msgspec's "Expected `bool`, got `str` - at `$.normalize`" as (message, ".normalize")."""
     message, _, at = problem.partition(" - at `$")
-    field = at.rstrip("`").lstrip(".")
-    if not field:
-        return f"body: {message}"
-    return f"{field}: {message}"
+    return message, at.rstrip("`")
+
+
+def where(problem: str) -> str:
+    """A body's decode error as "normalize: Expected `bool`, got `str`"."""
+    message, at = _at(problem)
+    return f"{at.lstrip('.') or 'body'}: {message}"
 
 
 def within(field: str, exc: msgspec.DecodeError) -> str:
     """A raw field's decode error, its path inside the field kept: "inputs[0][1]: Expected
     `str`, got `int`", or "inputs: Invalid UTF-8 encoded string"."""
-    message, _, at = str(exc).partition(" - at `$")
-    return f"{field}{at.rstrip('`')}: {message}"
+    message, at = _at(str(exc))
+    return f"{field}{at}: {message}"
 
 
 def text_list(raw: msgspec.Raw, field: str, max_inputs: int) -> list[str]:

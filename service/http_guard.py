@@ -246,13 +246,13 @@ class ConnectionGuard:
         The handler's own request.read() then returns the bytes read here.
         """
         if request.body_exists and request.match_info.http_exception is None:
-            length = request.content_length
-            if length is not None and length > request.client_max_size:
+            if declares_too_much(request):
                 return await self._refuse(
                     request,
                     413,
                     "REQUEST_ENTITY_TOO_LARGE",
-                    f"the body declares {length} bytes; the limit is {request.client_max_size}",
+                    f"the body declares {request.content_length} bytes; the limit is "
+                    f"{request.client_max_size}",
                 )
             if not request.content.is_eof():  # a body already whole needs no turn
                 refusal = await self._read_paced(request)
@@ -333,6 +333,18 @@ class ConnectionGuard:
         return response
 
 
+def declares_too_much(request: web.Request) -> bool:
+    """A Content-Length over the body limit: refused (413) without reading the body."""
+    length = request.content_length
+    return length is not None and length > request.client_max_size
+
+
+def client_problem(exc: BaseException) -> str:
+    """aiohttp's "400, message:\n  Can not decode ..." as "Can not decode ..."."""
+    text = str(exc)
+    return " ".join(text.partition("message:")[2].split() or text.split()) or type(exc).__name__
+
+
 # ----------------------------------------------------------------- whole process
 
 
@@ -362,7 +374,7 @@ class ClientFaults(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, self.FAULTS):
-            self._log.hit(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}")
+            self._log.hit(f"{type(error).__name__}: {client_problem(error)[:200]}")
             return False
         return True
 

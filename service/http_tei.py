@@ -683,7 +683,7 @@ async def _decode(request: web.Request, kind: type[Any]) -> Any:
     clients that cannot put one in the body (huggingface_hub's InferenceClient, given the
     URL as its model) can still reach any model this server serves, as /info?model= does."""
     body = await decode_body(request, kind)
-    if hasattr(body, "model") and not body.model:
+    if not body.model:
         body.model = request.query.get("model", "")
     return body
 
