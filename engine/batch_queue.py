@@ -5,7 +5,7 @@ its result, and one asyncio future. Jobs are enqueued from any thread (the engin
 tokenizer threads). The model's worker threads take the next batch the moment their
 previous forward pass ends, finish every job the batch completes (heads included), and
 hand the results to the event loop in one call per batch, so the loop only resolves
-futures. With two workers one batch is collated (and copied to the GPU) while the other
+futures (an engine process takes them on the worker thread instead, see `deliver`). With two workers one batch is collated (and copied to the GPU) while the other
 computes; on a CPU, two workers of one intra-op thread each get more from the cores than
 one worker of two threads, whose parallel regions stall whenever the event loop takes a
 core. A batch is built around an anchor item from the items closest to it in length,
@@ -121,6 +121,10 @@ class BatchQueue:
         self.config = config
         self.stats = QueueStats()
         self.observers: list[Callable[[str, BatchRecord], None]] = []
+        # Set by an engine process: takes each batch's outcomes on the worker thread and
+        # sends them to the front ends from there, so no event-loop turn lies on a call's
+        # path; their futures are then left unresolved (nothing awaits them).
+        self.deliver: Callable[[list[tuple[Job, object]]], None] | None = None
         # Each client's items, oldest first; the clients in turn order (the next anchor first).
         self._pending: dict[ClientKey, list[QueuedItem]] = {}
         self._size = 0  # items in _pending
@@ -376,7 +380,7 @@ class BatchQueue:
                     alone = sum(self._busy) == 1 and not self._pending
                     self._lock.notify_all()  # the next worker may now take a batch
             if expired:
-                self._call_in_loop(self._resolve, [(job, _expired()) for job in expired], None)
+                self._hand_over([(job, _expired()) for job in expired], None)
             if batch:
                 try:
                     self._run(batch, alone)
@@ -440,7 +444,15 @@ class BatchQueue:
             except Exception as exc:
                 log.exception("finishing a request failed")
                 outcomes.append((job, exc))
-        self._call_in_loop(self._resolve, outcomes, record)
+        self._hand_over(outcomes, record)
+
+    def _hand_over(self, outcomes: list[tuple[Job, object]], record: BatchRecord | None) -> None:
+        """On a worker thread: the outcomes to `deliver` or to the loop; the batch counted."""
+        if self.deliver is not None:
+            self.deliver(outcomes)
+            outcomes = []
+        if outcomes or record is not None:
+            self._call_in_loop(self._resolve, outcomes, record)
 
     def _resolve(self, outcomes: list[tuple[Job, object]], record: BatchRecord | None) -> None:
         """On the event loop: resolve the futures still waited for, then count the batch."""
