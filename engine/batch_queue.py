@@ -3,14 +3,14 @@
 A request enters as a `Job`: its sequences, the function that turns their raw outputs into
 its result, and one asyncio future. Jobs are enqueued from any thread (the engine's
 tokenizer threads). The model's worker threads take the next batch the moment their
-previous forward pass ends, finish every job the batch completes (heads included), and
-hand the results to the event loop in one call per batch, so the loop only resolves
-futures (an engine process takes them on the worker thread instead, see `deliver`). With two workers one batch is collated (and copied to the GPU) while the other
-computes; on a CPU, two workers of one intra-op thread each get more from the cores than
-one worker of two threads, whose parallel regions stall whenever the event loop takes a
-core. A batch is built around an anchor item from the items closest to it in length,
-within a budget of padded tokens (longest x count), a cap on items and a minimum share of
-real (non-padding) tokens.
+previous forward pass ends, finish every job the batch completes (heads included), and hand
+the results to the event loop in one call per batch, so the loop only resolves futures (an
+engine process takes them on the worker thread instead, see `deliver`). With two workers
+one batch is collated (and copied to the GPU) while the other computes; on a CPU, two
+workers of one intra-op thread each get more from the cores than one worker of two threads,
+whose parallel regions stall whenever the event loop takes a core. A batch is built around
+an anchor item from the items closest to it in length, within a budget of padded tokens
+(longest x count), a cap on items and a minimum share of real (non-padding) tokens.
 
 Items wait per client (a front end's connection or address, see `Job.client`), so one
 client cannot take the queue from the others: each may hold at most

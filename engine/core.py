@@ -1,12 +1,12 @@
 """The engine process's core: every front end's jobs go into one batching queue per model.
 
-Front ends push `Submit` messages (token ids as raw arrays) to one PULL socket, which a
-receiver thread reads and enqueues; the queues batch across all front ends; each batch's
-finished jobs go back to their front ends as raw float32 outputs, one message per front end
-per batch, sent from the forward worker that computed them. So a call's path through this
-process is threads handing over under locks, with no event-loop turn on it (three turns and
-a ZMQ poll on the loop cost about 0.7 ms of a C=1 call's 13). A `Cancel` drops a job's
-queued items. Deadlines and the queue bound are enforced here, as in-process.
+Each front end connects once (engine/ipc.py's `Link`) and sends `Submit` messages (token
+ids as raw arrays), which a reader thread per front end enqueues; the queues batch across
+all front ends; each batch's finished jobs go back to their front ends as raw float32
+outputs, one message per front end per batch, sent from the forward worker that computed
+them. So a call's path through this process is threads handing over under locks, with no
+event-loop turn on it. A `Cancel` drops a job's queued items, as does a front end's link
+closing. Deadlines and the queue bound are enforced here, as in-process.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 from collections.abc import Sequence
 
 import numpy as np
-import zmq
 
 from engine.batch_queue import BatchConfig, BatchQueue
 from engine.engine_client import LocalEngineClient
@@ -28,6 +29,7 @@ from engine.ipc import (
     Cancel,
     ErrorInfo,
     JobResult,
+    Link,
     Results,
     Submit,
     encoder,
@@ -38,7 +40,7 @@ from engine.tokenization import TokenSequence
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 200  # how often the receiver looks up from an idle socket, to notice stop()
+ACCEPT_POLL_S = 0.2  # how often the acceptor looks up from an idle socket, to notice stop()
 
 
 def _raws(raws: list[np.ndarray]) -> list[np.ndarray]:
@@ -46,67 +48,96 @@ def _raws(raws: list[np.ndarray]) -> list[np.ndarray]:
     return raws
 
 
+class _FrontEnd:
+    """A connected front end: its link, and its jobs not yet answered, by id."""
+
+    __slots__ = ("jobs", "link")
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.jobs: dict[int, Job] = {}
+
+
 class EngineCore:
     def __init__(self, models: Sequence[object], config: BatchConfig, address: str) -> None:
-        """`models`: LoadedModels; `address`: where front ends send jobs (a ZMQ endpoint)."""
+        """`models`: LoadedModels; `address`: the Unix socket path front ends connect to."""
         self.client = LocalEngineClient(models, config)  # type: ignore[arg-type]
         self.address = address
-        self._context = zmq.Context()
-        self._replies: dict[str, zmq.Socket[bytes]] = {}
-        self._send_lock = threading.Lock()  # the reply sockets, used by every worker
-        # Jobs not yet answered, by (front end, id): whoever pops one answers (or drops) it.
-        self._jobs: dict[tuple[str, int], Job] = {}
-        self._reply_to: dict[int, str] = {}  # a front end's origin: its reply address
+        # Whoever pops a job here answers it (a forward worker) or drops it (a cancel).
+        self._owners: dict[Job, _FrontEnd] = {}
+        self._front_ends: list[_FrontEnd] = []
+        self._threads: list[threading.Thread] = []
         self._stopping = False
-        self._receiver = threading.Thread(target=self._receive, name="engine-jobs", daemon=True)
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
         return self.client.queues
 
     async def start(self) -> None:
-        """Load the queues (warming every model) and bind; front ends may then connect."""
+        """Load the queues (warming every model) and listen; front ends may then connect."""
         await self.client.start()
         self._loop = asyncio.get_running_loop()
         for queue in self.queues.values():
             queue.deliver = self._send
-        self._jobs_in = self._context.socket(zmq.PULL)
-        self._jobs_in.setsockopt(zmq.RCVHWM, 0)
-        self._jobs_in.setsockopt(zmq.RCVTIMEO, POLL_MS)
-        self._jobs_in.bind(self.address)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.address)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.address)
+        self._listener.listen(64)
+        self._listener.settimeout(ACCEPT_POLL_S)
 
     async def serve(self) -> None:
-        """Take messages (on the receiver thread) until cancelled."""
-        self._receiver.start()
+        """Take front ends' messages (on threads of their own) until cancelled."""
+        self._spawn(self._accept, "engine-accept")
         await self._loop.create_future()
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._receiver.is_alive():
-            await asyncio.to_thread(self._receiver.join)
+        for front_end in list(self._front_ends):
+            front_end.link.close()
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join)
+        self._listener.close()
         await self.client.stop()
-        self._context.destroy(linger=0)
 
-    def _receive(self) -> None:
+    def _spawn(self, target: object, name: str, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)  # type: ignore[arg-type]
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
         while not self._stopping:
             try:
-                frames = self._jobs_in.recv_multipart(copy=False)
-            except zmq.Again:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
                 continue
+            except OSError:  # closed by stop()
+                return
+            sock.settimeout(None)
+            front_end = _FrontEnd(Link(sock))
+            self._front_ends.append(front_end)
+            self._spawn(self._receive, f"engine-link-{len(self._front_ends)}", front_end)
+
+    def _receive(self, front_end: _FrontEnd) -> None:
+        """One front end's messages, until its link closes; then its queued jobs are dropped."""
+        while (message := front_end.link.read()) is not None:
+            header, payload = message
             try:
-                message = to_engine_decoder.decode(frames[0].buffer)
-                if isinstance(message, Cancel):
-                    self._loop.call_soon_threadsafe(self._cancel, message)
+                decoded = to_engine_decoder.decode(header)
+                if isinstance(decoded, Cancel):
+                    self._loop.call_soon_threadsafe(self._cancel, front_end, decoded.ids)
                 else:
-                    self._submit(message, frames[1:])
+                    self._submit(front_end, decoded, payload)
             except Exception:  # a bad message must not stop the engine for everyone
                 log.exception("dropped a message the engine could not read")
+        with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+            self._loop.call_soon_threadsafe(self._cancel, front_end, list(front_end.jobs))
 
-    def _submit(self, message: Submit, frames: Sequence[zmq.Frame]) -> None:
-        """On the receiver thread: the message's jobs into their models' queues."""
-        ids = np.frombuffer(frames[0].buffer, dtype=IDS)
-        types = np.frombuffer(frames[1].buffer, dtype=IDS) if message.with_types else None
-        self._reply_to[message.origin] = message.reply_to
+    def _submit(self, front_end: _FrontEnd, message: Submit, payload: bytearray) -> None:
+        """On the front end's reader thread: the message's jobs into their models' queues."""
+        ids = np.frombuffer(payload, dtype=IDS)
+        total = sum(sum(header.lengths) for header in message.jobs)
+        types = ids[total:] if message.with_types else None
         by_model: dict[str, list[Job]] = {}
         offset = 0
         for header in message.jobs:
@@ -127,50 +158,43 @@ class EngineCore:
                 client=header.client,
                 key=header.id,
             )
-            self._jobs[message.reply_to, header.id] = job
+            front_end.jobs[header.id] = job
+            self._owners[job] = front_end
             by_model.setdefault(header.model, []).append(job)
         refused: list[tuple[Job, object]] = []
         for model, jobs in by_model.items():
             if model not in self.queues:  # front ends know the same models: a bug if not
-                log.error("jobs for unknown model %r from %s", model, message.reply_to)
+                log.error("jobs for unknown model %r from front end %d", model, message.origin)
                 refused += [(job, KeyError(model)) for job in jobs]
             else:
                 refused += self.client.submit(model, jobs)
         if refused:
             self._send(refused)
 
-    def _cancel(self, message: Cancel) -> None:
+    def _cancel(self, front_end: _FrontEnd, ids: Sequence[int]) -> None:
         """On the loop: a cancelled job's queued items are dropped; nothing is sent back."""
-        for key in message.ids:
-            job = self._jobs.pop((message.reply_to, key), None)
-            if job is not None:
+        for key in ids:
+            job = front_end.jobs.pop(key, None)
+            if job is not None and self._owners.pop(job, None) is not None:
                 job.future.cancel()
 
     def _send(self, outcomes: Sequence[tuple[Job, object]]) -> None:
         """On any thread: each outcome (raw outputs or an error) to its front end, in one
         message per front end."""
-        by_front_end: dict[str, list[tuple[Job, object]]] = {}
+        by_front_end: dict[_FrontEnd, list[tuple[Job, object]]] = {}
         for job, outcome in outcomes:
-            reply_to = self._reply_to[job.origin]
-            if self._jobs.pop((reply_to, job.key), None) is not None:  # else cancelled
-                by_front_end.setdefault(reply_to, []).append((job, outcome))
-        for reply_to, answered in by_front_end.items():
-            frames = _frames(answered)
-            with self._send_lock, contextlib.suppress(zmq.Again):  # zmq.Again: it is gone
-                self._reply_socket(reply_to).send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-
-    def _reply_socket(self, address: str) -> zmq.Socket[bytes]:
-        sock = self._replies.get(address)
-        if sock is None:
-            sock = self._replies[address] = self._context.socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, 0)  # a live front end gets every result
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(address)
-        return sock
+            front_end = self._owners.pop(job, None)
+            if front_end is not None:  # else cancelled
+                front_end.jobs.pop(job.key, None)
+                by_front_end.setdefault(front_end, []).append((job, outcome))
+        for front_end, answered in by_front_end.items():
+            header, data = _message(answered)
+            with contextlib.suppress(OSError):  # the front end is gone: its link closes
+                front_end.link.send(header, [data])
 
 
-def _frames(answered: Sequence[tuple[Job, object]]) -> list[object]:
-    """A `Results` header and every answer's outputs as one float32 buffer."""
+def _message(answered: Sequence[tuple[Job, object]]) -> tuple[bytes, np.ndarray]:
+    """A `Results` header, and every answer's outputs as one float32 buffer."""
     results, arrays = [], []
     for job, outcome in answered:
         timing = job.timing
@@ -185,4 +209,4 @@ def _frames(answered: Sequence[tuple[Job, object]]) -> list[object]:
             JobResult(job.key, shapes, info, timing.enqueued, timing.started, timing.finished)
         )
     data = np.concatenate(arrays) if arrays else np.empty(0, OUTPUTS)
-    return [encoder.encode(Results(results)), data]
+    return encoder.encode(Results(results)), data

@@ -1,13 +1,22 @@
-"""Messages between front-end processes and an engine process, over ZMQ.
+"""Messages between front-end processes and an engine process, and the link they travel on.
 
-A message is a msgpack header (msgspec structs, encoded as arrays) followed by raw array
-frames: token ids go one way and raw outputs come back as contiguous buffers that the
+A message is a msgpack header (msgspec structs, encoded as arrays) followed by a raw
+payload: token ids go one way and raw outputs come back as contiguous buffers that the
 receiver views without copying, never as pickled per-item objects. Times are
 time.monotonic() values, which every process on one host shares.
+
+Each front end holds one Unix stream socket to each engine (`Link`), both ways: a message
+is one sendmsg by the sender and is woken straight into the reader's blocked recv. ZMQ
+served here before: its I/O threads made a message three thread wake-ups, and an idle
+round trip cost 0.48 ms against 0.04 ms on a plain socket on this 2-core host.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import struct
+import threading
 from collections.abc import Sequence
 
 import msgspec
@@ -30,16 +39,14 @@ class JobHeader(msgspec.Struct, array_like=True):
 
 
 class Submit(msgspec.Struct, array_like=True, tag=0):
-    """Frames: the concatenated token ids, then (if with_types) the token type ids."""
+    """Payload: the concatenated token ids, then (if with_types) the token type ids."""
 
-    reply_to: str
     origin: int
     with_types: bool
     jobs: list[JobHeader]
 
 
 class Cancel(msgspec.Struct, array_like=True, tag=1):
-    reply_to: str
     ids: list[int]
 
 
@@ -84,7 +91,7 @@ class JobResult(msgspec.Struct, array_like=True):
 
 
 class Results(msgspec.Struct, array_like=True):
-    """Frame: every result's outputs as one float32 buffer, in order."""
+    """Payload: every result's outputs as one float32 buffer, in order."""
 
     results: list[JobResult]
 
@@ -113,3 +120,71 @@ def unpack_outputs(
         arrays.append(buffer[offset : offset + size].reshape(shape))
         offset += size
     return arrays, offset
+
+
+_PREFIX = struct.Struct("<II")  # header bytes, payload bytes
+# Without progress for this long a peer is taken for gone (a stopped process): the link
+# closes rather than stall the engine's forward workers for every other front end.
+SEND_TIMEOUT_S = 10.0
+
+
+class Link:
+    """One side of a front end's connection to an engine: framed messages both ways.
+
+    Any thread may send (one message at a time, under a lock); one thread reads.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT_S), 0)
+        )
+        self._lock = threading.Lock()
+        self._file = sock.makefile("rb", buffering=1 << 16)
+
+    @classmethod
+    def connect(cls, path: str) -> Link:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        return cls(sock)
+
+    def send(self, header: bytes, payload: Sequence[bytes | np.ndarray] = ()) -> None:
+        """One message; OSError if the peer is gone (the link is then closed)."""
+        views = [memoryview(part).cast("B") for part in payload]
+        parts = [memoryview(_PREFIX.pack(len(header), sum(map(len, views)))), memoryview(header)]
+        parts += views
+        with self._lock:
+            try:
+                while parts:
+                    sent = self.sock.sendmsg(parts)
+                    while parts and sent >= len(parts[0]):
+                        sent -= len(parts[0])
+                        parts.pop(0)
+                    if sent:
+                        parts[0] = parts[0][sent:]
+            except OSError:
+                self.close()  # a message cut short leaves the stream unreadable
+                raise
+
+    def read(self) -> tuple[bytes, bytearray] | None:
+        """The next message's header and payload; None once the link is closed, by either
+        side (the socket is then released)."""
+        try:
+            prefix = self._file.read(_PREFIX.size)
+            if len(prefix) == _PREFIX.size:
+                header_size, payload_size = _PREFIX.unpack(prefix)
+                header = self._file.read(header_size)
+                payload = bytearray(payload_size)
+                if len(header) == header_size and self._file.readinto(payload) == payload_size:
+                    return header, payload
+        except (OSError, ValueError):  # ValueError: closed meanwhile
+            pass
+        self.close()
+        self._file.close()
+        self.sock.close()
+        return None
+
+    def close(self) -> None:
+        """No more messages either way; wakes this link's reader."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)

@@ -1,11 +1,11 @@
-"""The engine client of a front-end process: jobs go to engine processes over ZMQ.
+"""The engine client of a front-end process: jobs go to engine processes over their links.
 
-Tokenizer threads send jobs (token ids as one array per message) on sockets of their own;
-one receiver thread takes raw outputs back, applies each request's heads and resolves the
-futures with one event-loop call per message. Each job goes to the engine with the fewest
-items outstanding from this front end. An engine's death shows as end-of-file on a pipe
-whose write end only that engine holds: every call waiting on it fails at once with
-UNAVAILABLE / ENGINE_DEAD.
+Tokenizer threads send jobs (token ids as one array per message) on the link to an engine
+(engine/ipc.py); a reader thread per engine takes raw outputs back, applies each request's
+heads and resolves the futures with one event-loop call per message. Each job goes to the
+engine with the fewest items outstanding from this front end. An engine's death shows as
+its link closing, and as end-of-file on a pipe whose write end only that engine holds:
+every call waiting on it fails at once with UNAVAILABLE / ENGINE_DEAD.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import contextlib
 import itertools
 import logging
 import os
+import select
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import zmq
 
 from engine.batch_queue import BatchQueue
 from engine.errors import ErrorKind, PoolingError
@@ -30,6 +30,7 @@ from engine.ipc import (
     Cancel,
     EngineReady,
     JobHeader,
+    Link,
     Submit,
     encoder,
     results_decoder,
@@ -39,7 +40,7 @@ from engine.jobs import Job, settle
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 200  # how often the receiver looks up from an idle socket, to notice stop()
+POLL_MS = 200  # how often the liveness watcher looks up, to notice stop()
 
 
 def engine_dead() -> PoolingError:
@@ -62,7 +63,6 @@ class RemoteEngineClient:
     def __init__(
         self,
         engines: Sequence[EngineReady],
-        reply_address: str,
         origin: int = 0,
         alive_fds: Sequence[int] = (),
         on_engine_dead: Callable[[int], None] | None = None,
@@ -70,20 +70,18 @@ class RemoteEngineClient:
         """`alive_fds[k]`: the read end of engine k's liveness pipe; `on_engine_dead` is
         called on the event loop once an engine dies."""
         self.engines = list(engines)
-        self.reply_address = reply_address
         self.origin = origin
         self.alive_fds = list(alive_fds)
         self.on_engine_dead = on_engine_dead
         self.dead: set[int] = set()
-        self._context = zmq.Context()
-        self._local = threading.local()
+        self._links: list[Link] = []
         self._sent: dict[int, _Sent] = {}
         self._outstanding = [0] * len(self.engines)  # items sent and not yet answered
         self._keys = itertools.count(1)
         self._lock = threading.Lock()  # the choice of engine and the outstanding counts
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._receiver = threading.Thread(target=self._receive, name="engine-results", daemon=True)
+        self._threads: list[threading.Thread] = []
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
@@ -91,27 +89,23 @@ class RemoteEngineClient:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._results = self._context.socket(zmq.PULL)
-        self._results.bind(self.reply_address)
-        self._receiver.start()
+        self._links = [Link.connect(engine.address) for engine in self.engines]
+        for index, link in enumerate(self._links):
+            self._spawn(self._receive, f"engine-results-{index}", index, link)
+        if self.alive_fds:
+            self._spawn(self._watch, "engine-liveness")
 
     async def stop(self) -> None:
         self._stopping = True
-        await asyncio.to_thread(self._receiver.join)
-        self._context.destroy(linger=0)
+        for link in self._links:
+            link.close()
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join)
 
-    def _socket(self, engine: int) -> zmq.Socket[bytes]:
-        """This thread's socket to an engine: ZMQ sockets must not be shared by threads."""
-        sockets: dict[int, zmq.Socket[bytes]] | None = getattr(self._local, "sockets", None)
-        if sockets is None:
-            sockets = self._local.sockets = {}
-        sock = sockets.get(engine)
-        if sock is None:
-            sock = sockets[engine] = self._context.socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, 0)  # never drop or block: the engine bounds its queue
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.engines[engine].address)
-        return sock
+    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def submit(self, model: str, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
         if self.dead:
@@ -125,10 +119,13 @@ class RemoteEngineClient:
                 self._sent[job.key] = _Sent(job, engine, len(job.work))
                 by_engine.setdefault(engine, []).append(job)
         for engine, sent in by_engine.items():
-            self._socket(engine).send_multipart(self._frames(model, sent), copy=False)
+            header, payload = self._message(model, sent)
+            # OSError: the engine is gone; its reader fails what was sent to it.
+            with contextlib.suppress(OSError):
+                self._links[engine].send(header, payload)
         return []
 
-    def _frames(self, model: str, jobs: Sequence[Job]) -> list[bytes]:
+    def _message(self, model: str, jobs: Sequence[Job]) -> tuple[bytes, list[bytes]]:
         headers, ids, types = [], [], []
         with_types = all(e.token_type_ids is not None for job in jobs for e, _ in job.work)
         for job in jobs:
@@ -140,13 +137,10 @@ class RemoteEngineClient:
                     types.extend(sequence.token_type_ids)  # type: ignore[arg-type]
             keep = bool(job.work) and job.work[0][1]
             headers.append(JobHeader(job.key, model, job.deadline, keep, lengths, job.client))
-        frames = [
-            encoder.encode(Submit(self.reply_address, self.origin, with_types, headers)),
-            np.array(ids, dtype=IDS).tobytes(),
-        ]
+        payload = [np.array(ids, dtype=IDS).tobytes()]
         if with_types:
-            frames.append(np.array(types, dtype=IDS).tobytes())
-        return frames
+            payload.append(np.array(types, dtype=IDS).tobytes())
+        return encoder.encode(Submit(self.origin, with_types, headers)), payload
 
     def cancel(self, job: Job) -> None:
         # The engine answers nothing for a cancelled job: forget it here, or its items stay
@@ -154,9 +148,8 @@ class RemoteEngineClient:
         sent = self._forget(job.key)
         if sent is None or sent.engine in self.dead:
             return
-        message = encoder.encode(Cancel(self.reply_address, [job.key]))
-        with contextlib.suppress(zmq.ZMQError):
-            self._socket(sent.engine).send(message)
+        with contextlib.suppress(OSError):
+            self._links[sent.engine].send(encoder.encode(Cancel([job.key])))
 
     def _forget(self, key: int) -> _Sent | None:
         """A job answered or cancelled: no longer sent, its items no longer outstanding."""
@@ -166,28 +159,32 @@ class RemoteEngineClient:
                 self._outstanding[sent.engine] -= sent.items
         return sent
 
-    def _receive(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._results, zmq.POLLIN)
-        for fd in self.alive_fds:
-            poller.register(fd, zmq.POLLIN)
-        while not self._stopping:
-            for source, _ in poller.poll(POLL_MS):
-                if source is self._results:
-                    self._take_results(self._results.recv_multipart(copy=False))
-                else:
-                    if not os.read(source, 1):  # end of file: the engine's end is closed
-                        poller.unregister(source)
-                        self._engine_died(self.alive_fds.index(source))
+    def _receive(self, engine: int, link: Link) -> None:
+        """Engine `engine`'s results, until its link closes: by stop(), or by its death."""
+        while (message := link.read()) is not None:
+            self._take_results(*message)
+        if not self._stopping:
+            self._engine_died(engine)
 
-    def _take_results(self, frames: list[zmq.Frame]) -> None:
-        message = results_decoder.decode(frames[0].buffer)
-        data = np.frombuffer(frames[1].buffer, dtype=OUTPUTS) if len(frames) > 1 else None
+    def _watch(self) -> None:
+        """End of file on an engine's liveness pipe: it died (even if its link is stuck)."""
+        poller = select.poll()
+        for fd in self.alive_fds:
+            poller.register(fd, select.POLLIN)
+        while not self._stopping:
+            for fd, _ in poller.poll(POLL_MS):
+                if not os.read(fd, 1):  # end of file: the engine's end is closed
+                    poller.unregister(fd)
+                    self._engine_died(self.alive_fds.index(fd))
+
+    def _take_results(self, header: bytes, payload: bytearray) -> None:
+        message = results_decoder.decode(header)
+        data = np.frombuffer(payload, dtype=OUTPUTS)
         outcomes: list[tuple[Job, object]] = []
         offset = 0
         for result in message.results:
             sent = self._forget(result.id)
-            if result.error is None and data is not None:
+            if result.error is None:
                 raws, offset = unpack_outputs(data, offset, result.shapes)
             if sent is None or sent.job.future.done():
                 continue
@@ -205,8 +202,12 @@ class RemoteEngineClient:
         self._call_in_loop(settle, outcomes)
 
     def _engine_died(self, engine: int) -> None:
+        with self._lock:
+            if engine in self.dead:  # seen on its link and on its pipe
+                return
+            self.dead.add(engine)
         log.error("engine process %d died", self.engines[engine].pid)
-        self.dead.add(engine)
+        self._links[engine].close()
         with self._lock:
             lost = [key for key, sent in self._sent.items() if sent.engine == engine]
             outcomes: list[tuple[Job, object]] = [

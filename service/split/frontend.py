@@ -14,7 +14,6 @@ from engine.engine import Engine
 from engine.remote_client import RemoteEngineClient
 from service.config import ServerConfig
 from service.split.run_dir import (
-    frontend_address,
     frontend_ready,
     is_ready,
     mark_frontend_ready,
@@ -56,7 +55,6 @@ def connect_engine(config: ServerConfig, frontend: FrontendRole) -> Engine:
     served = [description.served() for description in engines[0].models]
     client = RemoteEngineClient(
         engines,
-        frontend_address(frontend.run_dir, frontend.index),
         origin=frontend.index,
         alive_fds=frontend.alive_fds,
         on_engine_dead=frontend.on_engine_dead,

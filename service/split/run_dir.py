@@ -16,11 +16,8 @@ from engine.ipc import EngineReady
 
 
 def engine_address(run_dir: str, index: int) -> str:
-    return f"ipc://{run_dir}/engine-{index}.sock"
-
-
-def frontend_address(run_dir: str, index: int) -> str:
-    return f"ipc://{run_dir}/frontend-{index}.sock"
+    """The Unix socket engine `index` listens on for front ends."""
+    return f"{run_dir}/engine-{index}.sock"
 
 
 def metrics_dir(run_dir: str) -> str:

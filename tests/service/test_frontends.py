@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -27,10 +28,9 @@ from typing import Any
 import grpc
 import psutil
 import pytest
-import zmq
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine.ipc import Cancel, EngineReady, Submit, to_engine_decoder
+from engine.ipc import Cancel, EngineReady, Link, Submit, to_engine_decoder
 from engine.jobs import Job
 from engine.remote_client import RemoteEngineClient
 from engine.tokenization import TokenSequence
@@ -569,24 +569,26 @@ def test_a_cancelled_job_is_no_longer_outstanding(tmp_path: Path) -> None:
     engine looks busy for ever and every later job goes to the other one."""
 
     async def scenario() -> list[tuple[int, type]]:
-        context = zmq.Context()
-        engines = [context.socket(zmq.PULL) for _ in range(2)]
-        addresses = [f"ipc://{tmp_path}/engine-{k}.sock" for k in range(2)]
-        for sock, address in zip(engines, addresses, strict=True):
-            sock.bind(address)
+        listeners, addresses = [], [f"{tmp_path}/engine-{k}.sock" for k in range(2)]
+        for address in addresses:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(address)
+            listener.listen(1)
+            listeners.append(listener)
         ready = [EngineReady(address, 0, []) for address in addresses]
-        client = RemoteEngineClient(ready, f"ipc://{tmp_path}/frontend.sock")
+        client = RemoteEngineClient(ready)
         await client.start()
+        engines = [Link(listener.accept()[0]) for listener in listeners]
         loop = asyncio.get_running_loop()
         received: list[tuple[int, type]] = []
 
         def receive() -> None:
-            poller = zmq.Poller()
-            for sock in engines:
-                poller.register(sock, zmq.POLLIN)
-            for sock, _ in poller.poll(5000):
-                frames = sock.recv_multipart()
-                received.append((engines.index(sock), type(to_engine_decoder.decode(frames[0]))))
+            ready, _, _ = select.select([link.sock for link in engines], [], [], 5.0)
+            for sock in ready:
+                index = [link.sock for link in engines].index(sock)
+                message = engines[index].read()
+                assert message is not None
+                received.append((index, type(to_engine_decoder.decode(message[0]))))
 
         def job() -> Job:
             sequence = TokenSequence([101, 7, 102], None, [], [])
@@ -603,9 +605,10 @@ def test_a_cancelled_job_is_no_longer_outstanding(tmp_path: Path) -> None:
             receive()
         finally:
             await client.stop()
-            for sock in engines:
-                sock.close(linger=0)
-            context.term()
+            for link in engines:
+                link.close()
+            for listener in listeners:
+                listener.close()
         return received
 
     assert asyncio.run(scenario()) == [(0, Submit), (0, Cancel), (0, Submit)]
