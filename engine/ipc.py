@@ -136,9 +136,9 @@ class Link:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        sock.setsockopt(
-            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT_S), 0)
-        )
+        seconds, fraction = divmod(SEND_TIMEOUT_S, 1.0)
+        timeval = struct.pack("ll", int(seconds), int(fraction * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         self._lock = threading.Lock()
         self._file = sock.makefile("rb", buffering=1 << 16)
 

@@ -118,12 +118,14 @@ class RemoteEngineClient:
                 job.key = next(self._keys)
                 self._sent[job.key] = _Sent(job, engine, len(job.work))
                 by_engine.setdefault(engine, []).append(job)
+        refused: list[tuple[Job, PoolingError]] = []
         for engine, sent in by_engine.items():
             header, payload = self._message(model, sent)
-            # OSError: the engine is gone; its reader fails what was sent to it.
-            with contextlib.suppress(OSError):
+            try:
                 self._links[engine].send(header, payload)
-        return []
+            except OSError:  # the engine is gone: these fail here, unless its reader has
+                refused += [(job, engine_dead()) for job in sent if self._forget(job.key)]
+        return refused
 
     def _message(self, model: str, jobs: Sequence[Job]) -> tuple[bytes, list[bytes]]:
         headers, ids, types = [], [], []
