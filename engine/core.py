@@ -33,6 +33,7 @@ from engine.ipc import (
     Results,
     Submit,
     encoder,
+    start_daemon,
     to_engine_decoder,
 )
 from engine.jobs import Job
@@ -66,7 +67,8 @@ class EngineCore:
         # Whoever pops a job here answers it (a forward worker) or drops it (a cancel).
         self._owners: dict[Job, _FrontEnd] = {}
         self._front_ends: list[_FrontEnd] = []
-        self._threads: list[threading.Thread] = []
+        self._acceptor: threading.Thread | None = None
+        self._readers: list[threading.Thread] = []
         self._stopping = False
 
     @property
@@ -88,22 +90,20 @@ class EngineCore:
 
     async def serve(self) -> None:
         """Take front ends' messages (on threads of their own) until cancelled."""
-        self._spawn(self._accept, "engine-accept")
+        self._acceptor = start_daemon(self._accept, "engine-accept")
         await self._loop.create_future()
 
     async def stop(self) -> None:
+        """No new front ends first, then every link closed and its reader gone."""
         self._stopping = True
-        for front_end in list(self._front_ends):
-            front_end.link.close()
-        for thread in self._threads:
-            await asyncio.to_thread(thread.join)
+        if self._acceptor is not None:
+            await asyncio.to_thread(self._acceptor.join)
         self._listener.close()
+        for front_end in self._front_ends:
+            front_end.link.close()
+        for thread in self._readers:
+            await asyncio.to_thread(thread.join)
         await self.client.stop()
-
-    def _spawn(self, target: object, name: str, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)  # type: ignore[arg-type]
-        self._threads.append(thread)
-        thread.start()
 
     def _accept(self) -> None:
         while not self._stopping:
@@ -116,7 +116,8 @@ class EngineCore:
             sock.settimeout(None)
             front_end = _FrontEnd(Link(sock))
             self._front_ends.append(front_end)
-            self._spawn(self._receive, f"engine-link-{len(self._front_ends)}", front_end)
+            name = f"engine-link-{len(self._front_ends)}"
+            self._readers.append(start_daemon(self._receive, name, front_end))
 
     def _receive(self, front_end: _FrontEnd) -> None:
         """One front end's messages, until its link closes; then its queued jobs are dropped."""

@@ -17,7 +17,7 @@ import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -120,6 +120,13 @@ def unpack_outputs(
         arrays.append(buffer[offset : offset + size].reshape(shape))
         offset += size
     return arrays, offset
+
+
+def start_daemon(target: Callable[..., None], name: str, *args: object) -> threading.Thread:
+    """A link's reader (or acceptor, or watcher): a daemon thread, started."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 _PREFIX = struct.Struct("<II")  # header bytes, payload bytes

@@ -34,6 +34,7 @@ from engine.ipc import (
     Submit,
     encoder,
     results_decoder,
+    start_daemon,
     unpack_outputs,
 )
 from engine.jobs import Job, settle
@@ -90,10 +91,12 @@ class RemoteEngineClient:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._links = [Link.connect(engine.address) for engine in self.engines]
-        for index, link in enumerate(self._links):
-            self._spawn(self._receive, f"engine-results-{index}", index, link)
+        self._threads = [
+            start_daemon(self._receive, f"engine-results-{index}", index, link)
+            for index, link in enumerate(self._links)
+        ]
         if self.alive_fds:
-            self._spawn(self._watch, "engine-liveness")
+            self._threads.append(start_daemon(self._watch, "engine-liveness"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -101,11 +104,6 @@ class RemoteEngineClient:
             link.close()
         for thread in self._threads:
             await asyncio.to_thread(thread.join)
-
-    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        self._threads.append(thread)
-        thread.start()
 
     def submit(self, model: str, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
         if self.dead:
