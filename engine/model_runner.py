@@ -104,9 +104,11 @@ class ModelRunner:
         self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], alone: bool = True
     ) -> list[np.ndarray]:
         """`alone`: no other forward pass runs beside this one (see ThreadShare)."""
+        threads = None
         if self.threads is not None:
-            torch.set_num_threads(self.threads.alone if alone else self.threads.shared)
-        return self._forward(batch, keep_tokens)
+            threads = self.threads.alone if alone else self.threads.shared
+            torch.set_num_threads(threads)
+        return self._forward(batch, keep_tokens, threads)
 
     def raw(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """The torch module's output for a padded batch (the parity reference of backends)."""
@@ -122,12 +124,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(
-        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool]
+        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], threads: int | None
     ) -> list[np.ndarray]:
         if self.backend is not None:
             arrays = self.arrays(batch)
             feed = {name: arrays[name] for name in self.backend.input_names}
-            result = torch.from_numpy(self.backend.run(feed))
+            result = torch.from_numpy(self.backend.run(feed, threads))
             inputs = {"attention_mask": torch.from_numpy(arrays["attention_mask"])}
         else:
             assert self.module is not None

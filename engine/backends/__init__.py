@@ -44,9 +44,10 @@ class Backend(Protocol):
     file: Path  # the file it runs
     input_names: tuple[str, ...]  # a subset of INPUT_NAMES, in the graph's order
 
-    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
         """(batch, tokens, width) states or logits, or (batch, labels) logits; float32,
-        writable, owned by the caller."""
+        writable, owned by the caller. `threads`: the pass's share of the cores, when other
+        passes run beside it (see ThreadShare); None: all of them."""
         ...
 
 

@@ -96,6 +96,7 @@ class OnnxBackend:
         self.file = path
         self.precision = "int8" if is_quantized(path) else "float32"
 
-    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
+        """`threads` is not ONNX Runtime's to change per run: its one pool serves every call."""
         (result,) = self.session.run([self.output], inputs)
         return np.asarray(result, dtype=np.float32)

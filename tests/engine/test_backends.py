@@ -21,6 +21,7 @@ from engine.backends import BackendKind, BackendOptions, Quantize, RuntimeSettin
 from engine.backends.select import EVENTS
 from engine.loader import LoadedModel, load_model
 from engine.model_info import HeadKind, PoolingType
+from engine.model_runner import ThreadShare
 from engine.model_spec import ModelSpec
 from tests.fixture_models import MINILM, _bert_config, _save
 
@@ -107,6 +108,31 @@ def test_every_head_matches_torch(
             assert g.shape == w.shape
             assert cosine(g, w) >= FP32_COSINE
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
+
+
+def test_openvino_passes_side_by_side_run_on_streams_of_their_share(
+    folders: dict, cache: RuntimeSettings
+) -> None:
+    """A lone pass takes every thread (one stream); passes beside another get a second
+    compilation with a stream per share, compiled once, and the same outputs."""
+    folder = folders["tiny-st-mean"]
+    reference = load(folder, BackendKind.TORCH)
+    spec = ModelSpec(str(folder), name=folder.name, backend=BackendOptions(BackendKind.OPENVINO))
+    model = load_model(
+        spec, device=torch.device("cpu"), dtype=torch.float32, runtime=cache, threads=2
+    )
+    model.runner.threads = ThreadShare(alone=2, shared=1)
+    batch = model.tokenizer.tokenize(TEXTS)
+    want = reference.runner.forward(batch, [False] * len(batch))
+    for alone in (True, False, False):
+        got = model.runner.forward(batch, [False] * len(batch), alone)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
+    backend = model.runner.backend
+    assert sorted(backend._by_share) == [1, 2]  # type: ignore[union-attr]
+    shared = backend._by_share[1]  # type: ignore[union-attr]
+    assert shared.get_property("NUM_STREAMS") == 2
+    assert backend.compiled.get_property("NUM_STREAMS") == 1  # type: ignore[union-attr]
 
 
 RETRIEVAL = {
@@ -212,6 +238,7 @@ import sys, torch
 sys.modules["openvino"] = None  # as if the package were not installed
 from engine.backends import BackendKind, BackendOptions, RuntimeSettings
 from engine.loader import load_model
+from engine.model_runner import ThreadShare
 from engine.model_spec import ModelSpec
 def load(kind):
     spec = ModelSpec(sys.argv[1], name="tiny", backend=BackendOptions(kind))
