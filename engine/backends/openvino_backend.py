@@ -4,10 +4,10 @@ forward worker, each running without the GIL on OpenVINO's own threads.
 
 A lone pass runs on a LATENCY-compiled model, one stream with every thread. Passes side by
 side (the queue's second worker busy too) run on a second compilation with a stream per
-share of the threads, so that they split the cores instead of waiting for the one stream:
-at C=64 on 2 cores that served 1.13x the calls (8 of 8 alternating rounds), while a
-THROUGHPUT-only compilation cost lone calls 16% (benchmarks/results/
-cpu-2core-alternate-openvino-streams.json)."""
+share of the threads, so that they split the cores instead of waiting for the one stream.
+On 2 cores, in alternating rounds: THROUGHPUT alone served 1.13x the calls at C=64 and cost
+lone calls 16%; the two compilations together 1.06x at C=64 and no loss at C=1
+(benchmarks/results/cpu-2core-alternate-openvino-*streams.json)."""
 
 from __future__ import annotations
 
