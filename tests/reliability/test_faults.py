@@ -48,6 +48,7 @@ ABRUPT_STREAMS = 20
 DEADLINE_CALLS = 300
 STREAM_DEADLINES = 10
 MAX_QUEUED_ITEMS = 2000  # per model
+SETTLE_S = 3.0  # for the engine's drop counters to reach /metrics
 OVERLOAD_CALLS = 300  # of 16 texts: more than twice the queue bound
 
 
@@ -59,7 +60,22 @@ class FaultServer:
     channel: grpc.Channel
     stub: pooling_pb2_grpc.PoolingServiceStub
 
-    def dropped(self) -> dict[str, float]:
+    def dropped(self, after: dict[str, float] | None = None) -> dict[str, float]:
+        """Items dropped so far, by reason. With `after`, once they have moved past it and
+        settled (or SETTLE_S passed): the engine process counts a cancelled item when a
+        worker next takes a batch, and publishes its counters every 0.25 s, so a scrape
+        right after the queue looks empty may not have them yet."""
+        deadline = time.monotonic() + SETTLE_S
+        counts = self._dropped_now()
+        while after is not None and time.monotonic() < deadline:
+            time.sleep(0.3)
+            again = self._dropped_now()
+            if again == counts and counts != after:
+                break
+            counts = again
+        return counts
+
+    def _dropped_now(self) -> dict[str, float]:
         samples = scrape(self.metrics_port)
         return {
             reason: metric_sum(samples, "pooling_dropped_items_total", reason=reason)
@@ -164,7 +180,7 @@ def test_cancellation_storm(faults: FaultServer, record_property) -> None:
     storm_s = time.monotonic() - started
 
     drained_s = faults.recovered()
-    dropped = faults.dropped()
+    dropped = faults.dropped(after=dropped_before)
     threads_after, fds_after = faults.resources()
     report(
         record_property,
@@ -234,7 +250,7 @@ def test_client_killed_mid_stream(faults: FaultServer, record_property) -> None:
             client.kill()
             client.wait(30)
     drained_s = faults.recovered()
-    dropped = faults.dropped()
+    dropped = faults.dropped(after=dropped_before)
     threads_after, fds_after = faults.resources()
     report(
         record_property,
@@ -296,7 +312,7 @@ def test_deadlines_shorter_than_the_queue_wait(faults: FaultServer, record_prope
         for future in busy:
             future.cancel()
     drained_s = faults.recovered()
-    dropped = faults.dropped()
+    dropped = faults.dropped(after=dropped_before)
     threads_after, fds_after = faults.resources()
     report(
         record_property,
@@ -347,7 +363,7 @@ def test_overload_is_refused_with_retry_info(faults: FaultServer, record_propert
     ]
     seconds = time.monotonic() - started
     drained_s = faults.recovered()
-    dropped = faults.dropped()
+    dropped = faults.dropped(after=dropped_before)
     report(
         record_property,
         "faults_overload",
