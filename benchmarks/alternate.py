@@ -16,41 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL_PATH = "/pooling.v1.PoolingService/Pool"
-
-
-def _start(label: str, tree: Path, flags: list[str], model: str, log_dir: Path) -> Any:
-    """The server of `tree` (its own code: `-m` imports from the working directory)."""
-    from tests.server_process import ServerProcess, free_port
-
-    port = free_port()
-    log_path = log_dir / f"{label}-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "--port", str(port), "--model", model, *flags],
-            cwd=tree,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        )
-    server = ServerProcess(process, port, log_path)
-    try:
-        server.wait_serving()
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return server
 
 
 def _burst(server: Any, body: bytes, concurrency: int, seconds: float, work: Path) -> dict:
@@ -70,10 +44,10 @@ def _burst(server: Any, body: bytes, concurrency: int, seconds: float, work: Pat
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks import h2load
-    from benchmarks.throughput import _default_model_path, sentences
+    from benchmarks.throughput import _default_model_path, sentences, start_project_server
     from pooling_client.v1 import pooling_pb2 as pb
 
-    model = args.model or f"minilm={_default_model_path()}"
+    name, _, path = (args.model or f"minilm={_default_model_path()}").partition("=")
     body = h2load.grpc_body(pb.PoolRequest(embed=pb.TextInput(texts=sentences(1, seed=2)[:1])))
     work = Path(tempfile.mkdtemp(prefix="alternate-"))
     sides = {
@@ -88,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     try:
         for label, (tree, flags) in sides.items():
-            servers[label] = _start(label, tree, flags, model, work)
+            servers[label] = start_project_server(name, path, 0, flags, work, tree=tree)
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             for server in servers.values():  # warm both at this level
                 _burst(server, body, concurrency, 2.0, work)

@@ -462,8 +462,10 @@ def start_project_server(
     log_dir: Path,
     module: str = "service.cli",
     env: dict[str, str] | None = None,
+    tree: Path | None = None,
 ) -> Target:
-    """The project's server (or `module`, a stand-in wrapping it) on a free port, SERVING.
+    """The project's server (or `module`, a stand-in wrapping it) on a free port, SERVING;
+    `tree`: the source tree whose code it runs (`-m` imports from the working directory).
 
     As tests/server_process.start_server, which always runs service.cli."""
     from tests.server_process import ServerProcess, free_port
@@ -480,6 +482,7 @@ def start_project_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})},
+            cwd=tree,
         )
     server = ServerProcess(process, port, log_path)
     try:
