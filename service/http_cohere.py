@@ -12,7 +12,6 @@ then each type packed by engine/encodings.py exactly as the engine packs it),
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from engine.request import PoolRequest, RerankRequest
 from service.errors import HTTP_STATUS
 from service.http_doors import (
     DoorError,
+    base64_floats,
     budget,
     call,
     decode_body,
@@ -393,6 +393,5 @@ def _typed(vectors: np.ndarray, name: str, ranges: np.ndarray | None) -> list[An
     if name == "float":
         return vectors.tolist()
     if name == "base64":
-        little = np.ascontiguousarray(vectors, dtype="<f4")
-        return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+        return [base64_floats(row) for row in vectors]
     return quantize(vectors, EMBEDDING_TYPES[name], ranges).tolist()  # type: ignore[arg-type]

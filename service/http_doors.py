@@ -11,6 +11,7 @@ other connections, and an answer over --max-http-response-mb is refused.
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import uuid
 from collections.abc import Callable, Sequence
@@ -190,6 +191,12 @@ def matrix(rows: Sequence[np.ndarray]) -> list[Any]:
     if all(row.shape == rows[0].shape for row in rows):
         return np.stack(rows).tolist()
     return [row.tolist() for row in rows]
+
+
+def base64_floats(values: np.ndarray) -> str:
+    """Values as the base64 of their little-endian float32 bytes (OpenAI's, vLLM's and
+    Cohere's base64 encoding)."""
+    return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode("ascii")
 
 
 async def render(

@@ -10,7 +10,6 @@ Rendering reads the engine's arrays directly: no protobuf round trip.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from engine.outputs import (
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from engine.validation import unknown_value
+from service.http_doors import base64_floats
 from service.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
 
@@ -234,9 +234,7 @@ def _encoding_format(body: Body) -> str:
 
 def _encoded(values: np.ndarray, fmt: str) -> Any:
     """Floats as JSON numbers, or (base64) the little-endian float32 bytes of them all."""
-    if fmt == "base64":
-        return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode()
-    return values.tolist()
+    return base64_floats(values) if fmt == "base64" else values.tolist()
 
 
 def pooling_params(body: Body) -> PoolingParams:

@@ -116,10 +116,10 @@ class OpenVinoBackend:
         compiled = self._by_share.get(share) or self._compile(share)
         requests: dict[int, Any] | None = getattr(self._local, "requests", None)
         if requests is None:
-            requests = self._local.requests = {}
-        request = requests.get(id(compiled))
+            requests = self._local.requests = {}  # this thread's, by share
+        request = requests.get(share)
         if request is None:
-            request = requests[id(compiled)] = compiled.create_infer_request()
+            request = requests[share] = compiled.create_infer_request()
         request.infer(inputs, share_inputs=True)  # releases the GIL while it runs
         return np.array(request.get_output_tensor(self.output).data, dtype=np.float32)
 
