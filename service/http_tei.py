@@ -30,7 +30,8 @@ import numpy as np
 from aiohttp import web
 
 from engine.errors import ErrorKind, PoolingError, internal_error
-from engine.model_info import HeadKind, LongInput, ModelInfo, PoolingType
+from engine.heads import activate
+from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
 from engine.outputs import Classification, Embedding, Score, SparseEmbedding, TokenRows
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
@@ -106,7 +107,12 @@ class _Predict(msgspec.Struct):
     parameters: _TextClassificationParameters | None = None
 
 
-FUNCTIONS = ("sigmoid", "softmax", "none")
+# The Inference API's function_to_apply, as the engine's own activations.
+FUNCTIONS = {
+    "sigmoid": Activation.SIGMOID,
+    "softmax": Activation.SOFTMAX,
+    "none": Activation.IDENTITY,
+}
 
 
 class _Rerank(msgspec.Struct):
@@ -695,11 +701,8 @@ def _predictions(output: Any, info: ModelInfo, function: str | None) -> list[dic
         scores = np.array([output.value], dtype=np.float64)
     else:
         scores = _of(output, Classification).probs.astype(np.float64)
-    if function == "sigmoid":
-        scores = 1.0 / (1.0 + np.exp(-scores))
-    elif function == "softmax":
-        scores = np.exp(scores - scores.max())
-        scores /= scores.sum()
+    if function is not None:
+        scores = activate(scores, FUNCTIONS[function])
     order = np.argsort(-scores, kind="stable")
     return [{"score": float(scores[i]), "label": info.label(int(i))} for i in order]
 
