@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 # core still sheds them, which is part of its defence against rapid-reset floods.
 MAX_PENDING_CALLS = 4096
 
+# A request message or body this large costs a few megabytes while it is read (a copy or
+# two beside it): such reads take turns, on gRPC once one has been seen
+# (service/read_gate.py), on HTTP by the Content-Length declared (service/http_guard.py).
+LARGE_MESSAGE_BYTES = 1 << 20
+
 # The HTTP/2 window of a stream whose message is not being read (gRPC core's lookahead),
 # so what a call waiting for its read turn may hold on the server. 4 MiB keeps a 16 MB
 # upload over a 20 ms round trip as fast as gRPC core's window probing (0.18 s against

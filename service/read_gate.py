@@ -10,7 +10,7 @@ probing off, which would open it whether anyone reads or not).
 
 Turns cost a loop round trip per read, a fifth of the rate of small calls at C=64 when
 every read took one, so they are taken only within `heavy_s` of the last message of
-LARGE_BYTES or more: an ordinary load never waits, a flood of large messages is read one
+LARGE_MESSAGE_BYTES or more: an ordinary load never waits, a flood of large messages is read one
 after another from its second message on. A read keeps its turn at most `hold_s`: a
 client that sends slowly then reads on without one (its bytes arrive no faster than it
 sends them), so slow senders cannot stop everyone else's reads.
@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-LARGE_BYTES = 1 << 20  # a message whose read costs a few megabytes
+from service.config import LARGE_MESSAGE_BYTES
 
 
 class ReadGate:
@@ -39,7 +39,7 @@ class ReadGate:
 
     def saw(self, size: int) -> None:
         """A message of `size` bytes was read: a large one starts (or extends) turns."""
-        if size >= LARGE_BYTES and self._turns is not None:
+        if size >= LARGE_MESSAGE_BYTES and self._turns is not None:
             self._heavy_until = asyncio.get_running_loop().time() + self.heavy_s
 
     async def read(self, context: grpc.aio.ServicerContext) -> Any:

@@ -193,8 +193,8 @@ def _stall_body(port: int, timeout: float) -> tuple[float, int, int]:
 
 
 def test_stalled_bodies_are_closed_and_their_memory_freed(door, record_property) -> None:
-    """30 connections send 16 MB of a body and stall: only 4 are read at once, each closed
-    (408) once a window brings nothing; those waiting for a turn get 503."""
+    """30 connections send 16 MB of a body and stall: one is read at a time (the large-body
+    turn), closed (408) once a window brings nothing; those waiting for a turn get 503."""
     server, port = door
     with watching(server) as watch:
         started = time.monotonic()
@@ -225,6 +225,38 @@ def test_stalled_bodies_are_closed_and_their_memory_freed(door, record_property)
     assert set(statuses) <= {0, 408, 503}, statuses
     assert after_mb < 100
     assert_alive(server)
+
+
+def test_large_bodies_take_turns_beside_small_ones(door, record_property) -> None:
+    """A stalled 16 MB body holds the one large-body turn: a second large body waits for it
+    and gets 503 after the body timeout, while a small body is read and answered at once."""
+    server, port = door
+    small = b'{"input": "' + b"a" * (400 * 1024) + b'"}'  # under 1 MiB, over --max-input-chars
+    with watching(server) as watch, _connect(port) as stalled, _connect(port) as large:
+        started = time.monotonic()
+        stalled.sendall(_head(BODY_BYTES) + b"x" * MB)
+        time.sleep(0.3)  # its read has begun
+        large.sendall(_head(2 * MB) + b"x" * (64 * 1024))
+        with _connect(port) as sock:
+            small_started = time.monotonic()
+            sock.sendall(_head(len(small)) + small)
+            small_answer = _read_answer(sock)
+            small_s = time.monotonic() - small_started
+        waited_s, answer = _wait_closed(large, started, 2 * BODY_TIMEOUT_S + SLACK_S)
+        watch.answer_s = waited_s
+    report(
+        record_property,
+        "http_large_body_turn",
+        **watch.figures(),
+        small_answer_s=small_s,
+        large_status=_status(answer),
+    )
+    watch.assert_unharmed()
+    assert _status(small_answer) == 400 and b"INPUT_TOO_LONG" in small_answer, small_answer[:300]
+    assert small_s < 1.0
+    assert _status(answer) == 503 and b"TOO_MANY_BODIES" in answer, answer[:300]
+    assert b"1048576 bytes or more" in answer
+    assert BODY_TIMEOUT_S * 0.9 < waited_s < BODY_TIMEOUT_S + SLACK_S
 
 
 def test_body_declaring_10_gb_is_refused_unread(door, record_property) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from service import config
 from service.cli import build_parser, config_from_args
-from service.read_gate import LARGE_BYTES, ReadGate
+from service.config import LARGE_MESSAGE_BYTES
+from service.read_gate import ReadGate
 
 
 class SlowReads:
@@ -41,7 +42,7 @@ async def _read_side_by_side(gate: ReadGate, context: SlowReads, calls: int) -> 
 def test_calm_reads_run_side_by_side() -> None:
     async def main() -> int:
         gate = ReadGate(1, hold_s=5.0)
-        gate.saw(LARGE_BYTES - 1)  # below the cue
+        gate.saw(LARGE_MESSAGE_BYTES - 1)  # below the cue
         context = SlowReads(0.05, messages=4)
         await _read_side_by_side(gate, context, 4)
         return context.most
@@ -52,7 +53,7 @@ def test_calm_reads_run_side_by_side() -> None:
 def test_after_a_large_message_reads_take_turns_until_it_is_calm_again() -> None:
     async def main() -> tuple[int, int]:
         gate = ReadGate(1, hold_s=5.0, heavy_s=0.3)
-        gate.saw(LARGE_BYTES)
+        gate.saw(LARGE_MESSAGE_BYTES)
         heavy = SlowReads(0.05, messages=4)
         await _read_side_by_side(gate, heavy, 4)
         await asyncio.sleep(0.3)
@@ -86,7 +87,7 @@ def test_a_slow_read_gives_up_its_turn_after_hold_s() -> None:
 def test_a_stream_reads_each_message_then_ends() -> None:
     async def main() -> list[object]:
         gate = ReadGate(1, hold_s=1.0)
-        gate.saw(LARGE_BYTES)
+        gate.saw(LARGE_MESSAGE_BYTES)
         return [m async for m in gate.messages(SlowReads(0.0, messages=3))]  # type: ignore[arg-type]
 
     assert asyncio.run(main()) == [b"message"] * 3
