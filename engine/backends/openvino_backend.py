@@ -97,6 +97,8 @@ class OpenVinoBackend:
                 "optionally token_type_ids"
             )
         self.input_names = tuple(names)
+        # A shipped export may take int32 ids, where the runner's arrays are int64.
+        self._dtypes = [port.get_element_type().to_dtype() for port in model.inputs]
         self.precision = "int8" if is_quantized(model) else "float32"
         wanted = output_name(head)
         outputs = [port.get_names() for port in model.outputs]
@@ -109,6 +111,7 @@ class OpenVinoBackend:
         self._compiling = threading.Lock()
         self.file = path
         self._local = threading.local()
+        self._tensor = ov.Tensor
 
     def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
         """`threads`: this pass's share of the cores (None: all of them)."""
@@ -120,7 +123,12 @@ class OpenVinoBackend:
         request = requests.get(share)
         if request is None:
             request = requests[share] = compiled.create_infer_request()
-        request.infer(inputs, share_inputs=True)  # releases the GIL while it runs
+        # Tensors over the arrays themselves, set by port: OpenVINO's own dict dispatch
+        # cost 55 us more per pass (a third of a tiny model's).
+        for index, (name, dtype) in enumerate(zip(self.input_names, self._dtypes, strict=True)):
+            array = np.ascontiguousarray(inputs[name], dtype)  # no copy when it matches
+            request.set_input_tensor(index, self._tensor(array, shared_memory=True))
+        request.infer()  # releases the GIL while it runs
         return np.array(request.get_output_tensor(self.output).data, dtype=np.float32)
 
     def _compile(self, threads: int) -> Any:
