@@ -10,8 +10,8 @@ probing off, which would open it whether anyone reads or not).
 
 Turns cost a loop round trip per read, a fifth of the rate of small calls at C=64 when
 every read took one, so they are taken only within `heavy_s` of the last message of
-LARGE_MESSAGE_BYTES or more: an ordinary load never waits, a flood of large messages is read one
-after another from its second message on. A read keeps its turn at most `hold_s`: a
+LARGE_MESSAGE_BYTES or more: an ordinary load never waits, a flood of large messages is
+read one after another from its second message on. A read keeps its turn at most `hold_s`: a
 client that sends slowly then reads on without one (its bytes arrive no faster than it
 sends them), so slow senders cannot stop everyone else's reads.
 """
