@@ -275,7 +275,8 @@ class ConnectionGuard:
         three at once; while a large body waits, all but aiohttp's small buffer of it stays
         in the client's socket."""
         limits = self.limits
-        turns = (self._large, self._bodies) if is_large(request) else (self._bodies,)
+        large = is_large(request)
+        turns = (self._large, self._bodies) if large else (self._bodies,)
         taken: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout(limits.body_timeout_s):
@@ -288,7 +289,7 @@ class ConnectionGuard:
             waiting = (
                 f"a body of {LARGE_MESSAGE_BYTES} bytes or more (or of a length not known "
                 "before it is read) is being read"
-                if self._large in turns and self._large not in taken
+                if large and not taken  # still waiting for the large turn, taken first
                 else f"{limits.max_concurrent_bodies} request bodies are being read"
             )
             return await self._refuse(
