@@ -12,9 +12,9 @@ that for a cancellation), and serves one that carries two. So methods with one r
 message are registered as client-streaming and read it themselves: none, or more than
 one, is INVALID_ARGUMENT. The wire format is the same, so clients see a unary method.
 
-Request messages are read through a gate (service/read_gate.py) that, while large ones
-come, lets them in one at a time. The handlers are built once at startup; a call pays
-nothing beyond its own parse.
+Request messages are read through a gate (service/read_gate.py) that lets them in one at a
+time while large ones come, and a connection's first message always. The handlers are
+built once at startup; a call pays nothing beyond its own parse.
 """
 
 from __future__ import annotations
@@ -145,10 +145,11 @@ def _one_message(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
     """A unary method's behaviour, fed the call's one request message."""
 
     async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
-        request = await gate.read(context)
+        peer = context.peer()
+        request = await gate.read(context, peer)
         if request is grpc.aio.EOF:
             await _refuse(context, "the call ended without its request message")
-        if await gate.read(context) is not grpc.aio.EOF:
+        if await gate.read(context, peer) is not grpc.aio.EOF:
             await _refuse(context, "the call carried more than one request message")
         return await behaviour(request, context)
 

@@ -9,6 +9,12 @@ fixed thresholds make blocks of 256 KiB and more mmapped and unmapped when freed
 freed heap top returned at once. Engine processes, and a single-process server
 (--frontends 0), keep the defaults: torch's tensors of that size come and go with every
 batch, where a fresh mapping each time would cost page faults.
+
+Blocks under the threshold still come from the arenas: gRPC core reads a message into
+slices of tens of KiB, and the free pages between the blocks still in use stay resident
+(glibc trims only the top of a heap). After each large message, `trim` hands them back
+(malloc_trim): without it a flood of 16 MB messages read one at a time left +16-38 MB
+behind and peaked 10-20 MB higher.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import ctypes
 import ctypes.util
 import logging
 import sys
+from collections.abc import Callable
+from functools import cache
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +37,24 @@ ARENAS = 2
 THRESHOLD_BYTES = 256 * 1024
 
 
-def return_freed_memory() -> bool:
-    """Apply the settings above; False where the C library is not glibc (nothing to do)."""
+@cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc (it has mallopt and malloc_trim), else None."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others: no mallopt
+        libc.mallopt, libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):  # musl and others
+        return None
+    return libc
+
+
+def return_freed_memory() -> bool:
+    """Apply the settings above; False where the C library is not glibc (nothing to do)."""
+    if (libc := _glibc()) is None:
         return False
+    mallopt = libc.mallopt
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     ok = all(
         mallopt(param, value) == 1
@@ -50,3 +67,12 @@ def return_freed_memory() -> bool:
     if not ok:
         log.warning("mallopt refused a setting: freed memory may be kept longer")
     return ok
+
+
+def trimmer() -> Callable[[], None]:
+    """A call that returns the arenas' free pages to the system (a no-op without glibc)."""
+    if (libc := _glibc()) is None:
+        return lambda: None
+    malloc_trim = libc.malloc_trim
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    return lambda: malloc_trim(0)

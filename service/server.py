@@ -18,6 +18,7 @@ from service.handlers import add_pooling_service
 from service.health import HealthServicer
 from service.http_api import HttpApi
 from service.http_cohere import input_type_prompts
+from service.memory import trimmer
 from service.metrics import Metrics
 from service.proto import pooling_pb2
 from service.read_gate import ReadGate
@@ -65,7 +66,9 @@ class PoolingServer:
             compression=grpc.Compression.Gzip if config.transport.gzip_responses else None,
         )
         transport = config.transport
-        gate = ReadGate(transport.max_concurrent_reads, transport.read_turn_s)
+        gate = ReadGate(
+            transport.max_concurrent_reads, transport.read_turn_s, after_large=trimmer()
+        )
         add_pooling_service(self.servicer, self.server, gate)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

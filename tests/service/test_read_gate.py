@@ -1,13 +1,15 @@
-"""The read gate: reads at once while calm, one at a time while large messages come."""
+"""The read gate: reads at once while calm, one at a time while large messages come or
+from a connection not yet seen to send a small one."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import grpc
 import pytest
 
-from service import config
+from service import config, memory
 from service.cli import build_parser, config_from_args
 from service.config import LARGE_MESSAGE_BYTES
 from service.read_gate import ReadGate
@@ -16,11 +18,22 @@ from service.read_gate import ReadGate
 class SlowReads:
     """A stand-in ServicerContext whose reads each take `read_s`, counting overlap."""
 
-    def __init__(self, read_s: float, messages: int = 1) -> None:
+    def __init__(
+        self,
+        read_s: float,
+        messages: int = 1,
+        peer: str = "ipv4:10.0.0.1:1",
+        size: Callable[[int], None] | None = None,
+    ) -> None:
         self.read_s = read_s
+        self.peer_name = peer
+        self.size = size  # told each message's size as it is read, as the deserializer tells
         self.left = messages
         self.now = 0
         self.most = 0
+
+    def peer(self) -> str:
+        return self.peer_name
 
     async def read(self) -> object:
         self.now += 1
@@ -32,6 +45,8 @@ class SlowReads:
         if self.left == 0:
             return grpc.aio.EOF
         self.left -= 1
+        if self.size is not None:
+            self.size(LARGE_MESSAGE_BYTES)
         return b"message"
 
 
@@ -39,11 +54,59 @@ async def _read_side_by_side(gate: ReadGate, context: SlowReads, calls: int) -> 
     return await asyncio.gather(*(gate.read(context) for _ in range(calls)))  # type: ignore[arg-type]
 
 
+async def _known(gate: ReadGate, context: SlowReads) -> None:
+    """The connection of `context` sends one small message, read in turn."""
+    context.left += 1
+    assert await gate.read(context) == b"message"  # type: ignore[arg-type]
+
+
+def test_a_new_connection_reads_in_turn_until_it_has_sent_a_small_message() -> None:
+    """A flood's first messages, from connections never seen, are read one at a time."""
+
+    async def main() -> tuple[int, int]:
+        gate = ReadGate(1, hold_s=5.0)
+        new = SlowReads(0.05, messages=4, peer="ipv4:10.0.0.2:7")
+        await _read_side_by_side(gate, new, 4)
+        known = SlowReads(0.05, messages=4, peer="ipv4:10.0.0.2:7")
+        await _read_side_by_side(gate, known, 4)
+        return new.most, known.most
+
+    assert asyncio.run(main()) == (1, 4)
+
+
+def test_a_large_first_message_does_not_make_its_connection_known() -> None:
+    async def main() -> int:
+        gate = ReadGate(1, hold_s=5.0, heavy_s=0.0)
+        context = SlowReads(0.0, messages=1, size=gate.saw)
+        assert await gate.read(context) == b"message"  # type: ignore[arg-type]
+        later = SlowReads(0.05, messages=3)
+        await _read_side_by_side(gate, later, 3)
+        return later.most
+
+    assert asyncio.run(main()) == 1
+
+
+def test_known_connections_are_bounded_oldest_forgotten() -> None:
+    async def main() -> list[int]:
+        gate = ReadGate(1, hold_s=5.0, known_peers=2)
+        for port in (1, 2, 3):
+            await _known(gate, SlowReads(0.0, messages=0, peer=f"ipv4:10.0.0.1:{port}"))
+        overlaps = []
+        for port in (1, 3):
+            context = SlowReads(0.05, messages=3, peer=f"ipv4:10.0.0.1:{port}")
+            await _read_side_by_side(gate, context, 3)
+            overlaps.append(context.most)
+        return overlaps
+
+    assert asyncio.run(main()) == [1, 3]
+
+
 def test_calm_reads_run_side_by_side() -> None:
     async def main() -> int:
         gate = ReadGate(1, hold_s=5.0)
         gate.saw(LARGE_MESSAGE_BYTES - 1)  # below the cue
         context = SlowReads(0.05, messages=4)
+        await _known(gate, context)
         await _read_side_by_side(gate, context, 4)
         return context.most
 
@@ -53,6 +116,7 @@ def test_calm_reads_run_side_by_side() -> None:
 def test_after_a_large_message_reads_take_turns_until_it_is_calm_again() -> None:
     async def main() -> tuple[int, int]:
         gate = ReadGate(1, hold_s=5.0, heavy_s=0.3)
+        await _known(gate, SlowReads(0.0, messages=0))
         gate.saw(LARGE_MESSAGE_BYTES)
         heavy = SlowReads(0.05, messages=4)
         await _read_side_by_side(gate, heavy, 4)
@@ -120,3 +184,18 @@ def test_reads_must_be_a_count(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--max-concurrent-reads", "-1"])
     assert "--max-concurrent-reads" in capsys.readouterr().err
+
+
+def test_each_large_message_is_followed_by_a_trim() -> None:
+    """The free pages gRPC core's slices leave between live blocks go back to the system."""
+    trims = []
+    gate = ReadGate(1, hold_s=1.0, after_large=lambda: trims.append(1))
+
+    async def main() -> None:
+        gate.saw(LARGE_MESSAGE_BYTES - 1)
+        gate.saw(LARGE_MESSAGE_BYTES)
+        gate.saw(16 << 20)
+
+    asyncio.run(main())
+    assert len(trims) == 2
+    memory.trimmer()()  # glibc's malloc_trim, or nothing elsewhere: it must not raise
