@@ -18,7 +18,8 @@ once per connection. A client that opens connections, sends a small message on e
 then large ones on all at once still has those first large ones read side by side: the
 connection cap bounds that, not this gate. A read keeps its turn at most `hold_s`: a client
 that sends slowly then reads on without one (its bytes arrive no faster than it sends
-them), so slow senders cannot stop everyone else's reads.
+them), so slow senders cannot stop everyone else's reads; and a new connection's first
+message waits at most `hold_s` for a turn, however many slow senders are in line.
 """
 
 from __future__ import annotations
@@ -73,9 +74,19 @@ class ReadGate:
         if peer is None:
             peer = context.peer()
         loop = asyncio.get_running_loop()
-        if loop.time() >= self._heavy_until and peer in self._known:
+        calm = loop.time() >= self._heavy_until
+        if calm and peer in self._known:
             return await context.read()
-        await self._turns.acquire()
+        if calm:
+            # Only new: slow senders holding the turns in line cannot keep a new
+            # connection's first message waiting longer than one hold.
+            try:
+                async with asyncio.timeout(self.hold_s):
+                    await self._turns.acquire()
+            except TimeoutError:
+                return await context.read()
+        else:
+            await self._turns.acquire()
         turn = _Turn(self._turns)
         timer = loop.call_later(self.hold_s, turn.give_back)
         large_seen = self._large_seen

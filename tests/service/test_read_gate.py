@@ -199,3 +199,25 @@ def test_each_large_message_is_followed_by_a_trim() -> None:
     asyncio.run(main())
     assert len(trims) == 2
     memory.trimmer()()  # glibc's malloc_trim, or nothing elsewhere: it must not raise
+
+
+def test_a_first_message_waits_at_most_one_hold_behind_slow_senders() -> None:
+    """Ten new connections' slow first messages in line: an eleventh waits one hold, not ten."""
+
+    async def main() -> float:
+        gate = ReadGate(1, hold_s=0.1)
+        loop = asyncio.get_running_loop()
+        slow = [
+            asyncio.ensure_future(gate.read(SlowReads(5.0, peer=f"ipv4:10.0.0.9:{port}")))  # type: ignore[arg-type]
+            for port in range(10)
+        ]
+        await asyncio.sleep(0)
+        started = loop.time()
+        assert await gate.read(SlowReads(0.0, peer="ipv4:10.0.0.8:1")) == b"message"  # type: ignore[arg-type]
+        waited = loop.time() - started
+        for read in slow:
+            read.cancel()
+        await asyncio.gather(*slow, return_exceptions=True)
+        return waited
+
+    assert asyncio.run(main()) < 0.5
