@@ -12,9 +12,9 @@ batch, where a fresh mapping each time would cost page faults.
 
 Blocks under the threshold still come from the arenas: gRPC core reads a message into
 slices of tens of KiB, and the free pages between the blocks still in use stay resident
-(glibc trims only the top of a heap). After each large message, `trim` hands them back
-(malloc_trim): without it a flood of 16 MB messages read one at a time left +16-38 MB
-behind and peaked 10-20 MB higher.
+(glibc trims only the top of a heap). After each large message, `trimmer`'s call hands
+them back (malloc_trim): without it a flood of 16 MB messages read one at a time left
++16-38 MB behind and peaked 10-20 MB higher.
 """
 
 from __future__ import annotations
