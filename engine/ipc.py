@@ -14,6 +14,7 @@ round trip cost 0.48 ms against 0.04 ms on a plain socket on this 2-core host.
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import struct
 import threading
@@ -116,7 +117,7 @@ def unpack_outputs(
     """Views into `buffer` (no copy) for one job's outputs; returns the offset after them."""
     arrays = []
     for shape in shapes:
-        size = int(np.prod(shape))
+        size = math.prod(shape)  # np.prod on a list cost 5 us an output
         arrays.append(buffer[offset : offset + size].reshape(shape))
         offset += size
     return arrays, offset
