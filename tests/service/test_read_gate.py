@@ -54,6 +54,20 @@ async def _read_side_by_side(gate: ReadGate, context: SlowReads, calls: int) -> 
     return await asyncio.gather(*(gate.read(context) for _ in range(calls)))  # type: ignore[arg-type]
 
 
+async def _wait_behind(gate: ReadGate, slow: list[SlowReads], context: SlowReads) -> float:
+    """How long a read of `context` waits while the `slow` reads are under way."""
+    loop = asyncio.get_running_loop()
+    reads = [asyncio.ensure_future(gate.read(s)) for s in slow]  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    started = loop.time()
+    assert await gate.read(context) == b"message"  # type: ignore[arg-type]
+    waited = loop.time() - started
+    for read in reads:
+        read.cancel()
+    await asyncio.gather(*reads, return_exceptions=True)
+    return waited
+
+
 async def _known(gate: ReadGate, context: SlowReads) -> None:
     """The connection of `context` sends one small message, read in turn."""
     context.left += 1
@@ -134,16 +148,7 @@ def test_a_slow_read_gives_up_its_turn_after_hold_s() -> None:
     async def main() -> float:
         gate = ReadGate(2, hold_s=0.1)
         gate.saw(16 << 20)
-        loop = asyncio.get_running_loop()
-        slow = [asyncio.ensure_future(gate.read(SlowReads(2.0))) for _ in range(2)]  # type: ignore[arg-type]
-        await asyncio.sleep(0)
-        started = loop.time()
-        assert await gate.read(SlowReads(0.0)) == b"message"  # type: ignore[arg-type]
-        waited = loop.time() - started
-        for read in slow:
-            read.cancel()
-        await asyncio.gather(*slow, return_exceptions=True)
-        return waited
+        return await _wait_behind(gate, [SlowReads(2.0) for _ in range(2)], SlowReads(0.0))
 
     assert asyncio.run(main()) < 1.0
 
@@ -206,18 +211,7 @@ def test_a_first_message_waits_at_most_one_hold_behind_slow_senders() -> None:
 
     async def main() -> float:
         gate = ReadGate(1, hold_s=0.1)
-        loop = asyncio.get_running_loop()
-        slow = [
-            asyncio.ensure_future(gate.read(SlowReads(5.0, peer=f"ipv4:10.0.0.9:{port}")))  # type: ignore[arg-type]
-            for port in range(10)
-        ]
-        await asyncio.sleep(0)
-        started = loop.time()
-        assert await gate.read(SlowReads(0.0, peer="ipv4:10.0.0.8:1")) == b"message"  # type: ignore[arg-type]
-        waited = loop.time() - started
-        for read in slow:
-            read.cancel()
-        await asyncio.gather(*slow, return_exceptions=True)
-        return waited
+        slow = [SlowReads(5.0, peer=f"ipv4:10.0.0.9:{port}") for port in range(10)]
+        return await _wait_behind(gate, slow, SlowReads(0.0, peer="ipv4:10.0.0.8:1"))
 
     assert asyncio.run(main()) < 0.5
