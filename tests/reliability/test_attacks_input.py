@@ -58,7 +58,7 @@ ATTACK_S = 2.0
 # its Content-Length (service/http_guard.py); gRPC reads a connection's first message in
 # turn, and every message once a large one has come (service/read_gate.py), handing the
 # free pages between gRPC core's slices back after each (service/memory.py). Measured:
-# +55-58 MB for the first gRPC flood on a fresh server (+82-87 MB before the turns for
+# +55-58 MB for the first gRPC flood on a fresh server (+80-100 MB before the turns for
 # first messages and the trim), +35 MB for HTTP's.
 
 
