@@ -46,7 +46,7 @@ class ReadGate:
         after_large: Callable[[], None] = lambda: None,
     ) -> None:
         """`after_large`: called once each large message is in Python's hands (its copies
-        in gRPC core freed): service/memory.py's trim."""
+        in gRPC core freed): service/memory.py's trimmer."""
         self._after_large = after_large
         self._turns = asyncio.Semaphore(slots) if slots else None
         self.hold_s = hold_s
@@ -84,19 +84,24 @@ class ReadGate:
                 async with asyncio.timeout(self.hold_s):
                     await self._turns.acquire()
             except TimeoutError:
-                return await context.read()
+                return await self._learning(context, peer)
         else:
             await self._turns.acquire()
         turn = _Turn(self._turns)
         timer = loop.call_later(self.hold_s, turn.give_back)
-        large_seen = self._large_seen
         try:
-            message = await context.read()
+            return await self._learning(context, peer)
         finally:
             timer.cancel()
             turn.give_back()
+
+    async def _learning(self, context: grpc.aio.ServicerContext, peer: str) -> Any:
+        """The next message; its connection is known from now on if no large message came
+        meanwhile (then this one was small)."""
+        large_seen = self._large_seen
+        message = await context.read()
         if message is not grpc.aio.EOF and self._large_seen == large_seen:
-            self._know(peer)  # no large message came meanwhile: this one was small
+            self._know(peer)
         return message
 
     def _know(self, peer: str) -> None:

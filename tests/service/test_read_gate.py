@@ -215,3 +215,21 @@ def test_a_first_message_waits_at_most_one_hold_behind_slow_senders() -> None:
         return await _wait_behind(gate, slow, SlowReads(0.0, peer="ipv4:10.0.0.8:1"))
 
     assert asyncio.run(main()) < 0.5
+
+
+def test_a_first_message_read_without_its_turn_still_makes_its_connection_known() -> None:
+    """Behind slow senders a new connection waits one hold once, not on every call."""
+
+    async def main() -> tuple[float, float]:
+        gate = ReadGate(1, hold_s=0.3)
+        peer = "ipv4:10.0.0.7:1"
+        first = await _wait_behind(
+            gate, [SlowReads(5.0, peer="ipv4:10.0.0.9:1")], SlowReads(0.0, peer=peer)
+        )
+        again = await _wait_behind(
+            gate, [SlowReads(5.0, peer="ipv4:10.0.0.9:2")], SlowReads(0.0, peer=peer)
+        )
+        return first, again
+
+    first, again = asyncio.run(main())
+    assert first >= 0.25 and again < 0.1, (first, again)
