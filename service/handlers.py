@@ -145,7 +145,7 @@ def _one_message(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
     """A unary method's behaviour, fed the call's one request message."""
 
     async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
-        peer = context.peer()
+        peer = gate.caller(context)
         request = await gate.read(context, peer)
         if request is grpc.aio.EOF:
             await _refuse(context, "the call ended without its request message")

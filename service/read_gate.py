@@ -66,9 +66,13 @@ class ReadGate:
                 self._heavy_until = asyncio.get_running_loop().time() + self.heavy_s
                 self._large_seen += 1
 
+    def caller(self, context: grpc.aio.ServicerContext) -> str | None:
+        """A call's connection, taken once per call for its reads (None without turns)."""
+        return None if self._turns is None else context.peer()
+
     async def read(self, context: grpc.aio.ServicerContext, peer: str | None = None) -> Any:
         """The call's next message (or grpc.aio.EOF), read in turn while large ones come or
-        while its connection (`peer`: context.peer(), taken once per call) is new."""
+        while its connection (`peer`: `caller`'s, taken here when not given) is new."""
         if self._turns is None:
             return await context.read()
         if peer is None:
@@ -113,7 +117,7 @@ class ReadGate:
     async def messages(self, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """A stream's messages, each read in turn where `read` says: what grpcio's request
         iterator yields."""
-        peer = None if self._turns is None else context.peer()
+        peer = self.caller(context)
         while (message := await self.read(context, peer)) is not grpc.aio.EOF:
             yield message
 
