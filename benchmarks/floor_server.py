@@ -6,7 +6,7 @@ no queue, no tokenizer, no interceptors, no metrics. Its throughput under the sa
 most any Python grpc.aio server could answer on this machine, which is what the real server's
 per-request overhead is measured against. A benchmark tool only; never part of the product.
 
-Run: python -m benchmarks.floor_server --port P [--dims N]
+Run: python -m benchmarks.floor_server --port P [--dims N] [--event-loop auto|uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import grpc
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
+from service import event_loop
 
 
 class FloorServicer(pooling_pb2_grpc.PoolingServiceServicer):
@@ -58,8 +59,11 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True, help="0: any free port")
     parser.add_argument("--dims", type=int, default=32, help="floats in the one embedding")
+    parser.add_argument(
+        "--event-loop", default="auto", choices=event_loop.CHOICES, help="as the server's flag"
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port, args.dims))
+    event_loop.run(serve(args.host, args.port, args.dims), args.event_loop)
 
 
 if __name__ == "__main__":

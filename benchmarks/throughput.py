@@ -343,6 +343,7 @@ def orchestrate(args: argparse.Namespace) -> None:
 H2LOAD_ROWS = (
     "reference",
     "floor",
+    "floor-asyncio",
     "loop-bound",
     "minilm",
     "minilm-f1",
@@ -354,11 +355,14 @@ H2LOAD_ROWS = (
 STAND_IN_ROWS = ("stand-in-f0", "stand-in-f1", "stand-in-f2")
 # --only also takes these names for several rows at once.
 ROW_GROUPS = {
+    # The floor on both loops (uvloop, as the server runs by default, and asyncio's own):
+    # the loop-bound row is measured against the faster of the two at each C.
+    "floor": ("floor", "floor-asyncio"),
     "stand-in": STAND_IN_ROWS,
     "frontends": ("reference", "minilm", "minilm-f1", *STAND_IN_ROWS, "memory"),
 }
 # Rows whose server is one process, which --profile can follow thread by thread.
-PROFILE_ROWS = ("floor", "loop-bound", "minilm", "stand-in-f0")
+PROFILE_ROWS = ("floor", "floor-asyncio", "loop-bound", "minilm", "stand-in-f0")
 POOL_PATH = "/pooling.v1.PoolingService/Pool"
 LOOP_BOUND_HIDDEN = 32
 
@@ -429,12 +433,15 @@ def verify_pool(target: Target, text: str) -> None:
         raise RuntimeError(f"{target.name}: unexpected Pool response {response}")
 
 
-def start_floor(dims: int) -> Target:
+def start_floor(dims: int, event_loop: str = "auto") -> Target:
     from tests.server_process import free_port
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.floor_server", "--port", str(port), "--dims", str(dims)],
+        [
+            *(sys.executable, "-m", "benchmarks.floor_server", "--port", str(port)),
+            *("--dims", str(dims), "--event-loop", event_loop),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -451,7 +458,14 @@ def start_floor(dims: int) -> Target:
             process.kill()
             process.wait()
 
-    return Target("floor", f"127.0.0.1:{port}", process.pid, dims, None, stop)
+    return Target(
+        "floor" if event_loop == "auto" else f"floor-{event_loop}",
+        f"127.0.0.1:{port}",
+        process.pid,
+        dims,
+        None,
+        stop,
+    )
 
 
 def start_project_server(
@@ -807,6 +821,7 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
 
     starters: dict[str, Callable[[], Target]] = {
         "floor": lambda: start_floor(args.floor_dims),
+        "floor-asyncio": lambda: start_floor(args.floor_dims, "asyncio"),
         "loop-bound": lambda: start_project_server(
             "loop-bound",
             _roles([("build-loop-bound", str(work / "loop-bound-model"))])[0]["folder"],
@@ -866,8 +881,11 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
         return None
 
     for c in levels:
-        if (value := ratio("loop-bound", "floor", c)) is not None:
-            summary[f"loop_bound_over_floor_c{c}"] = value
+        floors = [by[(f, c)]["requests_per_s"] for f in ("floor", "floor-asyncio") if (f, c) in by]
+        if ("loop-bound", c) in by and floors:
+            summary[f"loop_bound_over_floor_c{c}"] = by[("loop-bound", c)]["requests_per_s"] / max(
+                floors
+            )
         for name, key in (("minilm", "minilm"), ("minilm-f1", "minilm_f1")):
             if (name, c) in by and reference and c == max(levels):
                 summary[f"{key}_c{c}_over_in_process_best"] = (

@@ -36,7 +36,7 @@ import msgspec
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
 from engine.output_size import MIB, ResponseBudget
-from service import logs
+from service import event_loop, logs
 from service.errors import HTTP_STATUS
 from service.json_body import BodyError, parse_body
 from service.metrics import Metrics
@@ -423,7 +423,7 @@ def main(argv: Sequence[str]) -> int:
     logs.configure(args.log_level, args.log_format)
     options = JobOptions(args.input, args.output, args.resume, args.batch_window, args.progress)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return asyncio.run(_main(cli.config_from_args(args), options))
+    return event_loop.run(_main(cli.config_from_args(args), options), args.event_loop)
 
 
 async def _main(config: Any, options: JobOptions) -> int:

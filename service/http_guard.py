@@ -28,7 +28,7 @@ import logging
 import resource
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -88,9 +88,10 @@ class _OverCap(asyncio.Protocol):
     """A connection beyond the cap: answered 503 at once and closed, its request unread."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_OVER_CAP % (len(_OVER_CAP_BODY), _OVER_CAP_BODY))
-        _close(transport)
+        # uvloop's transports are not asyncio.Transport subclasses: a cast, not a check.
+        stream = cast(asyncio.Transport, transport)
+        stream.write(_OVER_CAP % (len(_OVER_CAP_BODY), _OVER_CAP_BODY))
+        _close(stream)
 
     def data_received(self, data: bytes) -> None:
         pass
@@ -118,8 +119,7 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # see _OverCap's
         self.guard.opened(self)
         self.inner.connection_made(transport)
         self._start_timer()

@@ -14,6 +14,7 @@ from opentelemetry import trace
 
 from service.auth import BearerTokenInterceptor
 from service.config import ServerConfig
+from service.event_loop import loop_name
 from service.handlers import add_pooling_service
 from service.health import HealthServicer
 from service.http_api import HttpApi
@@ -117,7 +118,7 @@ class PoolingServer:
                 self.config.metrics_host,
                 self.config.metrics_port,
             )
-        log.info("listening on %s:%d", self.config.host, self.port)
+        log.info("listening on %s:%d (%s event loop)", self.config.host, self.port, loop_name())
         if self.http is not None and self.config.http_port is not None:
             self.http_port = await self.http.start(
                 self.config.host,

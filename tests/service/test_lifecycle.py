@@ -249,6 +249,7 @@ def test_sigterm_drains_under_load(tmp_path: Path) -> None:
         assert returncode == 0, log
         assert DRAIN_DELAY_S <= exited_at - sigterm_at < 15, exited_at - sigterm_at
         assert "shutting down" in log and "stopped" in log
+        assert "(uvloop event loop)" in log  # the default loop drains so
         assert_refused_after_exit(server.address)
     finally:
         server.stop(signal.SIGKILL)
@@ -263,7 +264,12 @@ def health_or_code(address: str) -> int | str:
 
 
 def test_sigint_drains_like_sigterm(tmp_path: Path) -> None:
-    server = start_server(["--drain-delay-s", "1", "--shutdown-grace-s", "20"], tmp_path, "sigint")
+    """On asyncio's own loop: the drain above runs on uvloop, this one covers the other."""
+    server = start_server(
+        ["--drain-delay-s", "1", "--shutdown-grace-s", "20", "--event-loop", "asyncio"],
+        tmp_path,
+        "sigint",
+    )
     outbox: queue.SimpleQueue[pb.PoolStreamRequest | None] = queue.SimpleQueue()
 
     def stream_request(request_id: str) -> pb.PoolStreamRequest:
@@ -293,6 +299,7 @@ def test_sigint_drains_like_sigterm(tmp_path: Path) -> None:
             assert call.code() == grpc.StatusCode.OK  # type: ignore[attr-defined]
         assert wait_exit(server.process, 30) == 0, server.log()
         assert "Traceback" not in server.log()
+        assert "(asyncio event loop)" in server.log()
         assert_refused_after_exit(server.address)
     finally:
         outbox.put(None)

@@ -116,9 +116,28 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workload]:
             assert answers["s-ok"].WhichOneof("result") == "response"
             assert answers["s-bad"].error.code == grpc.StatusCode.NOT_FOUND.value[0]
             prompt_tokens += answers["s-ok"].response.usage.prompt_tokens
-        yield Workload(prompt_tokens, scrape(metrics_port))
+        yield Workload(prompt_tokens, _settled_scrape(metrics_port, EMBEDDED_TEXTS))
     finally:
         process.stop(signal.SIGTERM)
+
+
+# The texts the workload above embeds successfully: 3 requests of 2, and 1 streamed.
+EMBEDDED_TEXTS = 7
+# The engine process publishes its queue and batch figures every 0.25 s
+# (service/split/engine_process.py): a scrape right after the last answer may predate them.
+SETTLE_S = 5.0
+
+
+def _settled_scrape(metrics_port: int, texts: int) -> dict[str, list[Any]]:
+    """/metrics once the engine's figures include every embedded text (or SETTLE_S passed,
+    and the tests say what is missing)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        samples = scrape(metrics_port)
+        batched = sum(s.value for s in samples.get("pooling_batch_size_sum", []))
+        if batched >= texts or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.1)
 
 
 def test_requests_total_by_rpc_task_model_and_code(workload: Workload) -> None:
@@ -164,7 +183,7 @@ def test_requests_total_by_rpc_task_model_and_code(workload: Workload) -> None:
 def test_items_and_prompt_tokens_count_successful_requests_only(workload: Workload) -> None:
     assert workload.prompt_tokens > 0
     assert workload.series("pooling_items_total") == {
-        (("model", DEFAULT_MODEL), ("task", "embed")): 7.0
+        (("model", DEFAULT_MODEL), ("task", "embed")): float(EMBEDDED_TEXTS)
     }
     assert workload.series("pooling_prompt_tokens_total") == {
         (("model", DEFAULT_MODEL), ("task", "embed")): float(workload.prompt_tokens)
@@ -179,7 +198,7 @@ def test_latency_histograms(workload: Workload) -> None:
     assert workload.value(count, rpc="PoolStream", model="unknown") == 1
     assert workload.value("pooling_tokenize_seconds_count", model=DEFAULT_MODEL) == 4
     # One queue wait per embedded text.
-    assert workload.value("pooling_queue_seconds_count", model=DEFAULT_MODEL) == 7
+    assert workload.value("pooling_queue_seconds_count", model=DEFAULT_MODEL) == EMBEDDED_TEXTS
     batches = workload.value("pooling_batch_size_count", model=DEFAULT_MODEL)
     assert workload.value("pooling_inference_seconds_count", model=DEFAULT_MODEL) == batches
     # Every histogram's +Inf bucket equals its count.
@@ -191,8 +210,8 @@ def test_latency_histograms(workload: Workload) -> None:
 
 def test_batch_metrics(workload: Workload) -> None:
     batches = workload.value("pooling_batch_size_count", model=DEFAULT_MODEL)
-    assert 0 < batches <= 7  # texts of different lengths may go in separate batches
-    assert workload.value("pooling_batch_size_sum", model=DEFAULT_MODEL) == 7
+    assert 0 < batches <= EMBEDDED_TEXTS  # texts of different lengths may go in separate batches
+    assert workload.value("pooling_batch_size_sum", model=DEFAULT_MODEL) == EMBEDDED_TEXTS
     assert workload.value("pooling_batch_tokens_count", model=DEFAULT_MODEL) == batches
     real = workload.value("pooling_batch_real_tokens_total", model=DEFAULT_MODEL)
     padded = workload.value("pooling_batch_padded_tokens_total", model=DEFAULT_MODEL)
