@@ -16,7 +16,7 @@ import torch
 
 from engine.backends import Backend
 from engine.model_info import HeadKind, ModelInfo
-from engine.pooling import pool, splade
+from engine.pooling import pool, pool_array, splade
 from engine.tokenization import TokenSequence
 
 
@@ -126,34 +126,45 @@ class ModelRunner:
     def _forward(
         self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], threads: int | None
     ) -> list[np.ndarray]:
+        """A backend's output stays in numpy through pooling (see pool_array); the torch
+        module's stays a tensor on its device until the pooled vectors come back."""
+        output: np.ndarray | torch.Tensor
+        mask: np.ndarray | torch.Tensor
         if self.backend is not None:
             arrays = self.arrays(batch)
             feed = {name: arrays[name] for name in self.backend.input_names}
-            result = torch.from_numpy(self.backend.run(feed, threads))
-            inputs = {"attention_mask": torch.from_numpy(arrays["attention_mask"])}
+            output, mask = self.backend.run(feed, threads), arrays["attention_mask"]
         else:
             assert self.module is not None
             inputs = self.collate(batch)
-            result = self._output(self.module(**inputs))
+            output, mask = self._output(self.module(**inputs)), inputs["attention_mask"]
         lengths = [len(e) for e in batch]
-        if self.info.head is HeadKind.SEQUENCE:
-            logits = result.float().cpu().numpy()
+        head = self.info.head
+        if head is HeadKind.SEQUENCE:
+            logits = _host(output)
             return [logits[i] for i in range(len(batch))]
-        if self.info.head is HeadKind.TOKEN:
-            logits = result.float().cpu().numpy()
+        if head is HeadKind.TOKEN:
+            logits = _host(output)
             return [logits[i, :n] for i, n in enumerate(lengths)]
-        if self.info.head is HeadKind.SPARSE:
+        if head is HeadKind.SPARSE:
             info = self.info
-            mask = inputs["attention_mask"]
-            weights = splade(result, mask, info.splade_strategy, info.splade_activation)
+            states, weights_mask = torch.as_tensor(output), torch.as_tensor(mask)
+            weights = splade(states, weights_mask, info.splade_strategy, info.splade_activation)
             vocab = weights.cpu().numpy()
             return [vocab[i] for i in range(len(batch))]
-        hidden = result.float()
-        pooled_states = pool(hidden, inputs["attention_mask"], self.info.pooling_type)
-        if self.projection is not None:
-            pooled_states = self.projection(pooled_states)
-        pooled = pooled_states.cpu().numpy()
-        tokens = hidden.cpu().numpy() if any(keep_tokens) else None
+        if isinstance(output, np.ndarray):
+            hidden = output.astype(np.float32, copy=False)
+            pooled = pool_array(hidden, mask, self.info.pooling_type)  # type: ignore[arg-type]
+            if self.projection is not None:
+                pooled = self.projection(torch.from_numpy(pooled)).numpy()
+            tokens = hidden if any(keep_tokens) else None
+        else:
+            states = output.float()
+            pooled_states = pool(states, mask, self.info.pooling_type)  # type: ignore[arg-type]
+            if self.projection is not None:
+                pooled_states = self.projection(pooled_states)
+            pooled = pooled_states.cpu().numpy()
+            tokens = states.cpu().numpy() if any(keep_tokens) else None
         return [
             tokens[i, :n] if keep and tokens is not None else pooled[i]
             for i, (n, keep) in enumerate(zip(lengths, keep_tokens, strict=True))
@@ -164,3 +175,10 @@ class ModelRunner:
         belong to the calling thread, so warming anywhere else leaves the first request slow."""
         if self.warm_up_batch:
             self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)
+
+
+def _host(output: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Logits as float32 numpy on the host, from a backend's array or the module's tensor."""
+    if isinstance(output, np.ndarray):
+        return output.astype(np.float32, copy=False)
+    return output.float().cpu().numpy()
