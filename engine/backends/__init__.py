@@ -40,7 +40,7 @@ class Backend(Protocol):
     """A compiled forward; the queue's worker threads may call `run` at once."""
 
     kind: BackendKind
-    precision: str  # "float32" or "int8"
+    precision: str  # "float32", "bfloat16" (OpenVINO) or "int8"
     file: Path  # the file it runs
     input_names: tuple[str, ...]  # a subset of INPUT_NAMES, in the graph's order
 

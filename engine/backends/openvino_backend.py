@@ -1,6 +1,7 @@
 """OpenVINO: openvino.convert_model on the loaded module (dynamic shapes), int8 by nncf's
-static post-training quantization, and a compiled model with one infer request per
-forward worker, each running without the GIL on OpenVINO's own threads.
+static post-training quantization, bfloat16 inference where the CPU has it, and a compiled
+model with one infer request per forward worker, each running without the GIL on
+OpenVINO's own threads.
 
 A lone pass runs on a LATENCY-compiled model, one stream with every thread. Passes side by
 side (the queue's second worker busy too) run on a second compilation with a stream per
@@ -84,7 +85,8 @@ class OpenVinoBackend:
 
     kind = BackendKind.OPENVINO
 
-    def __init__(self, path: Path, head: HeadKind, threads: int) -> None:
+    def __init__(self, path: Path, head: HeadKind, threads: int, bf16: bool = False) -> None:
+        """`bf16`: infer in bfloat16 (OpenVINO's precision hint), weights as they are."""
         import openvino as ov
 
         core = ov.Core()
@@ -99,14 +101,17 @@ class OpenVinoBackend:
         self.input_names = tuple(names)
         # A shipped export may take int32 ids, where the runner's arrays are int64.
         self._dtypes = [port.get_element_type().to_dtype() for port in model.inputs]
-        self.precision = "int8" if is_quantized(model) else "float32"
+        quantized = is_quantized(model)
+        self.precision = "int8" if quantized else "bfloat16" if bf16 else "float32"
+        self._hint = "bf16" if bf16 else "f32"
+        self._head = head
         wanted = output_name(head)
         outputs = [port.get_names() for port in model.outputs]
         self.output = next((i for i, n in enumerate(outputs) if wanted in n), 0)
         self._model = model
         self._core = core
         self.threads = threads
-        self.compiled = core.compile_model(model, "CPU", _config("LATENCY", 1, threads))
+        self.compiled = core.compile_model(model, "CPU", self._config("LATENCY", 1, threads))
         self._by_share: dict[int, Any] = {threads: self.compiled}
         self._compiling = threading.Lock()
         self.file = path
@@ -138,16 +143,23 @@ class OpenVinoBackend:
             compiled = self._by_share.get(threads)
             if compiled is None:
                 streams = max(1, self.threads // threads)
-                config = _config("THROUGHPUT", streams, streams * threads)
+                config = self._config("THROUGHPUT", streams, streams * threads)
                 compiled = self._core.compile_model(self._model, "CPU", config)
                 self._by_share[threads] = compiled
             return compiled
 
+    def _config(self, hint: str, streams: int, threads: int) -> dict[str, Any]:
+        return {
+            "PERFORMANCE_HINT": hint,
+            "NUM_STREAMS": streams,
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": self._hint,
+        }
 
-def _config(hint: str, streams: int, threads: int) -> dict[str, Any]:
-    return {
-        "PERFORMANCE_HINT": hint,
-        "NUM_STREAMS": streams,
-        "INFERENCE_NUM_THREADS": threads,
-        "INFERENCE_PRECISION_HINT": "f32",
-    }
+    def bf16_native(self) -> bool:
+        """Whether this CPU computes bfloat16 itself (AVX-512 BF16, AMX), as OpenVINO says."""
+        return "BF16" in self._core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+    def in_bf16(self) -> OpenVinoBackend:
+        """The same file compiled to infer in bfloat16 (see select._faster_bf16)."""
+        return OpenVinoBackend(self.file, self._head, self.threads, bf16=True)

@@ -321,3 +321,44 @@ def test_auto_falls_back_to_torch_where_the_export_strays(
         )
     assert model.info.backend == "torch" and model.runner.module is not None
     assert "falls back to torch" in caplog.text and "strays from torch" in caplog.text
+
+
+class _Strays:
+    """A bfloat16 backend whose outputs move off torch's (what a model that loses too much
+    in bfloat16 would give): `auto` must then keep float32."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.kind, self.precision = BackendKind.OPENVINO, "bfloat16"
+        self.file, self.input_names = inner.file, inner.input_names  # type: ignore[attr-defined]
+
+    def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
+        output = self.inner.run(inputs, threads)  # type: ignore[attr-defined]
+        return output + np.random.default_rng(0).standard_normal(output.shape).astype(np.float32)
+
+
+def test_auto_takes_openvino_bfloat16_only_where_the_cpu_has_it_and_the_check_holds(
+    folders: dict, cache: RuntimeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU's bfloat16 is stood in for by OpenVinoBackend.bf16_native, so that every host
+    runs every branch (OpenVINO falls back to float32 where the CPU lacks it)."""
+    from engine.backends.openvino_backend import OpenVinoBackend
+
+    folder = folders["tiny-st-mean"]
+    reference = load(folder, BackendKind.TORCH)
+    monkeypatch.setattr(OpenVinoBackend, "bf16_native", lambda self: False)
+    assert load(folder, BackendKind.AUTO, cache).info.precision == "float32"
+
+    monkeypatch.setattr(OpenVinoBackend, "bf16_native", lambda self: True)
+    model = load(folder, BackendKind.AUTO, cache)
+    assert (model.info.backend, model.info.precision) == ("openvino", "bfloat16")
+    for keep in (False, True):  # the float32 rule holds on every output
+        for got, want in zip(outputs(model, keep), outputs(reference, keep), strict=True):
+            assert got.shape == want.shape and cosine(got, want) >= FP32_COSINE
+    # Asked for by name, OpenVINO stays float32.
+    assert load(folder, BackendKind.OPENVINO, cache).info.precision == "float32"
+
+    in_bf16 = OpenVinoBackend.in_bf16
+    monkeypatch.setattr(OpenVinoBackend, "in_bf16", lambda self: _Strays(in_bf16(self)))
+    strays = load(folder, BackendKind.AUTO, cache)
+    assert (strays.info.backend, strays.info.precision) == ("openvino", "float32")
