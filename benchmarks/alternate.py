@@ -9,7 +9,7 @@ checkout, e.g. `git worktree add /tmp/before HEAD~1`, sharing this one's .venv),
 
 Run: .venv/bin/python -m benchmarks.alternate --a "--frontends 0" --b "--frontends 1"
      .venv/bin/python -m benchmarks.alternate --a-tree /tmp/before [--concurrency 1,64]
-         [--rounds 8] [--burst 4] [--json-out FILE]
+         [--rounds 8] [--burst 4] [--texts 1] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from pooling_client.v1 import pooling_pb2 as pb
 
     name, _, path = (args.model or f"minilm={_default_model_path()}").partition("=")
-    body = h2load.grpc_body(pb.PoolRequest(embed=pb.TextInput(texts=sentences(1, seed=2)[:1])))
+    texts = sentences(args.texts, seed=2 if args.texts == 1 else 3)[: args.texts]
+    body = h2load.grpc_body(pb.PoolRequest(embed=pb.TextInput(texts=texts)))
     work = Path(tempfile.mkdtemp(prefix="alternate-"))
     sides = {
         "a": (Path(args.a_tree or ROOT), shlex.split(args.a)),
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--b-tree", help="source tree of B (default: this one)")
     parser.add_argument("--model", help="NAME=PATH (default: the embedded MiniLM)")
     parser.add_argument("--concurrency", default="1,64")
+    parser.add_argument("--texts", type=int, default=1, help="texts per call (32: C=8 x 32)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--burst", type=float, default=4.0, help="seconds per burst")
     parser.add_argument("--json-out", help="also write the result as JSON here")

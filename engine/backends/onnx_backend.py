@@ -1,10 +1,13 @@
 """ONNX Runtime: export with torch.onnx (dynamic batch and length), int8 by dynamic
-quantization, and a session on ONNX Runtime's own CPU thread pool."""
+quantization, and sessions on ONNX Runtime's own CPU thread pools: one with every thread
+for a lone pass, one with a worker's share for passes side by side."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,21 +70,25 @@ def is_quantized(path: Path) -> bool:
 
 
 class OnnxBackend:
-    """One session shared by the forward workers: ONNX Runtime's run is thread-safe and
-    releases the GIL; its intra-op pool is sized to the cores."""
+    """A session with an intra-op pool of every thread for a lone pass, and one with a pool
+    of a worker's share for passes side by side (made at warm-up, where the second worker
+    runs with its share), which the workers call at once: ONNX Runtime's run is thread-safe
+    and releases the GIL.
+
+    Two workers calling one session of two threads share its pool and wait on each other:
+    MiniLM int8 at batch 32 here gave 655-780 texts/s against 1,039-1,088 on a session
+    of one thread each, and 669-984 for a lone caller on the whole pool
+    (benchmarks/results/cpu-2core-onnx-sessions.txt). The second session holds its own
+    weights, as OpenVINO's second compilation does."""
 
     kind = BackendKind.ONNX
 
     def __init__(self, path: Path, head: HeadKind, threads: int) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.file = path
+        self.threads = threads
+        self.session = self._open(threads)
+        self._by_share: dict[int, Any] = {threads: self.session}
+        self._opening = threading.Lock()
         inputs = [i.name for i in self.session.get_inputs()]
         unknown = [name for name in inputs if name not in INPUT_NAMES]
         if unknown or "input_ids" not in inputs:
@@ -93,10 +100,29 @@ class OnnxBackend:
         outputs = [o.name for o in self.session.get_outputs()]
         wanted = output_name(head)
         self.output = wanted if wanted in outputs else outputs[0]
-        self.file = path
         self.precision = "int8" if is_quantized(path) else "float32"
 
+    def _open(self, threads: int) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        return ort.InferenceSession(str(self.file), options, providers=["CPUExecutionProvider"])
+
     def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
-        """`threads` is not ONNX Runtime's to change per run: its one pool serves every call."""
-        (result,) = self.session.run([self.output], inputs)
+        """`threads`: this pass's share of the cores (None: all of them)."""
+        share = min(threads or self.threads, self.threads)
+        session = self._by_share.get(share) or self._session(share)
+        (result,) = session.run([self.output], inputs)
         return np.asarray(result, dtype=np.float32)
+
+    def _session(self, threads: int) -> Any:
+        with self._opening:
+            session = self._by_share.get(threads)
+            if session is None:
+                session = self._by_share[threads] = self._open(threads)
+            return session

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,14 +111,16 @@ def test_every_head_matches_torch(
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
 
 
-def test_openvino_passes_side_by_side_run_on_streams_of_their_share(
-    folders: dict, cache: RuntimeSettings
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_passes_side_by_side_run_on_their_share_of_the_threads(
+    kind: BackendKind, folders: dict, cache: RuntimeSettings
 ) -> None:
-    """A lone pass takes every thread (one stream); passes beside another get a second
-    compilation with a stream per share, compiled once, and the same outputs."""
+    """A lone pass takes every thread; passes beside another get a second session (ONNX
+    Runtime) or compilation with a stream per share (OpenVINO), made once, and the same
+    outputs."""
     folder = folders["tiny-st-mean"]
     reference = load(folder, BackendKind.TORCH)
-    spec = ModelSpec(str(folder), name=folder.name, backend=BackendOptions(BackendKind.OPENVINO))
+    spec = ModelSpec(str(folder), name=folder.name, backend=BackendOptions(kind))
     model = load_model(
         spec, device=torch.device("cpu"), dtype=torch.float32, runtime=cache, threads=2
     )
@@ -128,11 +131,18 @@ def test_openvino_passes_side_by_side_run_on_streams_of_their_share(
         got = model.runner.forward(batch, [False] * len(batch), alone)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
-    backend = model.runner.backend
-    assert sorted(backend._by_share) == [1, 2]  # type: ignore[union-attr]
-    shared = backend._by_share[1]  # type: ignore[union-attr]
-    assert shared.get_property("NUM_STREAMS") == 2
-    assert backend.compiled.get_property("NUM_STREAMS") == 1  # type: ignore[union-attr]
+    backend: Any = model.runner.backend
+    assert sorted(backend._by_share) == [1, 2]
+    shared = backend._by_share[1]
+    if kind is BackendKind.OPENVINO:
+        assert shared.get_property("NUM_STREAMS") == 2
+        assert backend.compiled.get_property("NUM_STREAMS") == 1
+    else:
+        threads = {
+            share: s.get_session_options().intra_op_num_threads
+            for share, s in backend._by_share.items()
+        }
+        assert threads == {1: 1, 2: 2} and backend.session is backend._by_share[2]
 
 
 RETRIEVAL = {
