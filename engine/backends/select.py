@@ -150,7 +150,9 @@ def _faster_bf16(
     On an AVX-512 BF16 host, MiniLM at batch 32 ran 2.05x OpenVINO's float32 pass (777
     against 378 texts/s) with its lowest cosine to torch 0.99998 (benchmarks/results/
     cpu-2core-openvino-bf16.txt); `auto` is the fastest backend within the check, so it
-    takes bfloat16 where the check holds, and --backend openvino stays float32."""
+    takes bfloat16 where the check holds, and --backend openvino stays float32. OpenVINO
+    itself defaults to bf16 on such CPUs, so sentence-transformers' backend="openvino" gives
+    the same."""
     backend = chosen.backend
     if chosen.kind is not BackendKind.OPENVINO or backend is None:
         return None
