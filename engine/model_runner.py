@@ -153,7 +153,7 @@ class ModelRunner:
             vocab = weights.cpu().numpy()
             return [vocab[i] for i in range(len(batch))]
         if isinstance(output, np.ndarray):
-            hidden = output.astype(np.float32, copy=False)
+            hidden = _host(output)
             pooled = pool_array(hidden, mask, self.info.pooling_type)  # type: ignore[arg-type]
             if self.projection is not None:
                 pooled = self.projection(torch.from_numpy(pooled)).numpy()
@@ -178,7 +178,7 @@ class ModelRunner:
 
 
 def _host(output: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Logits as float32 numpy on the host, from a backend's array or the module's tensor."""
+    """Float32 numpy on the host, from a backend's array or the module's tensor."""
     if isinstance(output, np.ndarray):
         return output.astype(np.float32, copy=False)
     return output.float().cpu().numpy()

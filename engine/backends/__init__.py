@@ -12,10 +12,12 @@ backend whose package is missing fails the load with a message naming the flag.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -49,6 +51,38 @@ class Backend(Protocol):
         writable, owned by the caller. `threads`: the pass's share of the cores, when other
         passes run beside it (see ThreadShare); None: all of them."""
         ...
+
+
+T = TypeVar("T")
+
+
+class ByShare(Generic[T]):
+    """What runs a pass on a share of the cores (a compiled model, a session), made once per
+    share: the one with every thread up front, a worker's share when passes first run side
+    by side (at warm-up, where the second worker runs with its share; see ThreadShare)."""
+
+    def __init__(self, threads: int, make: Callable[[int], T]) -> None:
+        self.threads = threads
+        self._make = make
+        self.made: dict[int, T] = {threads: make(threads)}
+        self._making = threading.Lock()
+
+    @property
+    def whole(self) -> T:
+        return self.made[self.threads]
+
+    def share(self, threads: int | None) -> int:
+        """A pass's share of the cores: `threads`, or all of them (None)."""
+        return min(threads or self.threads, self.threads)
+
+    def get(self, share: int) -> T:
+        made = self.made.get(share)
+        if made is None:
+            with self._making:
+                made = self.made.get(share)
+                if made is None:
+                    made = self.made[share] = self._make(share)
+        return made
 
 
 class BackendUnavailable(ValueError):

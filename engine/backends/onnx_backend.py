@@ -5,14 +5,13 @@ for a lone pass, one with a worker's share for passes side by side."""
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from engine.backends import INPUT_NAMES, BackendKind
+from engine.backends import INPUT_NAMES, BackendKind, ByShare
 from engine.backends.export import ForwardOnly, output_name
 from engine.model_info import HeadKind
 
@@ -85,11 +84,8 @@ class OnnxBackend:
 
     def __init__(self, path: Path, head: HeadKind, threads: int) -> None:
         self.file = path
-        self.threads = threads
-        self.session = self._open(threads)
-        self._by_share: dict[int, Any] = {threads: self.session}
-        self._opening = threading.Lock()
-        inputs = [i.name for i in self.session.get_inputs()]
+        self.by_share = ByShare(threads, self._open)
+        inputs = [i.name for i in self.by_share.whole.get_inputs()]
         unknown = [name for name in inputs if name not in INPUT_NAMES]
         if unknown or "input_ids" not in inputs:
             raise ValueError(
@@ -97,7 +93,7 @@ class OnnxBackend:
                 "optionally token_type_ids"
             )
         self.input_names = tuple(inputs)
-        outputs = [o.name for o in self.session.get_outputs()]
+        outputs = [o.name for o in self.by_share.whole.get_outputs()]
         wanted = output_name(head)
         self.output = wanted if wanted in outputs else outputs[0]
         self.precision = "int8" if is_quantized(path) else "float32"
@@ -115,14 +111,6 @@ class OnnxBackend:
 
     def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
         """`threads`: this pass's share of the cores (None: all of them)."""
-        share = min(threads or self.threads, self.threads)
-        session = self._by_share.get(share) or self._session(share)
+        session = self.by_share.get(self.by_share.share(threads))
         (result,) = session.run([self.output], inputs)
         return np.asarray(result, dtype=np.float32)
-
-    def _session(self, threads: int) -> Any:
-        with self._opening:
-            session = self._by_share.get(threads)
-            if session is None:
-                session = self._by_share[threads] = self._open(threads)
-            return session

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.backends import INPUT_NAMES, BackendKind
+from engine.backends import INPUT_NAMES, BackendKind, ByShare
 from engine.backends.export import ForwardOnly, output_name
 from engine.model_info import HeadKind
 
@@ -111,17 +111,15 @@ class OpenVinoBackend:
         self._model = model
         self._core = core
         self.threads = threads
-        self.compiled = core.compile_model(model, "CPU", self._config("LATENCY", 1, threads))
-        self._by_share: dict[int, Any] = {threads: self.compiled}
-        self._compiling = threading.Lock()
+        self.by_share = ByShare(threads, self._compile)
         self.file = path
         self._local = threading.local()
         self._tensor = ov.Tensor
 
     def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
         """`threads`: this pass's share of the cores (None: all of them)."""
-        share = min(threads or self.threads, self.threads)
-        compiled = self._by_share.get(share) or self._compile(share)
+        share = self.by_share.share(threads)
+        compiled = self.by_share.get(share)
         requests: dict[int, Any] | None = getattr(self._local, "requests", None)
         if requests is None:
             requests = self._local.requests = {}  # this thread's, by share
@@ -137,16 +135,13 @@ class OpenVinoBackend:
         return np.array(request.get_output_tensor(self.output).data, dtype=np.float32)
 
     def _compile(self, threads: int) -> Any:
-        """The model compiled with a stream per `threads` of the cores (once; at warm-up,
-        where the second worker runs with its share)."""
-        with self._compiling:
-            compiled = self._by_share.get(threads)
-            if compiled is None:
-                streams = max(1, self.threads // threads)
-                config = self._config("THROUGHPUT", streams, streams * threads)
-                compiled = self._core.compile_model(self._model, "CPU", config)
-                self._by_share[threads] = compiled
-            return compiled
+        """Every thread: one LATENCY stream. A share: a THROUGHPUT stream per share."""
+        if threads == self.threads:
+            config = self._config("LATENCY", 1, threads)
+        else:
+            streams = max(1, self.threads // threads)
+            config = self._config("THROUGHPUT", streams, streams * threads)
+        return self._core.compile_model(self._model, "CPU", config)
 
     def _config(self, hint: str, streams: int, threads: int) -> dict[str, Any]:
         return {

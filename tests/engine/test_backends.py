@@ -131,18 +131,18 @@ def test_passes_side_by_side_run_on_their_share_of_the_threads(
         got = model.runner.forward(batch, [False] * len(batch), alone)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
-    backend: Any = model.runner.backend
-    assert sorted(backend._by_share) == [1, 2]
-    shared = backend._by_share[1]
+    by_share: Any = model.runner.backend.by_share  # type: ignore[union-attr]
+    assert sorted(by_share.made) == [1, 2]
+    shared = by_share.made[1]
     if kind is BackendKind.OPENVINO:
         assert shared.get_property("NUM_STREAMS") == 2
-        assert backend.compiled.get_property("NUM_STREAMS") == 1
+        assert by_share.whole.get_property("NUM_STREAMS") == 1
     else:
         threads = {
             share: s.get_session_options().intra_op_num_threads
-            for share, s in backend._by_share.items()
+            for share, s in by_share.made.items()
         }
-        assert threads == {1: 1, 2: 2} and backend.session is backend._by_share[2]
+        assert threads == {1: 1, 2: 2} and by_share.whole is by_share.made[2]
 
 
 RETRIEVAL = {
