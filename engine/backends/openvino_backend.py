@@ -35,6 +35,13 @@ def version() -> str:
     return openvino.__version__
 
 
+def bf16_native() -> bool:
+    """Whether this CPU computes bfloat16 itself (AVX-512 BF16, AMX), as OpenVINO says."""
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 def convert(module: torch.nn.Module, head: HeadKind, example: dict[str, np.ndarray]) -> Any:
     """The forward as an ov.Model, every input dynamic in batch and length."""
     import openvino as ov
@@ -151,10 +158,6 @@ class OpenVinoBackend:
             "INFERENCE_PRECISION_HINT": self._hint,
         }
 
-    def bf16_native(self) -> bool:
-        """Whether this CPU computes bfloat16 itself (AVX-512 BF16, AMX), as OpenVINO says."""
-        return "BF16" in self._core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-    def in_bf16(self) -> OpenVinoBackend:
-        """The same file compiled to infer in bfloat16 (see select._faster_bf16)."""
-        return OpenVinoBackend(self.file, self._head, self.threads, bf16=True)
+    def in_float32(self) -> OpenVinoBackend:
+        """The same file compiled to infer in float32: where bfloat16 fails the check."""
+        return OpenVinoBackend(self.file, self._head, self.threads)

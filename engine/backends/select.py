@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +127,9 @@ def choose_backend(
     reasons = []
     for candidate in (BackendKind.OPENVINO, BackendKind.ONNX):
         try:
-            chosen = _load(candidate, source, options, settings, threads)
-            faster = _faster_bf16(source, chosen, check, reference)
-            if faster is not None:
-                return faster
+            chosen = _load(candidate, source, options, settings, threads, bf16_if_native=True)
+            if chosen.precision == "bfloat16":
+                return _bf16_else_float32(source, chosen, check, reference)
             _report_parity(source, chosen, check, reference, strict=True)
             return chosen
         except BackendUnavailable as exc:
@@ -141,31 +141,27 @@ def choose_backend(
     return Chosen(None, BackendKind.TORCH, "float32", "", "torch (auto fallback)")
 
 
-def _faster_bf16(
+def _bf16_else_float32(
     source: ModelSource, chosen: Chosen, texts: list[str], reference: np.ndarray
-) -> Chosen | None:
-    """OpenVINO fp32's export inferring in bfloat16, if this CPU computes bfloat16 itself
-    and the outputs pass the float32 check all the same; else None.
+) -> Chosen:
+    """OpenVINO's export inferring in bfloat16 if its outputs pass the float32 check; else
+    the same file compiled in float32, which must pass it.
 
     On an AVX-512 BF16 host, MiniLM at batch 32 ran 2.05x OpenVINO's float32 pass (777
     against 378 texts/s) with its lowest cosine to torch 0.99998 (benchmarks/results/
     cpu-2core-openvino-bf16.txt); `auto` is the fastest backend within the check, so it
     takes bfloat16 where the check holds, and --backend openvino stays float32. OpenVINO
     itself defaults to bf16 on such CPUs, so sentence-transformers' backend="openvino" gives
-    the same."""
-    backend = chosen.backend
-    if chosen.kind is not BackendKind.OPENVINO or backend is None:
-        return None
-    if backend.precision != "float32" or not backend.bf16_native():  # type: ignore[attr-defined]
-        return None
-    variant = backend.in_bf16()  # type: ignore[attr-defined]
-    candidate = replace(chosen, backend=variant, precision=variant.precision)
+    the same. bfloat16 is compiled first: a start compiles float32 only when it is needed."""
     try:
-        _report_parity(source, candidate, texts, reference, strict=True)
+        _report_parity(source, chosen, texts, reference, strict=True)
+        return chosen
     except BackendUnavailable as exc:
         log.info("model %s: --backend auto keeps float32: %s", source.name, exc)
-        return None
-    return candidate
+    backend = chosen.backend.in_float32()  # type: ignore[union-attr]
+    fallback = replace(chosen, backend=backend, precision=backend.precision)
+    _report_parity(source, fallback, texts, reference, strict=True)
+    return fallback
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -213,9 +209,20 @@ def _load(
     options: BackendOptions,
     settings: RuntimeSettings,
     threads: int,
+    bf16_if_native: bool = False,
 ) -> Chosen:
+    """`bf16_if_native` (auto): an OpenVINO export that is not int8 infers in bfloat16 where
+    the CPU computes it itself."""
     impl = _import(kind, source.name)
     backend_class = impl.OnnxBackend if kind is BackendKind.ONNX else impl.OpenVinoBackend
+    if (
+        bf16_if_native
+        and kind is BackendKind.OPENVINO
+        and options.quantize is not Quantize.INT8
+        and not options.file
+        and impl.bf16_native()
+    ):
+        backend_class = partial(backend_class, bf16=True)
     if options.file:
         if _kind_of_file(options.file, source.name) is not kind:
             raise ValueError(
