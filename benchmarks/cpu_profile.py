@@ -173,7 +173,9 @@ class PySpy:
     Non-native and non-blocking by default: the server keeps running while sampled, so the
     run's rate stays close to an unprofiled one. --native pauses the process for each sample
     (slower) but shows time inside Cython and C; grpc's Cython module has no symbols, so its
-    frames fold into one `[native] (cygrpc...)` entry.
+    frames fold into one `[native] (cygrpc...)` entry. --gil samples only the thread that
+    holds the GIL, so its figures are GIL time per request: what bounds a server that is
+    GIL-bound, whatever its cores.
     """
 
     pid: int
@@ -181,6 +183,7 @@ class PySpy:
     seconds: int
     rate_hz: int = 250
     native: bool = False
+    gil: bool = False
     _process: subprocess.Popen[str] | None = None
     _log: str = ""
 
@@ -200,6 +203,8 @@ class PySpy:
             f"--duration={self.seconds}",
         ]
         command.append("--native" if self.native else "--nonblocking")
+        if self.gil:
+            command.append("--gil")
         self._process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
@@ -217,6 +222,7 @@ class PySpy:
             "raw_file": str(self.out),
             "rate_hz": self.rate_hz,
             "native": self.native,
+            "gil": self.gil,
             "seconds": self.seconds,
             "requests": requests,
             "requests_per_s": requests_per_s,
@@ -340,7 +346,15 @@ def format_report(threads: dict[str, Any] | None, spy: dict[str, Any] | None) ->
                 f"  {group:<12}{g['threads']:>8}{g['us_per_request']:>9.1f}{g['cores']:>7.2f}"
                 f"  {', '.join(g['names'])}"
             )
-    if spy:
+    if spy and spy.get("gil"):
+        held = spy["samples"] / (spy["rate_hz"] * spy["seconds"])
+        groups = ", ".join(f"{g} {v['us_per_request']:.0f}" for g, v in spy["by_group"].items())
+        lines.append(
+            f"py-spy --gil ({spy['rate_hz']} Hz, {spy['seconds']} s at "
+            f"{spy['requests_per_s']:.0f} req/s): the GIL was held {held:.0%} of the window, "
+            f"{spy['us_per_request']:.0f} us a request; by thread: {groups}"
+        )
+    elif spy:
         groups = ", ".join(
             f"{g} {v['us_per_request']:.0f}->{v.get('cpu_us_per_request', math.nan):.0f}"
             for g, v in spy["by_group"].items()
@@ -350,13 +364,16 @@ def format_report(threads: dict[str, Any] | None, spy: dict[str, Any] | None) ->
             f"{spy['seconds']} s at {spy['requests_per_s']:.0f} req/s), us/request sampled -> "
             f"scaled to the thread group's psutil CPU in that run: {groups}"
         )
+    if spy:
+        gil = bool(spy.get("gil"))
 
         def table(title: str, rows: list[dict[str, Any]]) -> None:
             lines.append(f"  {title}")
-            lines.append(f"  {'cpu us':>7}{'sampled':>8}  {'thread':<12}function (file)")
+            head = "GIL us" if gil else "cpu us"
+            lines.append(f"  {head:>7}{'sampled':>8}  {'thread':<12}function (file)")
             for row in rows:
                 group, frame = row["key"]
-                cpu = row.get("cpu_us_per_request")
+                cpu = row["us_per_request"] if gil else row.get("cpu_us_per_request")
                 lines.append(
                     f"  {cpu if cpu is not None else math.nan:>7.1f}{row['us_per_request']:>8.1f}"
                     f"  {group:<12}{frame}"

@@ -861,13 +861,15 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
                     seconds=max(1, int(args.duration - 2 * h2load.MARGIN_S)),
                     rate_hz=args.profile_rate,
                     native=args.profile_native,
+                    gil=args.profile_gil,
                 )
                 spy_threads = cpu_profile.ThreadCpu(target.pid)
                 c = max(stand_in_levels if name in STAND_IN_ROWS else levels)
                 spied = _measure(target, body, c, args, [spy, spy_threads])
                 profile["py_spy"], profile["py_spy_threads"] = spied.pop("probes")
                 profile["py_spy_run"] = spied
-                cpu_profile.calibrate(profile["py_spy"], profile["py_spy_threads"])
+                if not args.profile_gil:  # GIL samples are GIL time already
+                    cpu_profile.calibrate(profile["py_spy"], profile["py_spy_threads"])
         finally:
             target.stop()
     shutil.rmtree(work / "loop-bound-model", ignore_errors=True)
@@ -1043,6 +1045,11 @@ def main() -> None:
         "--profile-native",
         action="store_true",
         help="py-spy --native: C and Cython frames too, but it pauses the server per sample",
+    )
+    h2.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="py-spy --gil: only the thread holding the GIL, so the figures are GIL time",
     )
     h2.add_argument(
         "--wait-quiet",
