@@ -35,6 +35,7 @@ from service.http_guard import (
 )
 from service.http_tei import TeiRoutes
 from service.json_body import Body, BodyError
+from service.memory import trimmer
 from service.routes import JSON_FLOAT_BYTES, ROUTES, Route, error_body, values_in
 from service.runner import RequestRunner
 
@@ -123,7 +124,7 @@ class HttpApi:
         loop = asyncio.get_running_loop()
         AcceptErrors(loop)
         ClientFaults.install()
-        self.guard = ConnectionGuard(limits, _error_response)
+        self.guard = ConnectionGuard(limits, _error_response, after_large=trimmer())
         # A client that goes away cancels its handler, which drops its queued items.
         self._runner = web.AppRunner(
             self.app(max_body, self.guard),

@@ -27,7 +27,7 @@ from engine.model_info import ModelInfo
 from engine.output_size import ResponseBudget
 from engine.validation import output_too_large
 from service import json_body
-from service.http_guard import client_problem
+from service.http_guard import body_read, client_problem
 from service.runner import Call, RequestRunner
 
 # Answers of more float values than this are built and encoded off the event loop.
@@ -109,10 +109,13 @@ def present(raw: msgspec.Raw) -> bool:
     return len(raw) > 0 and bytes(raw) != b"null"
 
 
-async def read_raw(request: web.Request) -> bytes:
-    """The body's bytes. One that cannot be read as its headers say (a Content-Encoding
-    its bytes do not decode by, a chunked body cut short) is the client's MALFORMED_REQUEST,
-    which every door answers in its own shape; a client gone mid-body is a cancelled call."""
+async def read_raw(request: web.Request) -> bytes | bytearray:
+    """The body's bytes: those the guard read, or read now when the body came whole with
+    its headers. One that cannot be read as its headers say (a Content-Encoding its bytes
+    do not decode by, a chunked body cut short) is the client's MALFORMED_REQUEST, which
+    every door answers in its own shape; a client gone mid-body is a cancelled call."""
+    if (body := body_read(request)) is not None:
+        return body
     try:
         return await request.read()
     except RequestPayloadError as exc:

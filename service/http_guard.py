@@ -11,8 +11,8 @@ an hour, and nothing caps how many connections are open. This module adds, each 
   bytes, until the body is complete; a Content-Length above the body limit is refused unread;
 - at most `max_concurrent_bodies` bodies read at once (a partial body is memory held), and
   of them one large body (LARGE_MESSAGE_BYTES or more declared, or a length not known
-  before it is read: chunked or compressed), which costs about twice its size while it is
-  read and handed on; waiting longer than `body_timeout_s` for a turn is refused with 503;
+  before it is read: chunked or compressed), read into one buffer that the route then
+  parses in place, and followed by a malloc_trim; waiting longer than `body_timeout_s` for a turn is refused with 503;
 - aiohttp's keep-alive timeout, from seconds rather than an hour;
 - at most `max_connections` open connections, and never more than half the open-file limit,
   so that the gRPC door always has descriptors left; a connection over the cap is answered
@@ -44,6 +44,7 @@ from service.config import (
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BODY = web.RequestKey("body", bytearray)  # a body the guard read (see _read_whole)
 ErrorFactory = Callable[[int, str, str], web.Response]
 
 # A refused connection's answer, sent before its request is read.
@@ -174,8 +175,16 @@ class _Guarded(asyncio.Protocol):
 class ConnectionGuard:
     """Counts and caps the door's connections, times their headers, paces their bodies."""
 
-    def __init__(self, limits: HttpLimits, error: ErrorFactory) -> None:
+    def __init__(
+        self,
+        limits: HttpLimits,
+        error: ErrorFactory,
+        after_large: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`after_large`: called once each large body is read (the socket's chunks it came
+        in freed): service/memory.py's trimmer, as the gRPC door's ReadGate has."""
         self.limits = limits
+        self._after_large = after_large
         self.max_connections = descriptor_budget(
             "HTTP", limits.max_connections, HTTP_DESCRIPTOR_SHARE
         )
@@ -251,7 +260,7 @@ class ConnectionGuard:
     async def read_body(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """After auth: read the body at a minimum rate, a bounded number at once.
 
-        The handler's own request.read() then returns the bytes read here.
+        The route's read_raw (service/http_doors.py) then takes the bytes read here.
         """
         if request.body_exists and request.match_info.http_exception is None:
             if declares_too_much(request):
@@ -304,6 +313,8 @@ class ConnectionGuard:
         finally:
             for turn in taken:
                 turn.release()
+            if large:
+                self._after_large()
         self.body_timeouts += 1
         return await self._refuse(
             request,
@@ -323,7 +334,7 @@ class ConnectionGuard:
         window = self.limits.body_timeout_s
         needed = self.limits.body_min_bytes_per_s * window
         content = request.content
-        reading = asyncio.ensure_future(request.read())
+        reading = asyncio.ensure_future(_read_whole(request))
         seen = 0
         try:
             while True:
@@ -332,6 +343,8 @@ class ConnectionGuard:
                     error = reading.exception()
                     if isinstance(error, web.HTTPException):  # 413: a body read past the limit
                         raise error
+                    if error is None:
+                        request[BODY] = reading.result()
                     return True
                 received = content.total_raw_bytes
                 if received - seen < needed:
@@ -357,6 +370,26 @@ class ConnectionGuard:
         if request.transport is not None:
             _close(request.transport)
         return response
+
+
+async def _read_whole(request: web.Request) -> bytearray:
+    """The body in one buffer that grows in place. aiohttp's request.read() holds a large
+    body about three times over at its peak (its stream buffer raised to twice the body
+    limit, those chunks joined, a bytearray, then a bytes copy of it); this holds it once,
+    plus the stream's usual buffer of 128 KiB."""
+    limit = request.client_max_size
+    content = request.content
+    body = bytearray()
+    while chunk := await content.readany():
+        body += chunk
+        if len(body) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
+    return body
+
+
+def body_read(request: web.Request) -> bytearray | None:
+    """The body the guard read for the request, if it read one."""
+    return request.get(BODY)
 
 
 def is_large(request: web.Request) -> bool:

@@ -172,7 +172,7 @@ _IDS = msgspec.json.Decoder(list[int | list[int]])
 def _count(raw: msgspec.Raw, field: str, max_inputs: int) -> None:
     """Too many entries in a list of lists, counted on the bytes (before building them)."""
     if len(raw) > json_body.COUNT_SCAN_BYTES and bytes(memoryview(raw)[:1]) == b"[":
-        _, count = json_body.structure(bytes(raw))
+        count = json_body.count_entries(raw)
         if count > max_inputs:
             raise DoorError(
                 413,

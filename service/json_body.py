@@ -85,16 +85,28 @@ def malformed(problem: str) -> PoolingError:
     return PoolingError(ErrorKind.INVALID_ARGUMENT, "MALFORMED_REQUEST", problem)
 
 
-def structure(raw: bytes) -> tuple[int, int]:
-    """(the deepest nesting, the values directly inside the outermost array or object) of
-    valid JSON text, read from its bytes without decoding it.
+def _counts(data: np.ndarray, values: bytes) -> list[int]:
+    """How often each of `values` occurs in `data` (uint8), a chunk at a time so that the
+    temporaries stay small."""
+    totals = [0] * len(values)
+    for start in range(0, len(data), _SCAN_CHUNK):
+        chunk = data[start : start + _SCAN_CHUNK]
+        for i, value in enumerate(values):
+            totals[i] += int(np.count_nonzero(chunk == value))
+    return totals
 
-    Escapes are dropped first (an escaped backslash, then an escaped quote), so every quote
-    left opens or closes a string; brackets and commas outside strings are the structure.
+
+def structure(raw: bytes | msgspec.Raw) -> tuple[int, int]:
+    """(the deepest nesting, the values directly inside the outermost array or object) of
+    valid JSON text, read from its bytes without decoding or copying them.
+
+    Escapes are dropped first (an escaped backslash, then an escaped quote; only then is
+    the text copied), so every quote left opens or closes a string; brackets and commas
+    outside strings are the structure.
     """
-    if b"\\" in raw:
-        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
     data = np.frombuffer(raw, dtype=np.uint8)
+    if _counts(data, b"\\")[0]:
+        data = np.frombuffer(bytes(raw).replace(b"\\\\", b"").replace(b'\\"', b""), np.uint8)
     in_string, depth, deepest, commas = 0, 0, 0, 0
     for start in range(0, len(data), _SCAN_CHUNK):
         chunk = data[start : start + _SCAN_CHUNK]
@@ -107,7 +119,18 @@ def structure(raw: bytes) -> tuple[int, int]:
         deepest = max(deepest, int(level.max()))
         commas += int(np.count_nonzero((chunk == 44) & outside & (level == 1)))
         in_string, depth = int(inside[-1]), int(level[-1])
-    return deepest, (commas + 1 if len(raw) > 2 else 0)
+    return deepest, (commas + 1 if len(data) > 2 else 0)
+
+
+def count_entries(raw: bytes | msgspec.Raw) -> int:
+    """The entries of a JSON array, counted on its bytes in place: a 16 MB list is
+    counted without a second 16 MB held beside it."""
+    quotes, escapes, braces, brackets = _counts(np.frombuffer(raw, dtype=np.uint8), b'"\\{[')
+    if not escapes and not braces and brackets == 1:
+        # A flat list without escapes: each string entry shows its two quotes (an entry
+        # of another type stops the typed decoder at once), which is quicker to count.
+        return quotes // 2
+    return structure(raw)[1]
 
 
 def check_depth(raw: bytes) -> None:
@@ -199,13 +222,7 @@ def decode_list(
 ) -> list[str] | tuple[str, FieldViolation]:
     """The field's texts, or why not: counted on the bytes first when the list is large."""
     if len(raw) > COUNT_SCAN_BYTES and memoryview(raw)[0] == ord("["):
-        data = bytes(raw)
-        if b"\\" not in data and b"{" not in data and data.count(b"[") == 1:
-            # A flat list without escapes: each string entry shows its two quotes (an entry
-            # of another type stops the typed decoder at once), which is quicker to count.
-            count = data.count(b'"') // 2
-        else:
-            _, count = structure(data)
+        count = count_entries(raw)
         if count > max_inputs:
             return name, too_many_inputs(name, count, max_inputs)
     if name == "documents":

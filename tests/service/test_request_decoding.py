@@ -10,6 +10,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 
+import msgspec
 import pytest
 
 from engine.errors import PoolingError
@@ -17,7 +18,14 @@ from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from engine.validation import Limits, validate_request, validate_rerank
 from service.handlers import Malformed, tolerant
-from service.json_body import MAX_DEPTH, Body, BodyError, parse_body, structure
+from service.json_body import (
+    MAX_DEPTH,
+    Body,
+    BodyError,
+    count_entries,
+    parse_body,
+    structure,
+)
 from service.proto import pooling_pb2 as pb
 from service.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
 from tests.model_infos import embedder_info
@@ -47,6 +55,22 @@ def test_structure_sees_through_strings_and_escapes() -> None:
     assert structure(json.dumps({"x": [[1, 2], {"y": [3]}]}).encode()) == (4, 1)
     nested = b"[" * 40 + b"]" * 40
     assert structure(nested)[0] == 40
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        ["ab"] * 5000,  # flat and unescaped: counted by its quotes
+        ['a\\"b', "c,d"] * 2500,  # escapes: counted by the structure scan
+        [{"text": "a,b"}, "c"] * 2500,  # objects: by the structure scan
+    ],
+)
+def test_count_entries_reads_a_field_in_place(entries: list[object]) -> None:
+    """A list field is counted on the body's own bytes (msgspec.Raw, a view of a
+    bytearray as the HTTP guard reads it), however its entries are written."""
+    body = bytearray(json.dumps({"input": entries}).encode())
+    raw = msgspec.json.decode(body, type=dict[str, msgspec.Raw])["input"]
+    assert count_entries(raw) == count_entries(bytes(raw)) == len(entries)
 
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 1000, 100_000])
