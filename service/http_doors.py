@@ -27,7 +27,7 @@ from engine.model_info import ModelInfo
 from engine.output_size import ResponseBudget
 from engine.validation import output_too_large
 from service import json_body
-from service.http_guard import body_read, client_problem
+from service.http_guard import body_parsed, body_read, client_problem
 from service.runner import Call, RequestRunner
 
 # Answers of more float values than this are built and encoded off the event loop.
@@ -132,18 +132,24 @@ async def read_body(request: web.Request, max_inputs: int) -> json_body.Body:
     """The body as service/json_body.py reads it (the OpenAI/vLLM routes'), its input lists
     counted against `max_inputs` as read; on a worker thread when large."""
     raw = await read_raw(request)
-    if len(raw) > OFF_LOOP_BODY:
-        return await asyncio.to_thread(json_body.parse_body, raw, max_inputs)
-    return json_body.parse_body(raw, max_inputs)
+    try:
+        if len(raw) > OFF_LOOP_BODY:
+            return await asyncio.to_thread(json_body.parse_body, raw, max_inputs)
+        return json_body.parse_body(raw, max_inputs)
+    finally:
+        body_parsed(request)
 
 
 async def decode_body(request: web.Request, kind: type[Any]) -> Any:
     """The body as `kind`, its nesting checked first (service/json_body.py's bound), on a
     worker thread when large; a wrong type stops at the first wrong value."""
     raw = await read_raw(request)
-    if len(raw) > OFF_LOOP_BODY:
-        return await asyncio.to_thread(_decode, raw, kind)
-    return _decode(raw, kind)
+    try:
+        if len(raw) > OFF_LOOP_BODY:
+            return await asyncio.to_thread(_decode, raw, kind)
+        return _decode(raw, kind)
+    finally:
+        body_parsed(request)
 
 
 def _decode(raw: bytes, kind: type[Any]) -> Any:
