@@ -15,7 +15,7 @@ import base64
 import re
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -33,6 +33,7 @@ from service.runner import Call, RequestRunner
 # Answers of more float values than this are built and encoded off the event loop.
 OFF_LOOP_VALUES = 100_000
 OFF_LOOP_BODY = 1024 * 1024  # bodies larger than this are checked and decoded off the loop
+T = TypeVar("T")
 JSON_FLOAT_BYTES = 21  # a float32 as the shortest double that reads back, with its comma
 
 _encoder = msgspec.json.Encoder()
@@ -130,29 +131,29 @@ async def read_raw(request: web.Request) -> bytes | bytearray:
 
 async def read_body(request: web.Request, max_inputs: int) -> json_body.Body:
     """The body as service/json_body.py reads it (the OpenAI/vLLM routes'), its input lists
-    counted against `max_inputs` as read; on a worker thread when large."""
-    raw = await read_raw(request)
-    try:
-        if len(raw) > OFF_LOOP_BODY:
-            return await asyncio.to_thread(json_body.parse_body, raw, max_inputs)
-        return json_body.parse_body(raw, max_inputs)
-    finally:
-        body_parsed(request)
+    counted against `max_inputs` as read."""
+    return await _parsed(request, lambda raw: json_body.parse_body(raw, max_inputs))
 
 
 async def decode_body(request: web.Request, kind: type[Any]) -> Any:
-    """The body as `kind`, its nesting checked first (service/json_body.py's bound), on a
-    worker thread when large; a wrong type stops at the first wrong value."""
+    """The body as `kind`, its nesting checked first (service/json_body.py's bound); a
+    wrong type stops at the first wrong value."""
+    return await _parsed(request, lambda raw: _decode(raw, kind))
+
+
+async def _parsed(request: web.Request, parse: Callable[[bytes | bytearray], T]) -> T:
+    """The body read and parsed, on a worker thread when large; then a large body's read
+    turns pass on (service/http_guard.py), whether the parse succeeded or not."""
     raw = await read_raw(request)
     try:
         if len(raw) > OFF_LOOP_BODY:
-            return await asyncio.to_thread(_decode, raw, kind)
-        return _decode(raw, kind)
+            return await asyncio.to_thread(parse, raw)
+        return parse(raw)
     finally:
         body_parsed(request)
 
 
-def _decode(raw: bytes, kind: type[Any]) -> Any:
+def _decode(raw: bytes | bytearray, kind: type[Any]) -> Any:
     json_body._check_depth(raw)
     try:
         return msgspec.json.decode(raw, type=kind)

@@ -96,17 +96,24 @@ def _counts(data: np.ndarray, values: bytes) -> list[int]:
     return totals
 
 
-def structure(raw: bytes | msgspec.Raw) -> tuple[int, int]:
-    """(the deepest nesting, the values directly inside the outermost array or object) of
-    valid JSON text, read from its bytes without decoding or copying them.
+Buffer = bytes | bytearray | msgspec.Raw  # what a body or a field of it is read from
 
-    Escapes are dropped first (an escaped backslash, then an escaped quote; only then is
-    the text copied), so every quote left opens or closes a string; brackets and commas
-    outside strings are the structure.
-    """
+
+def structure(raw: Buffer) -> tuple[int, int]:
+    """(the deepest nesting, the values directly inside the outermost array or object) of
+    valid JSON text, read from its bytes without decoding them."""
     data = np.frombuffer(raw, dtype=np.uint8)
-    if _counts(data, b"\\")[0]:
-        data = np.frombuffer(bytes(raw).replace(b"\\\\", b"").replace(b'\\"', b""), np.uint8)
+    return _scan(_unescaped(raw) if _counts(data, b"\\")[0] else data)
+
+
+def _unescaped(raw: Buffer) -> np.ndarray:
+    """The text with its escapes dropped (an escaped backslash, then an escaped quote), so
+    that every quote left opens or closes a string: the one case that copies the text."""
+    return np.frombuffer(bytes(raw).replace(b"\\\\", b"").replace(b'\\"', b""), np.uint8)
+
+
+def _scan(data: np.ndarray) -> tuple[int, int]:
+    """`structure` of text without escapes: brackets and commas outside strings."""
     in_string, depth, deepest, commas = 0, 0, 0, 0
     for start in range(0, len(data), _SCAN_CHUNK):
         chunk = data[start : start + _SCAN_CHUNK]
@@ -122,18 +129,19 @@ def structure(raw: bytes | msgspec.Raw) -> tuple[int, int]:
     return deepest, (commas + 1 if len(data) > 2 else 0)
 
 
-def count_entries(raw: bytes | msgspec.Raw) -> int:
+def count_entries(raw: Buffer) -> int:
     """The entries of a JSON array, counted on its bytes in place: a 16 MB list is
     counted without a second 16 MB held beside it."""
-    quotes, escapes, braces, brackets = _counts(np.frombuffer(raw, dtype=np.uint8), b'"\\{[')
+    data = np.frombuffer(raw, dtype=np.uint8)
+    quotes, escapes, braces, brackets = _counts(data, b'"\\{[')
     if not escapes and not braces and brackets == 1:
         # A flat list without escapes: each string entry shows its two quotes (an entry
         # of another type stops the typed decoder at once), which is quicker to count.
         return quotes // 2
-    return structure(raw)[1]
+    return _scan(_unescaped(raw) if escapes else data)[1]
 
 
-def check_depth(raw: bytes) -> None:
+def check_depth(raw: bytes | bytearray) -> None:
     """MALFORMED_REQUEST for JSON nested deeper than MAX_DEPTH; cheap for the usual body."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
         return  # the common case: too few brackets to nest that deep
@@ -261,7 +269,7 @@ def _decode_documents(raw: msgspec.Raw) -> list[str] | tuple[str, FieldViolation
     return [d if isinstance(d, str) else d.text for d in documents]
 
 
-def parse_body(raw: bytes, max_inputs: int) -> Body:
+def parse_body(raw: bytes | bytearray, max_inputs: int) -> Body:
     """The body's fields, its lists counted and decoded; MALFORMED_REQUEST for what is
     not JSON or nests too deep, 422 for JSON that is not an object."""
     check_depth(raw)
