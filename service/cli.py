@@ -260,6 +260,14 @@ def _transport_flags(net: Group) -> None:
         "it, so slow senders cannot hold up other calls",
     )
     net.add_argument(
+        "--grpc-door",
+        default="grpcio",
+        choices=["grpcio", "node"],
+        help="what serves gRPC's HTTP/2: grpcio's asyncio server, or Node.js's (20 or newer "
+        "on PATH) in a child process, which takes gRPC's per-call work off this process's "
+        "GIL (README: the Node.js door)",
+    )
+    net.add_argument(
         "--gzip-responses",
         action="store_true",
         help="compress responses (gzip-compressed requests are always accepted)",
@@ -728,6 +736,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             read_turn_s=args.read_turn_s,
             gzip_responses=args.gzip_responses,
             reuse_port=args.role == "frontend" and args.frontends > 1,
+            door=args.grpc_door,
         ),
         tls=tls_config(args),
         api_keys=api_keys(args),

@@ -70,6 +70,8 @@ class TransportConfig:
     gzip_responses: bool = False
     # Several server processes share one port (--frontends); otherwise a taken port is an error.
     reuse_port: bool = False
+    # What serves HTTP/2 for gRPC: grpcio's asyncio server, or Node.js's (service/node_door.py).
+    door: str = "grpcio"
 
     def options(self, max_message_bytes: int) -> list[tuple[str, int]]:
         options = [

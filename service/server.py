@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry import trace
 
 from service.auth import BearerTokenInterceptor
@@ -21,6 +22,7 @@ from service.http_api import HttpApi
 from service.http_cohere import input_type_prompts
 from service.memory import trimmer
 from service.metrics import Metrics
+from service.node_door import HandlerSet, NodeDoor, unary_request_paths
 from service.proto import pooling_pb2
 from service.read_gate import ReadGate
 from service.runner import RequestRunner
@@ -31,8 +33,10 @@ from service.telemetry import tracer_provider as make_tracer_provider
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = pooling_pb2.DESCRIPTOR.services_by_name["PoolingService"].full_name
+SERVICE = pooling_pb2.DESCRIPTOR.services_by_name["PoolingService"]
+SERVICE_NAME = SERVICE.full_name
 HEALTH_NAMES = ("", SERVICE_NAME)
+REFLECTED = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
 
 
 class PoolingServer:
@@ -58,31 +62,56 @@ class PoolingServer:
         self.runner = RequestRunner(telemetry)
         self.servicer = PoolingServicer(self.runner, config.max_stream_inflight)
         self.health = HealthServicer()
-        interceptors: list[grpc.aio.ServerInterceptor] = []
-        if config.api_keys:
-            interceptors.append(BearerTokenInterceptor(config.api_keys))
-        self.server = grpc.aio.server(
-            interceptors=interceptors,
-            options=config.transport.options(config.max_message_bytes),
-            compression=grpc.Compression.Gzip if config.transport.gzip_responses else None,
-        )
-        transport = config.transport
-        gate = ReadGate(
-            transport.max_concurrent_reads, transport.read_turn_s, after_large=trimmer()
-        )
-        add_pooling_service(self.servicer, self.server, gate)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        self.server: grpc.aio.Server | None = None
+        self.door: NodeDoor | None = None
+        if config.transport.door == "node":
+            self.door = self._node_door()
+        else:
+            self.server = self._grpcio_server()
         self.port = 0
         self.grace_ran_out = False  # set by stop(): accepted calls were cancelled
+        self.door_failed = False  # the Node.js door exited on its own
         self.http: HttpApi | None = None
         self.http_port = 0
         if config.http_port is not None:
             self.http = HttpApi(self.runner, config.api_keys)
             self.http.cohere_prompts = input_type_prompts(config.cohere_input_type_prompts)
             self.http.max_response_bytes = config.max_http_response_bytes
+
+    def _grpcio_server(self) -> grpc.aio.Server:
+        config, transport = self.config, self.config.transport
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if config.api_keys:
+            interceptors.append(BearerTokenInterceptor(config.api_keys))
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=transport.options(config.max_message_bytes),
+            compression=grpc.Compression.Gzip if transport.gzip_responses else None,
+        )
+        gate = ReadGate(
+            transport.max_concurrent_reads, transport.read_turn_s, after_large=trimmer()
+        )
+        add_pooling_service(self.servicer, server, gate)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(REFLECTED, server)
+        return server
+
+    def _node_door(self) -> NodeDoor:
+        """The same handlers on Node's HTTP/2 server. Node reads large messages in turns
+        itself, so the gate here takes none: it only trims after a large one."""
+        handlers = HandlerSet()
+        add_pooling_service(self.servicer, handlers, ReadGate(0, 0.0, after_large=trimmer()))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, handlers)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(REFLECTED), handlers
+        )
+        whole = unary_request_paths(SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"])
+        return NodeDoor(self.config, handlers, whole, self._door_exited)
+
+    def _door_exited(self, code: int) -> None:
+        """Node died under the server: no gRPC call can be served; stop, exit non-zero."""
+        self.door_failed = True
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _set_health(self, status: int) -> None:
         if self.http is not None:
@@ -100,6 +129,36 @@ class PoolingServer:
         log.info("serving on port %d", self.port)
 
     async def _listen(self) -> None:
+        if self.door is not None:
+            self.port = await self.door.start()
+        else:
+            await self._start_grpcio()
+        if self.config.metrics_port is not None:
+            self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+            log.info(
+                "metrics on http://%s:%d/metrics",
+                self.config.metrics_host,
+                self.config.metrics_port,
+            )
+        log.info(
+            "listening on %s:%d (gRPC on %s, %s event loop)",
+            self.config.host,
+            self.port,
+            self.config.transport.door,
+            loop_name(),
+        )
+        if self.http is not None and self.config.http_port is not None:
+            self.http_port = await self.http.start(
+                self.config.host,
+                self.config.http_port,
+                self.config.transport.reuse_port,
+                self.config.max_message_bytes,
+                self.config.http,
+            )
+            log.info("HTTP API on http://%s:%d", self.config.host, self.http_port)
+
+    async def _start_grpcio(self) -> None:
+        assert self.server is not None
         address = f"{self.config.host}:{self.config.port}"
         try:
             if self.config.tls is None:
@@ -111,23 +170,6 @@ class PoolingServer:
         if not self.port:
             raise RuntimeError(f"cannot listen on {address}: is the port taken?")
         await self.server.start()
-        if self.config.metrics_port is not None:
-            self.metrics.serve(self.config.metrics_host, self.config.metrics_port)
-            log.info(
-                "metrics on http://%s:%d/metrics",
-                self.config.metrics_host,
-                self.config.metrics_port,
-            )
-        log.info("listening on %s:%d (%s event loop)", self.config.host, self.port, loop_name())
-        if self.http is not None and self.config.http_port is not None:
-            self.http_port = await self.http.start(
-                self.config.host,
-                self.config.http_port,
-                self.config.transport.reuse_port,
-                self.config.max_message_bytes,
-                self.config.http,
-            )
-            log.info("HTTP API on http://%s:%d", self.config.host, self.http_port)
 
     async def _load(self) -> None:
         if self.frontend is None:
@@ -166,9 +208,14 @@ class PoolingServer:
         """grpcio cancels whatever still runs when the grace runs out: that is a loss, and
         the exit code says so (serve returns 1). With no grace, nothing tells."""
         grace = self.config.shutdown_grace_s
-        started = asyncio.get_running_loop().time()
-        await self.server.stop(grace)
-        if grace > 0 and asyncio.get_running_loop().time() - started >= grace:
+        if self.door is not None:
+            ran_out = await self.door.stop(grace)
+        else:
+            assert self.server is not None
+            started = asyncio.get_running_loop().time()
+            await self.server.stop(grace)
+            ran_out = grace > 0 and asyncio.get_running_loop().time() - started >= grace
+        if ran_out:
             self.grace_ran_out = True
             log.error("--shutdown-grace-s %g ran out: calls still running were cancelled", grace)
 
@@ -203,4 +250,4 @@ async def serve(config: ServerConfig, frontend: FrontendRole | None = None) -> i
     # supervisor forwards the one this process got itself) must not kill the exit.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     gc.freeze()  # the process exits next: skip collecting torch's object graph (seconds)
-    return 1 if server.grace_ran_out else 0
+    return 1 if server.grace_ran_out or server.door_failed else 0
