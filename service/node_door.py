@@ -113,9 +113,10 @@ class _Call:
         "id",
         "messages",
         "metadata",
+        "reading",
         "task",
         "trailing",
-        "waiter",
+        "writing",
     )
 
     def __init__(
@@ -136,7 +137,9 @@ class _Call:
         self.messages = messages
         self.half_closed = half_closed
         self.deserialize: Callable[[bytes], Any] | None = None
-        self.waiter: asyncio.Future[None] | None = None
+        # What read and write wait for (a stream reads and writes side by side).
+        self.reading: asyncio.Future[None] | None = None
+        self.writing: asyncio.Future[None] | None = None
         self.trailing: tuple[Any, ...] = ()
         self.gone = False  # the client, its connection or its deadline ended the call
         self.task: asyncio.Task[None] | None = None
@@ -184,9 +187,9 @@ class _Call:
         while not self.messages:
             if self.half_closed:
                 return grpc.aio.EOF
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.reading = asyncio.get_running_loop().create_future()
             self._link.send(PULL, self.id)
-            await self.waiter
+            await self.reading
         assert self.deserialize is not None
         return self.deserialize(self.messages.popleft())
 
@@ -194,16 +197,16 @@ class _Call:
         """Send a response message; returns once Node's HTTP/2 stream has taken it, so a
         client that does not read holds the handler back rather than this process's memory."""
         serialize = self._link.serializers[self.id]
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.writing = asyncio.get_running_loop().create_future()
         self._link.send(MESSAGE, self.id, serialize(message))
-        await self.waiter
+        await self.writing
 
     async def requests(self) -> AsyncIterator[Any]:
         while (message := await self.read()) is not grpc.aio.EOF:
             yield message
 
-    def wake(self) -> None:
-        waiter = self.waiter
+    @staticmethod
+    def wake(waiter: asyncio.Future[None] | None) -> None:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
@@ -277,12 +280,12 @@ class _Link(asyncio.Protocol):
             return
         if kind == MESSAGE:
             call.messages.append(bytes(view[start:stop]))
-            call.wake()
+            call.wake(call.reading)
         elif kind == HALF_CLOSE:
             call.half_closed = True
-            call.wake()
+            call.wake(call.reading)
         elif kind == WRITTEN:
-            call.wake()
+            call.wake(call.writing)
         elif kind == CANCEL:
             call.gone = True
             self._cancel(call)

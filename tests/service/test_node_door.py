@@ -1,0 +1,281 @@
+"""The gRPC door on Node.js (--grpc-door node): a real server on a real port, its answers
+compared with the grpcio door's (the suite's shared server) call by call."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from pooling_client.v1 import pooling_pb2 as pb
+from pooling_client.v1 import pooling_pb2_grpc
+from tests.conftest import DEFAULT_MODEL, Served
+from tests.rpc_errors import decode_rpc_error, decode_status
+from tests.server_process import ServerProcess, free_port, start_server
+
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+
+SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
+KEY = "door-key"
+AUTH = (("authorization", f"Bearer {KEY}"),)
+MODELS = ("tiny-classifier", "tiny-cross-encoder")
+
+
+@pytest.fixture(scope="module")
+def node_server(
+    served: dict[str, Served], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    args = ["--grpc-door", "node", "--api-key", KEY, "--max-message-mb", "1"]
+    args += ["--max-client-batch-size", "64", "--dtype", "float32"]
+    args += ["--model", DEFAULT_MODEL]
+    for name in MODELS:
+        args += ["--model", f"{name}={served[name].folder}"]
+    server = start_server(args, tmp_path_factory.mktemp("node-door"))
+    yield server
+    server.stop(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def node_stub(node_server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
+    with grpc.insecure_channel(node_server.address) as channel:
+        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+
+
+def _strip(response: pb.PoolResponse) -> pb.PoolResponse:
+    """The parts that differ between two servers' answers to one request (ids, timings)."""
+    response.request_id = ""
+    return response
+
+
+REQUESTS = [
+    pb.PoolRequest(embed=pb.TextInput(texts=["a door in front", "of the same handlers"])),
+    pb.PoolRequest(
+        model="tiny-classifier", classify=pb.TextInput(texts=["positive", "negative words"])
+    ),
+    pb.PoolRequest(
+        model="tiny-cross-encoder",
+        score=pb.ScoreInput(text_1=["query"], text_2=["a document", "another"]),
+    ),
+]
+
+
+@pytest.mark.parametrize("index", range(len(REQUESTS)), ids=["embed", "classify", "score"])
+def test_pool_answers_as_grpcio_does(
+    stub: pooling_pb2_grpc.PoolingServiceStub,
+    node_stub: pooling_pb2_grpc.PoolingServiceStub,
+    index: int,
+) -> None:
+    request = REQUESTS[index]
+    expected, on_grpcio = stub.Pool.with_call(request, timeout=30)
+    got, on_node = node_stub.Pool.with_call(request, timeout=30, metadata=AUTH)
+    assert _strip(got) == _strip(expected)
+    timings = {key for key, _ in on_node.trailing_metadata() if key.startswith("x-")}
+    assert timings == {key for key, _ in on_grpcio.trailing_metadata() if key.startswith("x-")}
+    assert "x-total-time-ms" in timings
+
+
+def test_rerank_tokenize_and_list_models_as_grpcio(
+    stub: pooling_pb2_grpc.PoolingServiceStub,
+    node_stub: pooling_pb2_grpc.PoolingServiceStub,
+) -> None:
+    rerank = pb.RerankRequest(
+        model="tiny-cross-encoder", query="q", documents=["one", "two", "three"], top_n=2
+    )
+    expected = stub.Rerank(rerank, timeout=30)
+    got = node_stub.Rerank(rerank, timeout=30, metadata=AUTH)
+    assert [(r.index, r.relevance_score) for r in got.results] == [
+        (r.index, r.relevance_score) for r in expected.results
+    ]
+    tokenize = pb.TokenizeRequest(texts=["naïve café 🙂", "two"])
+    assert node_stub.Tokenize(tokenize, timeout=30, metadata=AUTH) == stub.Tokenize(tokenize)
+    cards = node_stub.ListModels(pb.ListModelsRequest(), timeout=30, metadata=AUTH).models
+    assert [card.name for card in cards] == [DEFAULT_MODEL, *MODELS]
+
+
+def test_a_stream_answers_each_message_and_errors_in_band(
+    node_stub: pooling_pb2_grpc.PoolingServiceStub,
+) -> None:
+    requests = [
+        pb.PoolStreamRequest(request=pb.PoolRequest(request_id=f"r{i}", embed={"texts": [t]}))
+        for i, t in enumerate(["one", "two", "three"])
+    ]
+    requests.append(pb.PoolStreamRequest(request=pb.PoolRequest(request_id="bad", embed={})))
+    answers = list(node_stub.PoolStream(iter(requests * 1), timeout=30, metadata=AUTH))
+    by_id = {a.request_id: a for a in answers}
+    assert sorted(by_id) == ["bad", "r0", "r1", "r2"]
+    assert all(len(by_id[f"r{i}"].response.embed.embeddings) == 1 for i in range(3))
+    error = decode_status(by_id["bad"].error)
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and error.fields
+
+
+def test_a_long_stream_is_pulled_in_turn(node_stub: pooling_pb2_grpc.PoolingServiceStub) -> None:
+    """More messages than the stream's in-flight limit: the reader holds back, none lost."""
+    requests = (
+        pb.PoolStreamRequest(request=pb.PoolRequest(request_id=str(i), embed={"texts": ["x"]}))
+        for i in range(600)
+    )
+    answers = list(node_stub.PoolStream(requests, timeout=120, metadata=AUTH))
+    assert sorted(int(a.request_id) for a in answers) == list(range(600))
+
+
+def test_errors_carry_the_same_rich_status(
+    stub: pooling_pb2_grpc.PoolingServiceStub,
+    node_stub: pooling_pb2_grpc.PoolingServiceStub,
+) -> None:
+    bad = pb.PoolRequest(embed=pb.TextInput(texts=["x"]), params=pb.PoolingParams(dimensions=7))
+    with pytest.raises(grpc.RpcError) as on_grpcio:
+        stub.Pool(bad, timeout=30)
+    with pytest.raises(grpc.RpcError) as on_node:
+        node_stub.Pool(bad, timeout=30, metadata=AUTH)
+    expected, got = decode_rpc_error(on_grpcio.value), decode_rpc_error(on_node.value)
+    assert (got.code, got.reason, got.fields, got.message) == (
+        expected.code,
+        expected.reason,
+        expected.fields,
+        expected.message,
+    )
+
+
+def test_api_keys_guard_the_service_not_health(node_server: ServerProcess) -> None:
+    with grpc.insecure_channel(node_server.address) as channel:
+        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
+        for metadata in ((), (("authorization", "Bearer wrong"),)):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ListModels(pb.ListModelsRequest(), timeout=10, metadata=metadata)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as unknown:
+            health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10
+            )
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_reflection_and_watch(node_server: ServerProcess) -> None:
+    with grpc.insecure_channel(node_server.address) as channel:
+        reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        response = next(reflect.ServerReflectionInfo(iter([request]), timeout=10))
+        names = {service.name for service in response.list_services_response.service}
+        assert {SERVICE.full_name, "grpc.health.v1.Health"} <= names
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=SERVICE.full_name), timeout=10
+        )
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def test_the_wire_rules(node_server: ServerProcess) -> None:
+    """One message per unary call, the message size bound, unknown methods, compression."""
+    pool = f"/{SERVICE.full_name}/Pool"
+    message = pb.PoolRequest(embed=pb.TextInput(texts=["x"])).SerializeToString()
+    with grpc.insecure_channel(node_server.address) as channel:
+        for messages in ([], [message, message]):
+            call = channel.stream_stream(pool, _identity, _identity)
+            with pytest.raises(grpc.RpcError) as caught:
+                list(call(iter(messages), timeout=10, metadata=AUTH))
+            error = decode_rpc_error(caught.value)
+            assert (error.code, error.reason) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "ONE_MESSAGE_EXPECTED",
+            )
+        huge = pb.PoolRequest(embed=pb.TextInput(texts=["y" * (2 << 20)])).SerializeToString()
+        with pytest.raises(grpc.RpcError) as caught:
+            channel.unary_unary(pool, _identity, _identity)(huge, timeout=10, metadata=AUTH)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as caught:
+            channel.unary_unary("/no.Such/Method", _identity, _identity)(b"", timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # A gzip-compressed request is inflated (and still bounded once inflated).
+    with grpc.insecure_channel(node_server.address, compression=grpc.Compression.Gzip) as channel:
+        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
+        answer = stub.Pool(pb.PoolRequest(embed={"texts": ["z" * 5000]}), metadata=AUTH)
+        assert len(answer.embed.embeddings) == 1
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Pool(pb.PoolRequest(embed={"texts": ["z" * (2 << 20)]}), metadata=AUTH)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_deadline_ends_the_call_on_the_server(node_server: ServerProcess) -> None:
+    """Node answers DEADLINE_EXCEEDED itself when the grpc-timeout passes, and Python's
+    handler is cancelled: the call is counted CANCELLED, never answered twice."""
+    texts = [f"sentence number {i} " * 20 for i in range(64)]
+    with grpc.insecure_channel(node_server.address) as channel:
+        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Pool(pb.PoolRequest(embed={"texts": texts}), timeout=0.005, metadata=AUTH)
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        answer = stub.Pool(pb.PoolRequest(embed={"texts": ["after"]}), timeout=30, metadata=AUTH)
+        assert len(answer.embed.embeddings) == 1
+
+
+def test_drain_finishes_every_call_in_flight(served: dict[str, Served], tmp_path: Path) -> None:
+    """SIGTERM during a burst over two front ends (sharing the port): every accepted call is
+    answered, and the server exits 0."""
+    server = start_server(
+        ["--grpc-door", "node", "--frontends", "2", "--model", DEFAULT_MODEL], tmp_path
+    )
+    texts = [f"text {i} " * 30 for i in range(16)]
+    channels = [grpc.insecure_channel(server.address) for _ in range(4)]
+    try:
+        stubs = [pooling_pb2_grpc.PoolingServiceStub(c) for c in channels]
+        for stub in stubs:  # connected before the burst
+            stub.Pool(pb.PoolRequest(embed={"texts": ["warm"]}), timeout=60)
+        futures = [
+            stubs[i % 4].Pool.future(pb.PoolRequest(embed={"texts": texts}), timeout=60)
+            for i in range(32)
+        ]
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        answers = [future.result() for future in futures]
+        assert all(len(answer.embed.embeddings) == 16 for answer in answers)
+        assert server.process.wait(60) == 0
+    finally:
+        for channel in channels:
+            channel.close()
+        server.stop(signal.SIGKILL)
+
+
+def test_node_dying_stops_the_server_with_an_error(tmp_path: Path) -> None:
+    server = start_server(["--grpc-door", "node", "--model", DEFAULT_MODEL], tmp_path)
+    try:
+        [node] = [
+            p
+            for p in psutil.Process(server.process.pid).children(recursive=True)
+            if p.name() == "node"
+        ]
+        node.kill()
+        assert server.process.wait(60) == 1
+        assert "the Node.js gRPC door exited" in server.log()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_without_node_the_start_fails_clearly(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    started = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--port", str(free_port()), "--grpc-door", "node"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode != 0
+    assert "--grpc-door node needs Node.js" in started.stdout + started.stderr
