@@ -16,7 +16,9 @@ reference, a bare grpc.aio "floor" server that does no work (benchmarks/floor_se
 "loop-bound" server on a 1-layer hidden-32 BERT whose forward pass costs next to nothing (its
 rate is the server's own per-request cost), and the server on the real model. --profile adds
 where the loop-bound server's CPU goes per request (per thread, and per function by py-spy).
-These rows run the whole server in one process (--frontends 0).
+These rows run the whole server in one process (--frontends 0). loop-bound-node and
+loop-bound-node-f1 run the loop-bound server behind the Node.js gRPC door (--grpc-door node),
+in one process and in the default layout (--frontends 1).
 
 The split server (issue 12), by --only (the group `frontends` runs them all):
   - minilm-f1: the default layout (--frontends 1: a supervisor, an engine process, a front
@@ -345,6 +347,8 @@ H2LOAD_ROWS = (
     "floor",
     "floor-asyncio",
     "loop-bound",
+    "loop-bound-node",
+    "loop-bound-node-f1",
     "minilm",
     "minilm-f1",
     "stand-in-f0",
@@ -362,7 +366,9 @@ ROW_GROUPS = {
     "frontends": ("reference", "minilm", "minilm-f1", *STAND_IN_ROWS, "memory"),
 }
 # Rows whose server is one process, which --profile can follow thread by thread.
-PROFILE_ROWS = ("floor", "floor-asyncio", "loop-bound", "minilm", "stand-in-f0")
+PROFILE_ROWS = ("floor", "floor-asyncio", "loop-bound", "loop-bound-node", "minilm", "stand-in-f0")
+# The loop-bound server behind the Node.js gRPC door, in one process and in the default layout.
+NODE_DOOR = ("--grpc-door", "node")
 POOL_PATH = "/pooling.v1.PoolingService/Pool"
 LOOP_BOUND_HIDDEN = 32
 
@@ -808,6 +814,15 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
             name, model, _model_dims(model), [*flags, *args.server_arg], work
         )
 
+    def loop_bound(flags: list[str]) -> Target:
+        return start_project_server(
+            "loop-bound",
+            _roles([("build-loop-bound", str(work / "loop-bound-model"))])[0]["folder"],
+            LOOP_BOUND_HIDDEN,
+            [*flags, *args.server_arg],
+            work,
+        )
+
     def device_stand_in(frontends: int) -> Target:
         return start_project_server(
             "stand-in",
@@ -822,13 +837,9 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
     starters: dict[str, Callable[[], Target]] = {
         "floor": lambda: start_floor(args.floor_dims),
         "floor-asyncio": lambda: start_floor(args.floor_dims, "asyncio"),
-        "loop-bound": lambda: start_project_server(
-            "loop-bound",
-            _roles([("build-loop-bound", str(work / "loop-bound-model"))])[0]["folder"],
-            LOOP_BOUND_HIDDEN,
-            [*SINGLE_PROCESS, *args.server_arg],
-            work,
-        ),
+        "loop-bound": partial(loop_bound, list(SINGLE_PROCESS)),
+        "loop-bound-node": partial(loop_bound, [*SINGLE_PROCESS, *NODE_DOOR]),
+        "loop-bound-node-f1": partial(loop_bound, ["--frontends", "1", *NODE_DOOR]),
         "minilm": lambda: minilm("minilm", list(SINGLE_PROCESS)),
         "minilm-f1": lambda: minilm("minilm", ["--frontends", "1"]),
         **{f"stand-in-f{n}": partial(device_stand_in, n) for n in (0, 1, 2)},
@@ -884,10 +895,10 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
 
     for c in levels:
         floors = [by[(f, c)]["requests_per_s"] for f in ("floor", "floor-asyncio") if (f, c) in by]
-        if ("loop-bound", c) in by and floors:
-            summary[f"loop_bound_over_floor_c{c}"] = by[("loop-bound", c)]["requests_per_s"] / max(
-                floors
-            )
+        for name in ("loop-bound", "loop-bound-node", "loop-bound-node-f1"):
+            if (name, c) in by and floors:
+                key = name.replace("-", "_")
+                summary[f"{key}_over_floor_c{c}"] = by[(name, c)]["requests_per_s"] / max(floors)
         for name, key in (("minilm", "minilm"), ("minilm-f1", "minilm_f1")):
             if (name, c) in by and reference and c == max(levels):
                 summary[f"{key}_c{c}_over_in_process_best"] = (
@@ -1026,7 +1037,7 @@ def main() -> None:
         "--only",
         help=f"comma-separated rows out of {','.join(H2LOAD_ROWS)}, or the groups "
         + "; ".join(f"{k} ({','.join(v)})" for k, v in ROW_GROUPS.items())
-        + ". Default: reference,floor,loop-bound,minilm",
+        + ". Default: reference,floor,loop-bound,loop-bound-node,loop-bound-node-f1,minilm",
     )
     h2.add_argument("--warmup", type=float, default=2.0, help="h2load warm-up seconds per level")
     h2.add_argument(
