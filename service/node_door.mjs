@@ -21,6 +21,9 @@ import fs from 'node:fs';
 import zlib from 'node:zlib';
 
 const settings = JSON.parse(process.argv[2]);
+// A signal to the server's process group (systemd, `timeout`, Ctrl-C) reaches this process
+// too: Python drains the door (DRAIN, then closing the link), so the signal is not ours.
+for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP']) process.on(signal, () => {});
 
 // Link frame types.
 const OPEN = 1; // N->P: a call; u32 timeout ms (0xffffffff: none), u8 whole, path, peer, metadata, messages
@@ -32,6 +35,7 @@ const FINISH = 6; // P->N: u8 code, u8 has message, [u32 len, message], u32 len,
 const DRAIN = 7; // P->N: stop accepting, GOAWAY every connection
 const PULL = 8; // P->N: send the call's next request message (or HALF_CLOSE)
 const READY = 9; // N->P: listening
+const DRAINED = 10; // N->P: draining, and no call is open any more
 const NO_TIMEOUT = 0xffffffff;
 
 const STATUS = { OK: 0, CANCELLED: 1, UNKNOWN: 2, INVALID_ARGUMENT: 3, DEADLINE_EXCEEDED: 4,
@@ -126,9 +130,7 @@ class Call {
 function gone(call) {
   // The client or the connection went away, or the deadline passed: Python stops the handler.
   if (call.done) return;
-  call.done = true;
-  release(call);
-  calls.delete(call.id);
+  finish(call);
   if (call.opened) sendEmpty(CANCEL, call.id);
 }
 
@@ -136,6 +138,16 @@ function finish(call) {
   call.done = true;
   release(call);
   calls.delete(call.id);
+  if (draining && calls.size === 0) drained();
+}
+
+let toldDrained = false;
+
+function drained() {
+  // Every call open when the drain began (and any begun since on those connections) is over.
+  if (toldDrained) return;
+  toldDrained = true;
+  sendEmpty(DRAINED, 0);
 }
 
 function answer(call, code, details, trailers = {}) {
@@ -551,6 +563,7 @@ function drain() {
   draining = true;
   server.close();
   for (const session of sessions) session.close();
+  if (calls.size === 0) drained();
 }
 
 server.on('error', (error) => {

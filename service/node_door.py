@@ -42,7 +42,7 @@ SCRIPT = Path(__file__).with_name("node_door.mjs")
 
 # Link frames (node_door.mjs says what each carries): u32 length of what follows, u8 type,
 # u32 call id, payload.
-OPEN, MESSAGE, HALF_CLOSE, CANCEL, WRITTEN, FINISH, DRAIN, PULL, READY = range(1, 10)
+OPEN, MESSAGE, HALF_CLOSE, CANCEL, WRITTEN, FINISH, DRAIN, PULL, READY, DRAINED = range(1, 11)
 _HEADER = struct.Struct(">IBI")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -221,8 +221,9 @@ class _Link(asyncio.Protocol):
         self.serializers: dict[int, Callable[[Any], bytes]] = {}
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.idle = asyncio.Event()
+        self.idle = asyncio.Event()  # no call open here
         self.idle.set()
+        self.drained = asyncio.Event()  # none open in Node either, since DRAIN
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
 
@@ -236,6 +237,7 @@ class _Link(asyncio.Protocol):
             self.ready.set_exception(RuntimeError("the Node.js gRPC door exited while starting"))
         if not self.closed.done():
             self.closed.set_result(None)
+        self.drained.set()
 
     def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
         if self._transport is None or self._transport.is_closing():
@@ -274,6 +276,9 @@ class _Link(asyncio.Protocol):
         if kind == READY:
             if not self.ready.done():
                 self.ready.set_result(None)
+            return
+        if kind == DRAINED:
+            self.drained.set()
             return
         call = self.calls.get(call_id)
         if call is None:
@@ -515,21 +520,26 @@ class NodeDoor:
             self.on_exit(code)
 
     async def stop(self, grace: float) -> bool:
-        """Drain: GOAWAY on every connection, then wait up to `grace` for the calls open;
-        True when calls were still running and were cancelled."""
+        """Drain: GOAWAY on every connection, then wait up to `grace` for the calls open,
+        here and in Node (whose calls may still be arriving); True when calls were still
+        running and were cancelled."""
         self._stopping = True
         link = self._link
         ran_out = False
         if link is not None:
             link.send(DRAIN, 0)
-            if link.calls:
-                try:
-                    await asyncio.wait_for(link.idle.wait(), grace)
-                except TimeoutError:
-                    ran_out = grace > 0
-                for call in list(link.calls.values()):
-                    link._cancel(call)
-                await asyncio.sleep(0)  # the cancelled calls send their status
+
+            async def quiet() -> None:
+                await link.drained.wait()
+                await link.idle.wait()
+
+            try:
+                await asyncio.wait_for(quiet(), grace)
+            except TimeoutError:
+                ran_out = grace > 0
+            for call in list(link.calls.values()):
+                link._cancel(call)
+            await asyncio.sleep(0)  # the cancelled calls send their status
             link.close()
         if self._process is not None:
             try:

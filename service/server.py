@@ -141,11 +141,11 @@ class PoolingServer:
                 self.config.metrics_port,
             )
         log.info(
-            "listening on %s:%d (gRPC on %s, %s event loop)",
+            "listening on %s:%d (%s event loop), gRPC served by %s",
             self.config.host,
             self.port,
-            self.config.transport.door,
             loop_name(),
+            self.config.transport.door,
         )
         if self.http is not None and self.config.http_port is not None:
             self.http_port = await self.http.start(
