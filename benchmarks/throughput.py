@@ -16,9 +16,9 @@ reference, a bare grpc.aio "floor" server that does no work (benchmarks/floor_se
 "loop-bound" server on a 1-layer hidden-32 BERT whose forward pass costs next to nothing (its
 rate is the server's own per-request cost), and the server on the real model. --profile adds
 where the loop-bound server's CPU goes per request (per thread, and per function by py-spy).
-These rows run the whole server in one process (--frontends 0). loop-bound-node and
-loop-bound-node-f1 run the loop-bound server behind the Node.js gRPC door (--grpc-door node),
-in one process and in the default layout (--frontends 1).
+These rows run the whole server in one process (--frontends 0). loop-bound-node, -node-f1
+and -node-f2 run the loop-bound server behind the Node.js gRPC door (--grpc-door node), in
+one process, in the default layout (--frontends 1) and with two front ends.
 
 The split server (issue 12), by --only (the group `frontends` runs them all):
   - minilm-f1: the default layout (--frontends 1: a supervisor, an engine process, a front
@@ -349,6 +349,7 @@ H2LOAD_ROWS = (
     "loop-bound",
     "loop-bound-node",
     "loop-bound-node-f1",
+    "loop-bound-node-f2",
     "minilm",
     "minilm-f1",
     "stand-in-f0",
@@ -367,8 +368,10 @@ ROW_GROUPS = {
 }
 # Rows whose server is one process, which --profile can follow thread by thread.
 PROFILE_ROWS = ("floor", "floor-asyncio", "loop-bound", "loop-bound-node", "minilm", "stand-in-f0")
-# The loop-bound server behind the Node.js gRPC door, in one process and in the default layout.
+# The loop-bound server behind the Node.js gRPC door: in one process, in the default layout
+# and with two front ends.
 NODE_DOOR = ("--grpc-door", "node")
+NODE_ROWS = ("loop-bound-node", "loop-bound-node-f1", "loop-bound-node-f2")
 POOL_PATH = "/pooling.v1.PoolingService/Pool"
 LOOP_BOUND_HIDDEN = 32
 
@@ -840,6 +843,7 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
         "loop-bound": partial(loop_bound, list(SINGLE_PROCESS)),
         "loop-bound-node": partial(loop_bound, [*SINGLE_PROCESS, *NODE_DOOR]),
         "loop-bound-node-f1": partial(loop_bound, ["--frontends", "1", *NODE_DOOR]),
+        "loop-bound-node-f2": partial(loop_bound, ["--frontends", "2", *NODE_DOOR]),
         "minilm": lambda: minilm("minilm", list(SINGLE_PROCESS)),
         "minilm-f1": lambda: minilm("minilm", ["--frontends", "1"]),
         **{f"stand-in-f{n}": partial(device_stand_in, n) for n in (0, 1, 2)},
@@ -895,7 +899,7 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
 
     for c in levels:
         floors = [by[(f, c)]["requests_per_s"] for f in ("floor", "floor-asyncio") if (f, c) in by]
-        for name in ("loop-bound", "loop-bound-node", "loop-bound-node-f1"):
+        for name in ("loop-bound", *NODE_ROWS):
             if (name, c) in by and floors:
                 key = name.replace("-", "_")
                 summary[f"{key}_over_floor_c{c}"] = by[(name, c)]["requests_per_s"] / max(floors)
@@ -1037,7 +1041,7 @@ def main() -> None:
         "--only",
         help=f"comma-separated rows out of {','.join(H2LOAD_ROWS)}, or the groups "
         + "; ".join(f"{k} ({','.join(v)})" for k, v in ROW_GROUPS.items())
-        + ". Default: reference,floor,loop-bound,loop-bound-node,loop-bound-node-f1,minilm",
+        + ". Default: reference,floor,loop-bound,loop-bound-node(-f1,-f2),minilm",
     )
     h2.add_argument("--warmup", type=float, default=2.0, help="h2load warm-up seconds per level")
     h2.add_argument(
