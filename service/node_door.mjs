@@ -15,6 +15,7 @@
 // descriptors: the listening socket (bound by Python, so --frontends processes share the port
 // with SO_REUSEPORT) and the link.
 
+import crypto from 'node:crypto';
 import http2 from 'node:http2';
 import net from 'node:net';
 import fs from 'node:fs';
@@ -36,10 +37,11 @@ const DRAIN = 7; // P->N: stop accepting, GOAWAY every connection
 const PULL = 8; // P->N: send the call's next request message (or HALF_CLOSE)
 const READY = 9; // N->P: listening
 const DRAINED = 10; // N->P: draining, and no call is open any more
+const KEYS = 11; // P->N, first: the API keys (u16 count, then u32 length and bytes each)
 const NO_TIMEOUT = 0xffffffff;
 
 const STATUS = { OK: 0, CANCELLED: 1, UNKNOWN: 2, INVALID_ARGUMENT: 3, DEADLINE_EXCEEDED: 4,
-  RESOURCE_EXHAUSTED: 8, INTERNAL: 13, UNIMPLEMENTED: 12, UNAVAILABLE: 14 };
+  RESOURCE_EXHAUSTED: 8, INTERNAL: 13, UNIMPLEMENTED: 12, UNAVAILABLE: 14, UNAUTHENTICATED: 16 };
 // Request headers that are HTTP/2's or gRPC's own, not the call's metadata.
 const RESERVED = new Set(['content-type', 'te', 'grpc-timeout', 'grpc-encoding',
   'grpc-accept-encoding', 'content-length', 'user-agent']);
@@ -169,6 +171,9 @@ function respondStatus(call, code, details, trailers) {
       call.headersSent = true;
       stream.respond({ ':status': 200, 'content-type': 'application/grpc', ...status },
         { endStream: true });
+      // Answered before the client finished sending: RST_STREAM(NO_ERROR) tells it to stop,
+      // as gRPC core does, rather than have the rest of its message read for nothing.
+      if (!call.ended) stream.close(http2.constants.NGHTTP2_NO_ERROR);
     } else {
       endWith(stream, status);
     }
@@ -200,8 +205,49 @@ function framed(call, message) {
   return [prefix, message];
 }
 
+// ---- API keys ----------------------------------------------------------------------------
+
+// The same rule as service/auth.py's BearerKeys, checked here too so that a keyless call is
+// refused from its headers, before a byte of its message is read or inflated: PoolingService
+// only; the first authorization entry whose scheme is Bearer (in any case) decides; its token
+// is compared in constant time with every key. Python checks again on every call it gets.
+const PROTECTED_PREFIX = '/pooling.v1.PoolingService/';
+let keys = [];
+
+function readKeys(payload) {
+  const found = [];
+  let at = 2;
+  for (let i = 0; i < payload.readUInt16BE(0); i++) {
+    const length = payload.readUInt32BE(at);
+    found.push(Buffer.from(payload.subarray(at + 4, at + 4 + length)));
+    at += 4 + length;
+  }
+  keys = found;
+}
+
+function keyed(path, headers) {
+  if (keys.length === 0 || !path.startsWith(PROTECTED_PREFIX)) return true;
+  const values = headers.authorization === undefined ? [] : [].concat(headers.authorization);
+  for (const value of values) {
+    const raw = Buffer.from(value, 'latin1');
+    const space = raw.indexOf(0x20);
+    const scheme = (space < 0 ? raw : raw.subarray(0, space)).toString('latin1');
+    if (scheme.toLowerCase() !== 'bearer') continue;
+    const token = space < 0 ? Buffer.alloc(0) : raw.subarray(space + 1);
+    let matched = false;
+    for (const key of keys) {
+      const same = key.length === token.length
+        && crypto.timingSafeEqual(key, token);
+      matched = matched || same;
+    }
+    return matched;
+  }
+  return false;
+}
+
 function fromPython(type, id, payload) {
   if (type === DRAIN) { drain(); return; }
+  if (type === KEYS) { readKeys(payload); return; }
   const call = calls.get(id);
   if (call === undefined) return; // already gone; its CANCEL is on its way to Python
   if (type === PULL) {
@@ -537,7 +583,9 @@ server.on('stream', (stream, headers) => {
   calls.set(call.id, call);
   session.active += 1;
   clearTimeout(session.idle);
-  if (encoding !== 'identity' && encoding !== 'gzip' && encoding !== 'deflate') {
+  if (!keyed(path, headers)) {
+    answer(call, STATUS.UNAUTHENTICATED, 'missing or invalid credentials');
+  } else if (encoding !== 'identity' && encoding !== 'gzip' && encoding !== 'deflate') {
     answer(call, STATUS.UNIMPLEMENTED, `Compression algorithm '${encoding}' is not supported`,
       { 'grpc-accept-encoding': 'identity,deflate,gzip' });
   }

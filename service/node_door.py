@@ -42,7 +42,7 @@ SCRIPT = Path(__file__).with_name("node_door.mjs")
 
 # Link frames (node_door.mjs says what each carries): u32 length of what follows, u8 type,
 # u32 call id, payload.
-OPEN, MESSAGE, HALF_CLOSE, CANCEL, WRITTEN, FINISH, DRAIN, PULL, READY, DRAINED = range(1, 11)
+OPEN, MESSAGE, HALF_CLOSE, CANCEL, WRITTEN, FINISH, DRAIN, PULL, READY, DRAINED, KEYS = range(1, 12)
 _HEADER = struct.Struct(">IBI")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -508,6 +508,9 @@ class NodeDoor:
         loop = asyncio.get_running_loop()
         _, link = await loop.connect_accepted_socket(lambda: _Link(self.handlers, self.keys), ours)
         self._link = link
+        if self.config.api_keys:  # over the link, never in Node's command line
+            keys = [key.encode() for key in self.config.api_keys if key]
+            link.send(KEYS, 0, _U16.pack(len(keys)) + b"".join(_U32.pack(len(k)) + k for k in keys))
         self._watch = asyncio.create_task(self._watch_process())
         await link.ready
         return port
