@@ -122,7 +122,8 @@ class Call {
     this.done = false;
     this.headersSent = false;
     this.unacked = 0;
-    this.buffer = Buffer.alloc(0); // bytes of a message not yet complete
+    this.chunks = []; // bytes of a message not yet complete, as received
+    this.buffered = 0;
     this.halfClosed = false;
     this.turn = null;
     this.timer = null;
@@ -354,21 +355,32 @@ function inflate(call, compressed, body) {
   throw new Error(`a compressed message without a supported grpc-encoding (${call.encoding})`);
 }
 
+function joined(call) {
+  // The bytes received so far as one buffer: copied once per message, not once per chunk.
+  if (call.chunks.length > 1) call.chunks = [Buffer.concat(call.chunks, call.buffered)];
+  return call.chunks[0];
+}
+
 function onData(call, chunk) {
   if (call.done || (call.whole && call.opened)) return;
-  if (chunk !== null) call.buffer = call.buffer.length ? Buffer.concat([call.buffer, chunk]) : chunk;
-  while (call.buffer.length >= 5) {
-    const length = call.buffer.readUInt32BE(1);
+  if (chunk !== null) {
+    call.chunks.push(chunk);
+    call.buffered += chunk.length;
+  }
+  while (call.buffered >= 5) {
+    const head = call.chunks[0].length >= 5 ? call.chunks[0] : joined(call);
+    const length = head.readUInt32BE(1);
     if (length > settings.max_message_bytes) {
       answer(call, STATUS.RESOURCE_EXHAUSTED,
         `Received message larger than max (${length} vs. ${settings.max_message_bytes})`);
       return;
     }
     if (length >= settings.large_message_bytes && !takeTurn(call)) return;
-    if (call.buffer.length < 5 + length) return;
+    if (call.buffered < 5 + length) return;
+    const all = joined(call);
     let message;
     try {
-      message = inflate(call, call.buffer[0] !== 0, call.buffer.subarray(5, 5 + length));
+      message = inflate(call, all[0] !== 0, all.subarray(5, 5 + length));
     } catch (error) {
       const tooLarge = error.code === 'ERR_BUFFER_TOO_LARGE';
       answer(call, tooLarge ? STATUS.RESOURCE_EXHAUSTED : STATUS.INTERNAL,
@@ -377,8 +389,9 @@ function onData(call, chunk) {
       return;
     }
     call.messages.push(message);
-    call.buffer = call.buffer.length === 5 + length ? Buffer.alloc(0)
-      : call.buffer.subarray(5 + length);
+    const rest = all.subarray(5 + length);
+    call.chunks = rest.length ? [rest] : [];
+    call.buffered = rest.length;
     release(call);
     if (call.whole) {
       // A second message breaks the one-message rule: Python refuses it now, whatever follows.
@@ -394,7 +407,7 @@ function onEnd(call) {
   if (call.done || (call.whole && call.opened)) return;
   call.ended = true;
   release(call);
-  if (call.buffer.length) {
+  if (call.buffered) {
     answer(call, STATUS.INTERNAL, 'the stream ended inside a message');
     return;
   }
