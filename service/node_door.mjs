@@ -434,7 +434,8 @@ function flush(call) {
 }
 
 function open(call) {
-  // OPEN: timeout, whole, path, peer, metadata and (for a whole call) its messages.
+  // OPEN: timeout, whole, path, peer, metadata and (for a whole call) its messages, which
+  // follow the frame's head as they are (a large message is not copied into it).
   call.opened = true;
   const path = Buffer.from(call.path, 'latin1');
   const peer = Buffer.from(call.session.peer, 'latin1');
@@ -442,8 +443,10 @@ function open(call) {
   for (const [key, value] of call.metadata) size += 2 + key.length + 4 + value.length;
   const messages = call.whole ? call.messages : [];
   size += 2;
-  for (const message of messages) size += 4 + message.length;
+  let total = size;
+  for (const message of messages) total += 4 + message.length;
   const frame = header(OPEN, call.id, size);
+  frame.writeUInt32BE(5 + total, 0);
   let at = 9;
   frame.writeUInt32BE(call.timeoutMs, at); at += 4;
   frame[at] = call.whole ? 1 : 0; at += 1;
@@ -458,13 +461,15 @@ function open(call) {
     frame.writeUInt32BE(value.length, at); at += 4;
     value.copy(frame, at); at += value.length;
   }
-  frame.writeUInt16BE(messages.length, at); at += 2;
+  frame.writeUInt16BE(messages.length, at);
+  send(frame);
   for (const message of messages) {
-    frame.writeUInt32BE(message.length, at); at += 4;
-    message.copy(frame, at); at += message.length;
+    const length = Buffer.allocUnsafe(4);
+    length.writeUInt32BE(message.length, 0);
+    send(length);
+    send(message);
   }
   if (call.whole) call.messages = [];
-  send(frame);
 }
 
 const TIMEOUT_UNITS = { H: 3600e3, M: 60e3, S: 1e3, m: 1, u: 1e-3, n: 1e-6 };
