@@ -71,6 +71,24 @@ function header(type, id, payloadLength) {
 
 function sendEmpty(type, id) { send(header(type, id, 0)); }
 
+// V8 frees a large message's buffers only at its next collection, which a flood of 16 MB
+// messages outpaces (three clients grew this process by ~150 MB). Once a large message has
+// been written to the link, collect (started with --expose-gc), as service/memory.py trims.
+const collect = globalThis.gc ?? (() => {});
+let collecting = false;
+
+function sendLarge(message, call) {
+  // A large message keeps its call's read turn until it is on the link: the next large one
+  // is not read while this one still waits here.
+  if (message.length < settings.large_message_bytes) { send(message); return; }
+  link.write(message, () => {
+    release(call);
+    if (collecting) return;
+    collecting = true;
+    setImmediate(() => { collecting = false; collect(); });
+  });
+}
+
 let pending = Buffer.alloc(0);
 link.on('data', (chunk) => {
   pending = pending.length ? Buffer.concat([pending, chunk]) : chunk;
@@ -124,6 +142,9 @@ class Call {
     this.unacked = 0;
     this.chunks = []; // bytes of a message not yet complete, as received
     this.buffered = 0;
+    this.target = null; // a large message's own buffer, filled as its bytes come
+    this.targetFlag = 0;
+    this.filled = 0;
     this.halfClosed = false;
     this.turn = null;
     this.timer = null;
@@ -364,6 +385,7 @@ function joined(call) {
 function onData(call, chunk) {
   if (call.done || (call.whole && call.opened)) return;
   if (chunk !== null) {
+    if (call.target !== null) { fill(call, chunk); return; }
     call.chunks.push(chunk);
     call.buffered += chunk.length;
   }
@@ -375,39 +397,72 @@ function onData(call, chunk) {
         `Received message larger than max (${length} vs. ${settings.max_message_bytes})`);
       return;
     }
-    if (length >= settings.large_message_bytes && !takeTurn(call)) return;
-    if (call.buffered < 5 + length) return;
-    const all = joined(call);
-    let message;
-    try {
-      message = inflate(call, all[0] !== 0, all.subarray(5, 5 + length));
-    } catch (error) {
-      const tooLarge = error.code === 'ERR_BUFFER_TOO_LARGE';
-      answer(call, tooLarge ? STATUS.RESOURCE_EXHAUSTED : STATUS.INTERNAL,
-        tooLarge ? `Received message larger than max (inflated past ${settings.max_message_bytes})`
-          : `Failed to decompress the message: ${error.message}`);
+    if (length >= settings.large_message_bytes) {
+      if (!takeTurn(call)) return;
+      // A large message is gathered straight into one buffer of its size: the chunks it
+      // came in are let go as they come, rather than joined (a second copy) at the end.
+      const all = joined(call);
+      call.target = Buffer.allocUnsafe(length);
+      call.targetFlag = all[0];
+      call.filled = 0;
+      call.chunks = [];
+      call.buffered = 0;
+      fill(call, all.subarray(5));
       return;
     }
-    call.messages.push(message);
+    if (call.buffered < 5 + length) return;
+    const all = joined(call);
     const rest = all.subarray(5 + length);
     call.chunks = rest.length ? [rest] : [];
     call.buffered = rest.length;
-    release(call);
-    if (call.whole) {
-      // A second message breaks the one-message rule: Python refuses it now, whatever follows.
-      if (call.messages.length > 1) { call.stream.pause(); open(call); return; }
-    } else {
-      flush(call);
-      if (call.messages.length > 1) call.stream.pause(); // Python pulls them in turn
-    }
+    if (!received(call, all[0] !== 0, all.subarray(5, 5 + length))) return;
   }
+}
+
+function fill(call, chunk) {
+  const room = call.target.length - call.filled;
+  const used = Math.min(room, chunk.length);
+  chunk.copy(call.target, call.filled, 0, used);
+  call.filled += used;
+  if (call.filled < call.target.length) return;
+  const message = call.target;
+  call.target = null;
+  if (used < chunk.length) {
+    call.chunks = [chunk.subarray(used)];
+    call.buffered = chunk.length - used;
+  }
+  if (received(call, call.targetFlag !== 0, message)) onData(call, null);
+}
+
+function received(call, compressed, body) {
+  // A whole message: inflated, queued for Python; false when the call ended over it.
+  let message;
+  try {
+    message = inflate(call, compressed, body);
+  } catch (error) {
+    const tooLarge = error.code === 'ERR_BUFFER_TOO_LARGE';
+    answer(call, tooLarge ? STATUS.RESOURCE_EXHAUSTED : STATUS.INTERNAL,
+      tooLarge ? `Received message larger than max (inflated past ${settings.max_message_bytes})`
+        : `Failed to decompress the message: ${error.message}`);
+    return false;
+  }
+  call.messages.push(message);
+  if (body.length < settings.large_message_bytes) release(call); // a large one: once on the link
+  if (call.whole) {
+    // A second message breaks the one-message rule: Python refuses it now, whatever follows.
+    if (call.messages.length > 1) { call.stream.pause(); open(call); return false; }
+  } else {
+    flush(call);
+    if (call.messages.length > 1) call.stream.pause(); // Python pulls them in turn
+  }
+  return true;
 }
 
 function onEnd(call) {
   if (call.done || (call.whole && call.opened)) return;
   call.ended = true;
   release(call);
-  if (call.buffered) {
+  if (call.buffered || call.target !== null) {
     answer(call, STATUS.INTERNAL, 'the stream ended inside a message');
     return;
   }
@@ -424,7 +479,7 @@ function flush(call) {
     const frame = header(MESSAGE, call.id, 0);
     frame.writeUInt32BE(5 + message.length, 0);
     send(frame);
-    send(message);
+    sendLarge(message, call);
   }
   resume(call);
   if (call.credits > 0 && call.ended && call.messages.length === 0 && !call.halfClosed) {
@@ -467,7 +522,7 @@ function open(call) {
     const length = Buffer.allocUnsafe(4);
     length.writeUInt32BE(message.length, 0);
     send(length);
-    send(message);
+    sendLarge(message, call);
   }
   if (call.whole) call.messages = [];
 }

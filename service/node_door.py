@@ -18,6 +18,7 @@ import collections
 import inspect
 import json
 import logging
+import os
 import shutil
 import socket
 import struct
@@ -48,6 +49,10 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _OPEN = struct.Struct(">IB")  # timeout ms, whole
 NO_TIMEOUT = 0xFFFFFFFF
+# glibc raises its mmap threshold to the size of each large block freed, after which 16 MB
+# message buffers come from the heap and stay in Node's RSS once freed (a flood of them grew
+# it ~100 MB); a fixed threshold keeps each in its own mapping, returned when freed.
+_NODE_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(256 * 1024)}
 
 
 class HandlerSet:
@@ -499,7 +504,12 @@ class NodeDoor:
         try:
             settings = json.dumps(self._settings(listener.fileno(), theirs.fileno()))
             self._process = await asyncio.create_subprocess_exec(
-                node, str(SCRIPT), settings, pass_fds=(listener.fileno(), theirs.fileno())
+                node,
+                "--expose-gc",  # node_door.mjs collects after large messages
+                str(SCRIPT),
+                settings,
+                pass_fds=(listener.fileno(), theirs.fileno()),
+                env=_NODE_ENV,
             )
         finally:
             port = listener.getsockname()[1]
