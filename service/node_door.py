@@ -225,7 +225,6 @@ class _Link(asyncio.Protocol):
         self.calls: dict[int, _Call] = {}
         self.serializers: dict[int, Callable[[Any], bytes]] = {}
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.idle = asyncio.Event()  # no call open here
         self.idle.set()
         self.drained = asyncio.Event()  # none open in Node either, since DRAIN
@@ -240,8 +239,6 @@ class _Link(asyncio.Protocol):
             self._cancel(call)
         if not self.ready.done():
             self.ready.set_exception(RuntimeError("the Node.js gRPC door exited while starting"))
-        if not self.closed.done():
-            self.closed.set_result(None)
         self.drained.set()
 
     def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
@@ -255,9 +252,10 @@ class _Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
+        view: bytes | memoryview
         if buffer:
             buffer += data
-            view = buffer
+            view = memoryview(buffer)  # frames are copied out of it once, not sliced twice
         else:
             view = data  # the common case: whole frames in one read, no copy
         at, end = 0, len(view)
@@ -272,7 +270,8 @@ class _Link(asyncio.Protocol):
             else:
                 self._frame(kind, call_id, view, at + 9, stop)
             at = stop
-        if view is buffer:
+        if isinstance(view, memoryview):
+            view.release()
             del buffer[:at]
         elif at < end:
             buffer += data[at:]
