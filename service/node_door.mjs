@@ -89,19 +89,29 @@ function sendLarge(message, call) {
   });
 }
 
-let pending = Buffer.alloc(0);
+// What Python sent that is not yet a whole frame, as received: joined once a frame is whole
+// (a large response would otherwise be copied once per read).
+let pending = [];
+let pendingBytes = 0;
+
 link.on('data', (chunk) => {
-  pending = pending.length ? Buffer.concat([pending, chunk]) : chunk;
-  let at = 0;
-  while (pending.length - at >= 4) {
-    const length = pending.readUInt32BE(at);
-    if (pending.length - at - 4 < length) break;
-    const type = pending[at + 4];
-    const id = pending.readUInt32BE(at + 5);
-    fromPython(type, id, pending.subarray(at + 9, at + 4 + length));
-    at += 4 + length;
+  pending.push(chunk);
+  pendingBytes += chunk.length;
+  while (pendingBytes >= 4) {
+    if (pending[0].length < 4) pending = [Buffer.concat(pending, pendingBytes)];
+    const length = pending[0].readUInt32BE(0);
+    if (pendingBytes < 4 + length) return;
+    const all = pending.length > 1 ? Buffer.concat(pending, pendingBytes) : pending[0];
+    let at = 0;
+    while (all.length - at >= 4) {
+      const size = all.readUInt32BE(at);
+      if (all.length - at - 4 < size) break;
+      fromPython(all[at + 4], all.readUInt32BE(at + 5), all.subarray(at + 9, at + 4 + size));
+      at += 4 + size;
+    }
+    pending = at === all.length ? [] : [all.subarray(at)];
+    pendingBytes = all.length - at;
   }
-  pending = at === pending.length ? Buffer.alloc(0) : Buffer.from(pending.subarray(at));
 });
 // Python is done (or gone): let what was answered reach the clients, then exit.
 link.on('close', quit);
@@ -139,7 +149,6 @@ class Call {
     this.opened = false; // OPEN sent
     this.done = false;
     this.headersSent = false;
-    this.unacked = 0;
     this.chunks = []; // bytes of a message not yet complete, as received
     this.buffered = 0;
     this.target = null; // a large message's own buffer, filled as its bytes come
@@ -281,7 +290,6 @@ function fromPython(type, id, payload) {
     respondHeaders(call);
     const [prefix, message] = framed(call, payload);
     stream.write(prefix);
-    call.unacked += 1;
     stream.write(message, () => { if (!call.done) sendEmpty(WRITTEN, id); });
   } else if (type === FINISH) {
     finishFromPython(call, payload);
