@@ -73,6 +73,10 @@ class TransportConfig:
     # What serves HTTP/2 for gRPC: grpcio's asyncio server, or Node.js's (service/node_door.py).
     door: str = "grpcio"
 
+    def connection_cap(self) -> int:
+        """max_connections, lowered to gRPC's share of the open-file limit (either door)."""
+        return descriptor_budget("gRPC", self.max_connections, GRPC_DESCRIPTOR_SHARE)
+
     def options(self, max_message_bytes: int) -> list[tuple[str, int]]:
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -97,8 +101,7 @@ class TransportConfig:
             options.append(("grpc.http2.lookahead_bytes", UNREAD_WINDOW_BYTES))
         options.append(("grpc.so_reuseport", int(self.reuse_port)))
         options.append(("grpc.server_handshake_timeout_ms", int(self.handshake_timeout_s * 1000)))
-        connections = descriptor_budget("gRPC", self.max_connections, GRPC_DESCRIPTOR_SHARE)
-        options.append(("grpc.max_allowed_incoming_connections", connections))
+        options.append(("grpc.max_allowed_incoming_connections", self.connection_cap()))
         if self.max_concurrent_streams:
             options.append(("grpc.max_concurrent_streams", self.max_concurrent_streams))
         if self.max_connection_idle_s:

@@ -186,17 +186,20 @@ function drained() {
 function answer(call, code, details, trailers = {}) {
   // A status without a message from this side (a limit, a deadline, a bad frame).
   if (call.done) return;
-  const opened = call.opened;
-  finish(call);
-  if (opened) sendEmpty(CANCEL, call.id);
+  gone(call);
   respondStatus(call, code, details, trailers);
+}
+
+function statusOf(code, details, trailers) {
+  const status = { 'grpc-status': String(code), ...trailers };
+  if (details) status['grpc-message'] = encodeURIComponent(details);
+  return status;
 }
 
 function respondStatus(call, code, details, trailers) {
   const stream = call.stream;
   if (stream.destroyed || stream.closed) return;
-  const status = { 'grpc-status': String(code), ...trailers };
-  if (details) status['grpc-message'] = encodeURIComponent(details);
+  const status = statusOf(code, details, trailers);
   try {
     if (!call.headersSent) { // trailers only
       call.headersSent = true;
@@ -325,11 +328,9 @@ function finishFromPython(call, payload) {
   if (stream.destroyed || stream.closed) return;
   if (message === null) { respondStatus(call, code, details, trailers); return; }
   respondHeaders(call);
-  const status = { 'grpc-status': String(code), ...trailers };
-  if (details) status['grpc-message'] = encodeURIComponent(details);
   const [prefix, body] = framed(call, message);
   stream.write(prefix);
-  endWith(stream, status, body);
+  endWith(stream, statusOf(code, details, trailers), body);
 }
 
 // ---- reading requests --------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import inspect
 import json
 import logging
@@ -30,12 +31,7 @@ from typing import Any
 import grpc
 
 from service.auth import PROTECTED_PREFIX, BearerKeys
-from service.config import (
-    GRPC_DESCRIPTOR_SHARE,
-    LARGE_MESSAGE_BYTES,
-    ServerConfig,
-    descriptor_budget,
-)
+from service.config import LARGE_MESSAGE_BYTES, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -471,9 +467,7 @@ class NodeDoor:
             "max_concurrent_reads": transport.max_concurrent_reads,
             "read_turn_s": transport.read_turn_s,
             "max_concurrent_streams": transport.max_concurrent_streams,
-            "max_connections": descriptor_budget(
-                "gRPC", transport.max_connections, GRPC_DESCRIPTOR_SHARE
-            ),
+            "max_connections": transport.connection_cap(),
             "max_connection_age_s": transport.max_connection_age_s,
             "max_connection_age_grace_s": transport.max_connection_age_grace_s,
             "max_connection_idle_s": transport.max_connection_idle_s,
@@ -481,13 +475,7 @@ class NodeDoor:
             "keepalive_timeout_s": transport.keepalive_timeout_s,
             "handshake_timeout_s": transport.handshake_timeout_s,
             "gzip_responses": transport.gzip_responses,
-            "tls": None
-            if tls is None
-            else {
-                "cert_file": tls.cert_file,
-                "key_file": tls.key_file,
-                "client_ca_file": tls.client_ca_file,
-            },
+            "tls": None if tls is None else dataclasses.asdict(tls),
         }
 
     async def start(self) -> int:
