@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import inspect
 import json
 import logging
@@ -338,6 +339,18 @@ class _Link(asyncio.Protocol):
         self.calls[call_id] = call
         self.idle.clear()
         call.task = asyncio.get_running_loop().create_task(self._serve(call, handler))
+        call.task.add_done_callback(functools.partial(self._served, call))
+
+    def _served(self, call: _Call, task: asyncio.Task[None]) -> None:
+        """The call's bookkeeping, in a done callback rather than in `_serve`: a task
+        cancelled before its first step never runs its body (a client's reset can come in
+        the same read as its call), and the drain waits for `idle`."""
+        self.calls.pop(call.id, None)
+        self.serializers.pop(call.id, None)
+        if not self.calls:
+            self.idle.set()
+        if task.cancelled() and not call.gone:  # stopped by the drain before it began
+            self.finish(call.id, grpc.StatusCode.CANCELLED, None, "Cancelled", ())
 
     def _cancel(self, call: _Call) -> None:
         if call.task is not None and not call.task.done():
@@ -378,11 +391,6 @@ class _Link(asyncio.Protocol):
             log.exception("gRPC call %s failed", call.id)
             code, message = grpc.StatusCode.UNKNOWN, None
             details = f"Unexpected {type(exc)}: {exc}"
-        finally:
-            self.calls.pop(call.id, None)
-            self.serializers.pop(call.id, None)
-            if not self.calls:
-                self.idle.set()
         if not call.gone:
             self.finish(call.id, code, message, details, call.trailing)
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import h2.errors
 import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,6 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL, Served
+from tests.reliability.test_attacks import RawHttp2, grpc_frame
 from tests.rpc_errors import decode_rpc_error, decode_status
 from tests.server_process import ServerProcess, free_port, start_server
 
@@ -250,6 +252,42 @@ def test_drain_finishes_every_call_in_flight(served: dict[str, Served], tmp_path
     finally:
         for channel in channels:
             channel.close()
+        server.stop(signal.SIGKILL)
+
+
+def test_calls_reset_as_they_arrive_do_not_hold_the_drain(
+    served: dict[str, Served], tmp_path: Path
+) -> None:
+    """Calls whose reset reaches the server with the calls themselves (so Python hears of
+    each call and its end in one read, before the call's task first runs): the drain that
+    follows ends at once, with exit 0, instead of waiting out the grace for calls that never
+    ran."""
+    server = start_server(
+        ["--grpc-door", "node", "--shutdown-grace-s", "20", "--model", DEFAULT_MODEL], tmp_path
+    )
+    body = grpc_frame(pb.PoolRequest(embed={"texts": ["reset me"]}).SerializeToString())
+    try:
+        for _ in range(3):
+            raw = RawHttp2(server.port)
+            try:
+                for _ in range(32):
+                    stream_id = raw.start("Pool", body, flush=False)
+                    raw.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                raw.flush()  # every call and its reset in one write
+                time.sleep(0.3)
+            finally:
+                raw.close()
+        with grpc.insecure_channel(server.address) as channel:
+            answer = pooling_pb2_grpc.PoolingServiceStub(channel).Pool(
+                pb.PoolRequest(embed={"texts": ["alive"]}), timeout=30
+            )
+        assert len(answer.embed.embeddings) == 1
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0
+        assert time.monotonic() - started < 10
+        assert "ran out" not in server.log()
+    finally:
         server.stop(signal.SIGKILL)
 
 
