@@ -700,4 +700,5 @@ server.on('error', (error) => {
   process.stderr.write(`grpc door (node): ${error.message}\n`);
   process.exit(1);
 });
-server.listen({ fd: settings.listen_fd }, () => sendEmpty(READY, 0));
+// A handle listens again with the backlog given beside it (an options object's is not read).
+server.listen({ fd: settings.listen_fd }, settings.backlog, () => sendEmpty(READY, 0));

@@ -46,6 +46,10 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _OPEN = struct.Struct(">IB")  # timeout ms, whole
 NO_TIMEOUT = 0xFFFFFFFF
+# The gRPC port's accept queue (the kernel caps it at net.core.somaxconn), given to Node
+# too, which would listen again with 511: a burst of connections past the queue has its
+# SYNs dropped and waits a second for them to be sent again.
+LISTEN_BACKLOG = 4096
 # glibc raises its mmap threshold to the size of each large block freed, after which 16 MB
 # message buffers come from the heap and stay in Node's RSS once freed (a flood of them grew
 # it ~100 MB); a fixed threshold keeps each in its own mapping, returned when freed.
@@ -468,6 +472,7 @@ class NodeDoor:
         tls = self.config.tls
         return {
             "listen_fd": listen_fd,
+            "backlog": LISTEN_BACKLOG,
             "link_fd": link_fd,
             "unary_paths": self.whole_paths,
             "max_message_bytes": self.config.max_message_bytes,
@@ -571,7 +576,7 @@ def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
         if reuse_port:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind(address)
-        listener.listen(4096)
+        listener.listen(LISTEN_BACKLOG)
     except OSError as exc:
         listener.close()
         raise RuntimeError(f"cannot listen on {host}:{port}: is the port taken? ({exc})") from exc
