@@ -9,6 +9,11 @@
 # For reproducible builds pin the base image by digest as well, e.g.
 #   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Node.js for the gRPC door (--grpc-door auto picks it where `node` is on PATH): only its
+# binary is taken, built for the same Debian as the Python image.
+ARG NODE_IMAGE=node:20-bookworm-slim
+
+FROM ${NODE_IMAGE} AS node
 
 # ---- builder: a virtual environment with every pinned dependency ----
 FROM ${PYTHON_IMAGE} AS builder
@@ -56,6 +61,7 @@ RUN groupadd --system --gid 10001 pooling \
 
 # Same path and same Python as in the builder, so the venv's scripts work unchanged.
 COPY --from=builder /opt/venv /opt/venv
+COPY --from=node /usr/local/bin/node /usr/local/bin/node
 
 # HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE: never reach for the Hub; the default model is in
 # the image and others are mounted under /models. Caches live in /tmp, the only writable

@@ -16,9 +16,11 @@ reference, a bare grpc.aio "floor" server that does no work (benchmarks/floor_se
 "loop-bound" server on a 1-layer hidden-32 BERT whose forward pass costs next to nothing (its
 rate is the server's own per-request cost), and the server on the real model. --profile adds
 where the loop-bound server's CPU goes per request (per thread, and per function by py-spy).
-These rows run the whole server in one process (--frontends 0). loop-bound-node, -node-f1
-and -node-f2 run the loop-bound server behind the Node.js gRPC door (--grpc-door node), in
-one process, in the default layout (--frontends 1) and with two front ends.
+These rows run the whole server in one process (--frontends 0), loop-bound behind grpcio's
+door (--grpc-door grpcio). loop-bound-node, -node-f1 and -node-f2 run the loop-bound server
+behind the Node.js gRPC door (--grpc-door node, what the default `auto` picks where Node.js is
+on PATH), in one process, in the default layout (--frontends 1) and with two front ends. The
+MiniLM and stand-in rows take the default door.
 
 The split server (issue 12), by --only (the group `frontends` runs them all):
   - minilm-f1: the default layout (--frontends 1: a supervisor, an engine process, a front
@@ -371,6 +373,7 @@ PROFILE_ROWS = ("floor", "floor-asyncio", "loop-bound", "loop-bound-node", "mini
 # The loop-bound server behind the Node.js gRPC door: in one process, in the default layout
 # and with two front ends.
 NODE_DOOR = ("--grpc-door", "node")
+GRPCIO_DOOR = ("--grpc-door", "grpcio")
 NODE_ROWS = ("loop-bound-node", "loop-bound-node-f1", "loop-bound-node-f2")
 POOL_PATH = "/pooling.v1.PoolingService/Pool"
 LOOP_BOUND_HIDDEN = 32
@@ -840,7 +843,7 @@ def orchestrate_h2load(args: argparse.Namespace) -> dict[str, Any]:
     starters: dict[str, Callable[[], Target]] = {
         "floor": lambda: start_floor(args.floor_dims),
         "floor-asyncio": lambda: start_floor(args.floor_dims, "asyncio"),
-        "loop-bound": partial(loop_bound, list(SINGLE_PROCESS)),
+        "loop-bound": partial(loop_bound, [*SINGLE_PROCESS, *GRPCIO_DOOR]),
         "loop-bound-node": partial(loop_bound, [*SINGLE_PROCESS, *NODE_DOOR]),
         "loop-bound-node-f1": partial(loop_bound, ["--frontends", "1", *NODE_DOOR]),
         "loop-bound-node-f2": partial(loop_bound, ["--frontends", "2", *NODE_DOOR]),

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,6 +30,7 @@ from service.config import (
 )
 from service.split.supervisor import Supervisor
 
+log = logging.getLogger(__name__)
 Group = argparse._ArgumentGroup  # what add_argument_group returns
 
 PER_MODEL = "Give it once for every model, or once per --model in the same order."
@@ -261,11 +265,12 @@ def _transport_flags(net: Group) -> None:
     )
     net.add_argument(
         "--grpc-door",
-        default="grpcio",
-        choices=["grpcio", "node"],
-        help="what serves gRPC's HTTP/2: grpcio's asyncio server, or Node.js's (20 or newer "
-        "on PATH) in a child process, which takes gRPC's per-call work off this process's "
-        "GIL (README: the Node.js door)",
+        default="auto",
+        choices=["auto", "grpcio", "node"],
+        help="what serves gRPC's HTTP/2: Node.js's server (20 or newer on PATH) in a child "
+        "process, which takes gRPC's per-call work off this process's GIL, or grpcio's "
+        "asyncio server in this process; auto: node where Node.js is on PATH, else grpcio "
+        "(README: the Node.js door)",
     )
     net.add_argument(
         "--gzip-responses",
@@ -788,6 +793,43 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     return parser.parse_args([*extra, *argv])
 
 
+NODE_MAJOR = 20  # the oldest Node.js service/node_door.mjs is tested on
+
+
+def node_major() -> int | None:
+    """The major version of `node` on PATH; None where there is none or it will not say."""
+    node = shutil.which("node")
+    if node is None:
+        return None
+    try:
+        said = subprocess.run(
+            [node, "--version"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+        return int(said.strip().lstrip("v").split(".")[0])
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def grpc_door(requested: str) -> str:
+    """The door `--grpc-door` names, `auto` resolved (once: the supervisor hands its front
+    ends the answer). `node` without Node.js 20 on PATH is refused here, before any model
+    loads."""
+    if requested == "grpcio":
+        return requested
+    major = node_major()
+    if major is not None and major >= NODE_MAJOR:
+        log.info("gRPC door: node (Node.js %d on PATH)", major)
+        return "node"
+    found = "no `node` on PATH" if major is None else f"Node.js {major} on PATH"
+    if requested == "node":
+        raise SystemExit(
+            f"--grpc-door node needs Node.js {NODE_MAJOR} or newer as `node` on PATH "
+            f"({found}); install it or serve gRPC with --grpc-door grpcio"
+        )
+    log.info("gRPC door: grpcio (auto: %s; Node.js %d or newer is faster)", found, NODE_MAJOR)
+    return "grpcio"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["batch"]:  # `pooling-server batch`: an offline job, no server
@@ -801,6 +843,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_open_file_limit()  # every server process: supervisor, front ends, engines
     if args.frontends < 0:
         raise SystemExit("--frontends must be 0 (one process) or more")
+    if args.role is None:  # a front end is told the answer, an engine serves no gRPC
+        args.grpc_door = grpc_door(args.grpc_door)
+        argv = [*argv, "--grpc-door", args.grpc_door]
     config = config_from_args(args)
     if args.role is None and args.frontends > 0:
         if args.frontends > 1 and args.port == 0:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,18 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def grpc_door(self) -> str:
+        """What serves gRPC (grpcio or node), as the server logged it: `--grpc-door auto`
+        picks node where Node.js is on PATH."""
+        found = re.search(r"gRPC served by (\w+)", self.log())
+        assert found, f"the server never said which door serves gRPC:\n{self.log()}"
+        return found.group(1)
+
+    def tree_size(self) -> int:
+        """The processes a server of one front end and one engine runs: a supervisor, the
+        engine and the front end, and the front end's Node.js where Node serves gRPC."""
+        return 3 + (self.grpc_door() == "node")
 
     def health(self, service: str = "", timeout: float = 5.0) -> int:
         channel = (
@@ -95,6 +108,7 @@ def start_server(
     credentials: grpc.ChannelCredentials | None = None,
     new_session: bool = False,
     serving_timeout: float = 180.0,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ServerProcess:
     """Start the server (the console script's module, with this interpreter) and wait for it.
 
@@ -102,9 +116,10 @@ def start_server(
     `new_session` puts the server tree in a process group of its own, so that a test can
     signal the group (os.killpg) as systemd or `timeout` would, without hitting pytest.
     `serving_timeout`: how long its models may take to load (exports included).
+    `extra_env`: variables set for the server tree (over this process's environment).
     """
     for attempt in range(PORT_ATTEMPTS):
-        server = spawn_server(args, log_dir, name, credentials, new_session)
+        server = spawn_server(args, log_dir, name, credentials, new_session, extra_env=extra_env)
         try:
             server.wait_serving(serving_timeout)
         except BaseException:
@@ -123,13 +138,14 @@ def spawn_server(
     credentials: grpc.ChannelCredentials | None = None,
     new_session: bool = False,
     nofile: tuple[int, int] | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ServerProcess:
     """start_server without the wait: servers a module needs together load side by side
     (their start-up is mostly imports on one core each). `nofile`: the tree's open-file
     limit (soft, hard), as `ulimit -n` would set it."""
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(extra_env or {})}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "--port", str(port), *args],

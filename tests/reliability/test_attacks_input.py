@@ -445,4 +445,5 @@ def test_grpc_metadata_bytes_that_are_not_utf8(served: Served, record_property) 
         assert outcomes[name] in ("grpc-status 0", "grpc-status 3"), outcomes
     watch.assert_unharmed()
     _no_tracebacks(served)  # grpcio's traceback per value: one rate-limited line instead
-    assert "metadata value(s) that are not UTF-8" in served.process.log()
+    if served.process.grpc_door() == "grpcio":  # Node's door reads such bytes as latin-1
+        assert "metadata value(s) that are not UTF-8" in served.process.log()

@@ -84,9 +84,9 @@ class FaultServer:
 
     def resources(self) -> tuple[int, int]:
         """Threads and open file descriptors over the server tree: the supervisor, and the
-        engine and front end under it, where the calls are handled."""
+        engine and front end (with its Node.js door) under it, where the calls are handled."""
         tree = process_tree(self.process.process.pid)
-        assert len(tree) == 3, "a supervisor, an engine and a front end"
+        assert len(tree) == self.process.tree_size(), "a supervisor, an engine and a front end"
         return sum(p.num_threads() for p in tree), sum(p.num_fds() for p in tree)
 
     def recovered(self) -> float:

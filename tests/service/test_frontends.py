@@ -107,10 +107,15 @@ class Split:
         return [child for _, child in sorted(found, key=lambda pair: pair[0])]
 
     def frontend_sockets(self, status: str) -> list[int]:
-        """Each front end's TCP sockets on the gRPC port in `status` (LISTEN, ESTABLISHED)."""
+        """Each front end's TCP sockets on the gRPC port in `status` (LISTEN, ESTABLISHED),
+        its Node.js door's among them where Node serves gRPC."""
         counts = []
-        for process in self.processes("frontend"):
-            sockets = process.net_connections(kind="tcp")
+        for frontend in self.processes("frontend"):
+            sockets = [
+                s
+                for process in (frontend, *frontend.children())
+                for s in process.net_connections(kind="tcp")
+            ]
             counts.append(
                 sum(1 for s in sockets if s.status == status and s.laddr.port == self.server.port)
             )
@@ -552,9 +557,12 @@ def test_killing_a_front_end_stops_the_server(
         first, _ = split.processes("frontend")
         others = [c for c in psutil.Process(split.server.process.pid).children() if c != first]
         assert len(others) == 2  # the other front end and the engine
+        doors = first.children()  # its Node.js door, where Node serves gRPC
         first.kill()
         assert split.server.process.wait(WAIT_S) != 0
         assert not any(child.is_running() for child in others)
+        _, left = psutil.wait_procs(doors, timeout=WAIT_S)
+        assert not left, "a killed front end's Node.js door outlived it"
     finally:
         stop_split(split)
 

@@ -1,5 +1,5 @@
-"""The gRPC door on Node.js (--grpc-door node): a real server on a real port, its answers
-compared with the grpcio door's (the suite's shared server) call by call."""
+"""The gRPC door on Node.js (--grpc-door node, what `auto` picks where Node.js is on PATH):
+a real server on a real port, its answers compared with the grpcio door's call by call."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL, Served
 from tests.reliability.test_attacks import RawHttp2, grpc_frame
 from tests.rpc_errors import decode_rpc_error, decode_status
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import (
+    ServerProcess,
+    all_serving,
+    free_port,
+    spawn_server,
+    start_server,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
 
@@ -32,25 +38,40 @@ SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 KEY = "door-key"
 AUTH = (("authorization", f"Bearer {KEY}"),)
 MODELS = ("tiny-classifier", "tiny-cross-encoder")
+DOORS = ("grpcio", "node")
 
 
 @pytest.fixture(scope="module")
-def node_server(
+def both_doors(
     served: dict[str, Served], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    args = ["--grpc-door", "node", "--api-key", KEY, "--max-message-mb", "1"]
+) -> Iterator[dict[str, ServerProcess]]:
+    """The same server behind each door, started side by side."""
+    args = ["--api-key", KEY, "--max-message-mb", "1"]
     args += ["--max-client-batch-size", "64", "--dtype", "float32"]
     args += ["--model", DEFAULT_MODEL]
     for name in MODELS:
         args += ["--model", f"{name}={served[name].folder}"]
-    server = start_server(args, tmp_path_factory.mktemp("node-door"))
-    yield server
-    server.stop(signal.SIGTERM)
+    logs = tmp_path_factory.mktemp("doors")
+    servers = {door: spawn_server(["--grpc-door", door, *args], logs, door) for door in DOORS}
+    with all_serving(servers.values()):
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def node_server(both_doors: dict[str, ServerProcess]) -> ServerProcess:
+    return both_doors["node"]
 
 
 @pytest.fixture(scope="module")
 def node_stub(node_server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
     with grpc.insecure_channel(node_server.address) as channel:
+        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def stub(both_doors: dict[str, ServerProcess]) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
+    """The grpcio door's (this module's own, not the suite's shared server's)."""
+    with grpc.insecure_channel(both_doors["grpcio"].address) as channel:
         yield pooling_pb2_grpc.PoolingServiceStub(channel)
 
 
@@ -79,7 +100,7 @@ def test_pool_answers_as_grpcio_does(
     index: int,
 ) -> None:
     request = REQUESTS[index]
-    expected, on_grpcio = stub.Pool.with_call(request, timeout=30)
+    expected, on_grpcio = stub.Pool.with_call(request, timeout=30, metadata=AUTH)
     got, on_node = node_stub.Pool.with_call(request, timeout=30, metadata=AUTH)
     assert _strip(got) == _strip(expected)
     timings = {key for key, _ in on_node.trailing_metadata() if key.startswith("x-")}
@@ -94,13 +115,14 @@ def test_rerank_tokenize_and_list_models_as_grpcio(
     rerank = pb.RerankRequest(
         model="tiny-cross-encoder", query="q", documents=["one", "two", "three"], top_n=2
     )
-    expected = stub.Rerank(rerank, timeout=30)
+    expected = stub.Rerank(rerank, timeout=30, metadata=AUTH)
     got = node_stub.Rerank(rerank, timeout=30, metadata=AUTH)
     assert [(r.index, r.relevance_score) for r in got.results] == [
         (r.index, r.relevance_score) for r in expected.results
     ]
     tokenize = pb.TokenizeRequest(texts=["naïve café 🙂", "two"])
-    assert node_stub.Tokenize(tokenize, timeout=30, metadata=AUTH) == stub.Tokenize(tokenize)
+    expected_tokens = stub.Tokenize(tokenize, timeout=30, metadata=AUTH)
+    assert node_stub.Tokenize(tokenize, timeout=30, metadata=AUTH) == expected_tokens
     cards = node_stub.ListModels(pb.ListModelsRequest(), timeout=30, metadata=AUTH).models
     assert [card.name for card in cards] == [DEFAULT_MODEL, *MODELS]
 
@@ -137,7 +159,7 @@ def test_errors_carry_the_same_rich_status(
 ) -> None:
     bad = pb.PoolRequest(embed=pb.TextInput(texts=["x"]), params=pb.PoolingParams(dimensions=7))
     with pytest.raises(grpc.RpcError) as on_grpcio:
-        stub.Pool(bad, timeout=30)
+        stub.Pool(bad, timeout=30, metadata=AUTH)
     with pytest.raises(grpc.RpcError) as on_node:
         node_stub.Pool(bad, timeout=30, metadata=AUTH)
     expected, got = decode_rpc_error(on_grpcio.value), decode_rpc_error(on_node.value)
@@ -317,3 +339,52 @@ def test_without_node_the_start_fails_clearly(tmp_path: Path) -> None:
     )
     assert started.returncode != 0
     assert "--grpc-door node needs Node.js" in started.stdout + started.stderr
+
+
+def _fake_node(folder: Path, version: str) -> str:
+    """A PATH whose `node` says `version` (and serves nothing), beside this Python."""
+    folder.mkdir()
+    script = folder / "node"
+    script.write_text(f"#!/bin/sh\necho {version}\n")
+    script.chmod(0o755)
+    return f"{folder}:{Path(sys.executable).parent}"
+
+
+def test_node_older_than_20_is_refused_by_version(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": _fake_node(tmp_path / "bin", "v18.19.0")}
+    started = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--port", str(free_port()), "--grpc-door", "node"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode != 0
+    assert "needs Node.js 20 or newer as `node` on PATH (Node.js 18 on PATH)" in started.stderr
+
+
+def _tree_names(server: ServerProcess) -> list[str]:
+    return [p.name() for p in psutil.Process(server.process.pid).children(recursive=True)]
+
+
+def test_auto_picks_node_where_it_is_on_path_and_grpcio_where_not(tmp_path: Path) -> None:
+    """The default door, resolved once by the supervisor and logged: Node.js 20+ on PATH
+    gives the Node door; an older one (or none) gives grpcio, and the server serves."""
+    old_node = {"PATH": _fake_node(tmp_path / "bin", "v18.19.0")}
+    servers = [
+        spawn_server(["--model", DEFAULT_MODEL], tmp_path, "auto-node"),
+        spawn_server(["--model", DEFAULT_MODEL], tmp_path, "auto-old", extra_env=old_node),
+    ]
+    with all_serving(servers):
+        for server in servers:
+            with grpc.insecure_channel(server.address) as channel:
+                answer = pooling_pb2_grpc.PoolingServiceStub(channel).Pool(
+                    pb.PoolRequest(embed={"texts": ["which door"]}), timeout=30
+                )
+            assert len(answer.embed.embeddings) == 1
+        on_node, on_grpcio = servers
+        assert "gRPC door: node (Node.js" in on_node.log()
+        assert "node" in _tree_names(on_node)
+        assert "gRPC door: grpcio (auto: Node.js 18 on PATH" in on_grpcio.log()
+        assert "node" not in _tree_names(on_grpcio)
+        assert on_grpcio.log().count("gRPC door:") == 1  # the front end is told, not asking
