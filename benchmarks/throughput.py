@@ -520,14 +520,17 @@ def start_project_server(
 
 
 def process_role(process: Any) -> str:
-    """supervisor, engine K or frontend K (from a split server's child command line), or
-    server (the whole server in one process)."""
+    """supervisor, engine K or frontend K (from a split server's child command line),
+    server (the whole server in one process), or `node of P`: process P's Node.js door."""
     command = process.cmdline()
+    if process.name() == "node":
+        return f"node of {process_role(process.parent())}"
     if "--role" in command:
         role = command[command.index("--role") + 1]
         index = command[command.index("--role-index") + 1] if "--role-index" in command else "0"
         return f"{role} {index}"
-    return "supervisor" if process.children() else "server"
+    split = any("--role" in child.cmdline() for child in process.children())
+    return "supervisor" if split else "server"
 
 
 def process_tree(pid: int) -> list[Any]:
