@@ -328,19 +328,6 @@ def test_node_dying_stops_the_server_with_an_error(tmp_path: Path) -> None:
         server.stop(signal.SIGKILL)
 
 
-def test_without_node_the_start_fails_clearly(tmp_path: Path) -> None:
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
-    started = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--port", str(free_port()), "--grpc-door", "node"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert started.returncode != 0
-    assert "--grpc-door node needs Node.js" in started.stdout + started.stderr
-
-
 def _fake_node(folder: Path, version: str) -> str:
     """A PATH whose `node` says `version` (and serves nothing), beside this Python."""
     folder.mkdir()
@@ -350,17 +337,26 @@ def _fake_node(folder: Path, version: str) -> str:
     return f"{folder}:{Path(sys.executable).parent}"
 
 
-def test_node_older_than_20_is_refused_by_version(tmp_path: Path) -> None:
-    env = {**os.environ, "PATH": _fake_node(tmp_path / "bin", "v18.19.0")}
+@pytest.mark.parametrize(
+    ("version", "found"), [(None, "no `node` on PATH"), ("v18.19.0", "Node.js 18 on PATH")]
+)
+def test_without_node_20_the_start_fails_clearly(
+    tmp_path: Path, version: str | None, found: str
+) -> None:
+    """Refused before any model loads, saying which Node was found."""
+    here = str(Path(sys.executable).parent)
+    path = here if version is None else _fake_node(tmp_path / "bin", version)
     started = subprocess.run(
         [sys.executable, "-m", "service.cli", "--port", str(free_port()), "--grpc-door", "node"],
-        env=env,
+        env={**os.environ, "PATH": path},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert started.returncode != 0
-    assert "needs Node.js 20 or newer as `node` on PATH (Node.js 18 on PATH)" in started.stderr
+    assert f"--grpc-door node needs Node.js 20 or newer as `node` on PATH ({found})" in (
+        started.stderr
+    )
 
 
 def _tree_names(server: ServerProcess) -> list[str]:
@@ -370,9 +366,10 @@ def _tree_names(server: ServerProcess) -> list[str]:
 def test_auto_picks_node_where_it_is_on_path_and_grpcio_where_not(tmp_path: Path) -> None:
     """The default door, resolved once by the supervisor and logged: Node.js 20+ on PATH
     gives the Node door; an older one (or none) gives grpcio, and the server serves."""
-    old_node = {"PATH": _fake_node(tmp_path / "bin", "v18.19.0")}
+    auto = {"POOLING_GRPC_DOOR": "auto"}  # whatever door the suite was told to run
+    old_node = {**auto, "PATH": _fake_node(tmp_path / "bin", "v18.19.0")}
     servers = [
-        spawn_server(["--model", DEFAULT_MODEL], tmp_path, "auto-node"),
+        spawn_server(["--model", DEFAULT_MODEL], tmp_path, "auto-node", extra_env=auto),
         spawn_server(["--model", DEFAULT_MODEL], tmp_path, "auto-old", extra_env=old_node),
     ]
     with all_serving(servers):
