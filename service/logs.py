@@ -79,34 +79,43 @@ def configure(level: str, fmt: str) -> None:
     root.handlers[:] = [_Enqueue(records)]
     root.setLevel(level.upper())
     grpc_core = logging.getLogger("grpc._cython.cygrpc")
-    if not any(isinstance(f, BadMetadataFilter) for f in grpc_core.filters):
-        grpc_core.addFilter(BadMetadataFilter())
+    if not any(isinstance(f, ClientFaultFilter) for f in grpc_core.filters):
+        grpc_core.addFilter(ClientFaultFilter())
 
 
-class BadMetadataFilter(logging.Filter):
-    """grpcio logs an ERROR with a traceback for every metadata value that is not UTF-8
-    (it then hands the value on as bytes, which auth refuses): a client could fill the
-    log with them. They become one WARNING line a minute, with how many came."""
+# How grpcio's ERROR for a client's fault starts: what ClientFaultFilter's line says came.
+GRPCIO_CLIENT_FAULTS = {
+    "Invalid encoding": "metadata value(s) that are not UTF-8 received (served as bytes; "
+    "refused where they matter)",
+    "Unexpected [DecodeError]": "request message(s) that do not parse received (answered UNKNOWN)",
+}
+
+
+class ClientFaultFilter(logging.Filter):
+    """grpcio logs an ERROR with a traceback for faults that are the client's: a metadata
+    value that is not UTF-8 (it hands the value on as bytes, which auth refuses) and a
+    request that does not parse for a service whose parsing is grpcio's (health,
+    reflection; answered UNKNOWN). A client could fill the log with them: each kind becomes
+    one WARNING line a minute, with how many came."""
 
     EVERY_S = 60.0
 
     def __init__(self) -> None:
         super().__init__()
-        self._last = float("-inf")
-        self._held = 0
+        self._last = dict.fromkeys(GRPCIO_CLIENT_FAULTS, float("-inf"))
+        self._held = dict.fromkeys(GRPCIO_CLIENT_FAULTS, 0)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Invalid encoding"):
+        text = record.getMessage()
+        kind = next((start for start in GRPCIO_CLIENT_FAULTS if text.startswith(start)), None)
+        if kind is None:
             return True
-        self._held += 1
-        if record.created - self._last < self.EVERY_S:
+        self._held[kind] += 1
+        if record.created - self._last[kind] < self.EVERY_S:
             return False
-        record.msg, record.args = (
-            "%d metadata value(s) that are not UTF-8 received (served as bytes; "
-            "refused where they matter) in the last minute",
-            (self._held,),
-        )
+        record.msg = f"%d {GRPCIO_CLIENT_FAULTS[kind]} in the last minute"
+        record.args = (self._held[kind],)
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = record.exc_text = None
-        self._last, self._held = record.created, 0
+        self._last[kind], self._held[kind] = record.created, 0
         return True

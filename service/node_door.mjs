@@ -538,13 +538,17 @@ function open(call) {
 
 const TIMEOUT_UNITS = { H: 3600e3, M: 60e3, S: 1e3, m: 1, u: 1e-3, n: 1e-6 };
 
+// setTimeout's range: a longer delay fires at once (a 30-day deadline would end the call).
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 function timeoutMs(value) {
-  // grpc-timeout: up to 8 digits and a unit. Unparseable: no deadline, as gRPC core does.
-  if (typeof value !== 'string') return NO_TIMEOUT;
-  const match = /^(\d{1,8})([HMSmun])$/.exec(value);
-  if (!match) return NO_TIMEOUT;
+  // grpc-timeout: up to 8 digits and a unit; null where it is malformed (gRPC core and
+  // grpc-go answer INTERNAL). Past the timer's range (24.8 days) it is as good as none.
+  if (value === undefined) return NO_TIMEOUT;
+  const match = /^(\d{1,8})([HMSmun])$/.exec(String(value));
+  if (!match) return null;
   const ms = Math.ceil(Number(match[1]) * TIMEOUT_UNITS[match[2]]);
-  return Math.min(ms, NO_TIMEOUT - 1);
+  return ms > MAX_TIMER_MS ? NO_TIMEOUT : ms;
 }
 
 function metadataOf(headers) {
@@ -660,13 +664,17 @@ server.on('stream', (stream, headers) => {
   }
   const encoding = headers['grpc-encoding'] ?? 'identity';
   const accepts = String(headers['grpc-accept-encoding'] ?? '').split(',').map((e) => e.trim());
-  const call = new Call(stream, session, path, timeoutMs(headers['grpc-timeout']),
-    metadataOf(headers), encoding, accepts.includes('gzip'));
+  const timeout = timeoutMs(headers['grpc-timeout']);
+  const call = new Call(stream, session, path, timeout ?? NO_TIMEOUT, metadataOf(headers),
+    encoding, accepts.includes('gzip'));
   calls.set(call.id, call);
   session.active += 1;
   clearTimeout(session.idle);
   if (!keyed(path, headers)) {
     answer(call, STATUS.UNAUTHENTICATED, 'missing or invalid credentials');
+  } else if (timeout === null) {
+    const said = String(headers['grpc-timeout']).slice(0, 40);
+    answer(call, STATUS.INTERNAL, `malformed grpc-timeout: ${said}`);
   } else if (encoding !== 'identity' && encoding !== 'gzip' && encoding !== 'deflate') {
     answer(call, STATUS.UNIMPLEMENTED, `Compression algorithm '${encoding}' is not supported`,
       { 'grpc-accept-encoding': 'identity,deflate,gzip' });

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from service.auth import PROTECTED_PREFIX, BearerKeys
 from service.config import LARGE_MESSAGE_BYTES, ServerConfig
@@ -197,7 +198,11 @@ class _Call:
             self._link.send(PULL, self.id)
             await self.reading
         assert self.deserialize is not None
-        return self.deserialize(self.messages.popleft())
+        try:
+            return self.deserialize(self.messages.popleft())
+        except DecodeError as exc:  # health's or reflection's (Pool's parse is its own)
+            details = f"the request does not parse: {exc}"
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, details, ()) from None
 
     async def write(self, message: Any) -> None:
         """Send a response message; returns once Node's HTTP/2 stream has taken it, so a

@@ -217,12 +217,13 @@ class RawHttp2:
     def open(
         self, method: str, metadata: tuple[tuple[str, str], ...] = (), end_stream: bool = False
     ) -> int:
-        """Send a call's HEADERS; with end_stream, the call has no body at all."""
+        """Send a call's HEADERS; with end_stream, the call has no body at all. `method`: a
+        PoolingService method's name, or a whole path (another service's)."""
         stream_id = self.conn.get_next_available_stream_id()
         headers = [
             (":method", "POST"),
             (":scheme", "http"),
-            (":path", f"{SERVICE}/{method}"),
+            (":path", method if method.startswith("/") else f"{SERVICE}/{method}"),
             (":authority", "127.0.0.1"),
             ("content-type", "application/grpc"),
             ("te", "trailers"),

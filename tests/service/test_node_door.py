@@ -385,3 +385,47 @@ def test_auto_picks_node_where_it_is_on_path_and_grpcio_where_not(tmp_path: Path
         assert "gRPC door: grpcio (auto: Node.js 18 on PATH" in on_grpcio.log()
         assert "node" not in _tree_names(on_grpcio)
         assert on_grpcio.log().count("gRPC door:") == 1  # the front end is told, not asking
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_grpc_timeouts_long_and_malformed(both_doors: dict[str, ServerProcess], door: str) -> None:
+    """A deadline past Node's timer range (24.8 days) is served, not ended at once; a
+    grpc-timeout that does not parse is INTERNAL on both doors, as gRPC core answers it."""
+    server = both_doors[door]
+    with grpc.insecure_channel(server.address) as channel:
+        answer = pooling_pb2_grpc.PoolingServiceStub(channel).Pool(
+            pb.PoolRequest(embed={"texts": ["a month"]}), timeout=30 * 86400, metadata=AUTH
+        )
+    assert len(answer.embed.embeddings) == 1
+    body = grpc_frame(pb.PoolRequest(embed={"texts": ["raw"]}).SerializeToString())
+    raw = RawHttp2(server.port)
+    try:
+        cases = {value: (*AUTH, ("grpc-timeout", value)) for value in ("99999999H", "abc")}
+        streams = {value: raw.start("Pool", body, metadata) for value, metadata in cases.items()}
+        raw.wait(list(streams.values()), 30)
+        outcomes = {value: raw.calls[stream].outcome() for value, stream in streams.items()}
+    finally:
+        raw.close()
+    assert outcomes == {"99999999H": "grpc-status 0", "abc": "grpc-status 13"}
+
+
+def test_requests_that_do_not_parse_leave_no_tracebacks(
+    both_doors: dict[str, ServerProcess],
+) -> None:
+    """Garbage sent to health (whose parsing is the door's, not PoolingService's): refused
+    on each door, INVALID_ARGUMENT on Node's and grpcio's own UNKNOWN, and never a traceback
+    per call in the log (grpcio's are folded into one line a minute)."""
+    expected = {"node": "grpc-status 3", "grpcio": "grpc-status 2"}
+    for door, server in both_doors.items():
+        raw = RawHttp2(server.port)
+        try:
+            streams = [
+                raw.start("/grpc.health.v1.Health/Check", grpc_frame(b"\xff\xff\xff"))
+                for _ in range(20)
+            ]
+            raw.wait(streams, 30)
+            assert {raw.calls[s].outcome() for s in streams} == {expected[door]}
+        finally:
+            raw.close()
+        assert "Traceback" not in server.log(), door
+    assert "request message(s) that do not parse received" in both_doors["grpcio"].log()
