@@ -217,6 +217,14 @@ def _transport_flags(net: Group) -> None:
         "client's burst, below what lets one connection hold the server's memory)",
     )
     net.add_argument(
+        "--max-open-calls",
+        type=count,
+        default=TransportConfig.max_open_calls,
+        help="gRPC calls open at once per front end over all its connections, their requests "
+        "arrived or not (0: no limit); past it a new call is RESOURCE_EXHAUSTED at once, so "
+        "streams opened and never ended cannot hold the server's memory",
+    )
+    net.add_argument(
         "--max-connection-age-s",
         type=float,
         default=1800.0,
@@ -732,6 +740,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             keepalive_permit_without_calls=args.keepalive_permit_without_calls,
             min_client_ping_interval_s=args.min_client_ping_interval_s,
             max_concurrent_streams=args.max_concurrent_streams,
+            max_open_calls=args.max_open_calls,
             max_connection_age_s=args.max_connection_age_s,
             max_connection_age_grace_s=args.max_connection_age_grace_s,
             max_connections=args.max_connections,

@@ -49,6 +49,10 @@ class TransportConfig:
     keepalive_permit_without_calls: bool = True
     min_client_ping_interval_s: float = 10.0
     max_concurrent_streams: int = 4096  # 0: gRPC's default (unlimited)
+    # Calls open at once per front end, over every connection, their requests arrived or
+    # not: a client that opens streams and never ends them holds a few KB each, so past
+    # this a new call is RESOURCE_EXHAUSTED at once.
+    max_open_calls: int = 32768  # 0: no limit
     max_connection_age_s: float = 1800.0  # 0: connections live forever
     max_connection_age_grace_s: float = 30.0
     # Connections open at once, lowered to a quarter of the open-file limit (the HTTP door

@@ -670,7 +670,9 @@ server.on('stream', (stream, headers) => {
   calls.set(call.id, call);
   session.active += 1;
   clearTimeout(session.idle);
-  if (!keyed(path, headers)) {
+  if (settings.max_open_calls && calls.size > settings.max_open_calls) {
+    answer(call, STATUS.RESOURCE_EXHAUSTED, `too many calls open (${settings.max_open_calls})`);
+  } else if (!keyed(path, headers)) {
     answer(call, STATUS.UNAUTHENTICATED, 'missing or invalid credentials');
   } else if (timeout === null) {
     const said = String(headers['grpc-timeout']).slice(0, 40);

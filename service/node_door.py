@@ -485,6 +485,7 @@ class NodeDoor:
             "max_concurrent_reads": transport.max_concurrent_reads,
             "read_turn_s": transport.read_turn_s,
             "max_concurrent_streams": transport.max_concurrent_streams,
+            "max_open_calls": transport.max_open_calls,
             "max_connections": transport.connection_cap(),
             "max_connection_age_s": transport.max_connection_age_s,
             "max_connection_age_grace_s": transport.max_connection_age_grace_s,

@@ -87,6 +87,7 @@ class PoolingServer:
             interceptors=interceptors,
             options=transport.options(config.max_message_bytes),
             compression=grpc.Compression.Gzip if transport.gzip_responses else None,
+            maximum_concurrent_rpcs=transport.max_open_calls or None,
         )
         gate = ReadGate(
             transport.max_concurrent_reads, transport.read_turn_s, after_large=trimmer()

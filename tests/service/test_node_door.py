@@ -3,6 +3,7 @@ a real server on a real port, its answers compared with the grpcio door's call b
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import signal
@@ -39,6 +40,7 @@ KEY = "door-key"
 AUTH = (("authorization", f"Bearer {KEY}"),)
 MODELS = ("tiny-classifier", "tiny-cross-encoder")
 DOORS = ("grpcio", "node")
+OPEN_CAP = 200  # --max-open-calls
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def both_doors(
     served: dict[str, Served], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ServerProcess]]:
     """The same server behind each door, started side by side."""
-    args = ["--api-key", KEY, "--max-message-mb", "1"]
+    args = ["--api-key", KEY, "--max-message-mb", "1", "--max-open-calls", str(OPEN_CAP)]
     args += ["--max-client-batch-size", "64", "--dtype", "float32"]
     args += ["--model", DEFAULT_MODEL]
     for name in MODELS:
@@ -429,3 +431,40 @@ def test_requests_that_do_not_parse_leave_no_tracebacks(
             raw.close()
         assert "Traceback" not in server.log(), door
     assert "request message(s) that do not parse received" in both_doors["grpcio"].log()
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_calls_past_the_open_cap_are_refused_at_once(
+    both_doors: dict[str, ServerProcess], door: str
+) -> None:
+    """Streams opened and never ended hold --max-open-calls: past it every new call, from
+    any client, is RESOURCE_EXHAUSTED at once, and the slots free once those streams go."""
+    server = both_doors[door]
+    raw = RawHttp2(server.port)
+    try:
+        held = [raw.open("Pool", AUTH) for _ in range(OPEN_CAP + 10)]
+        raw.flush()
+        raw.wait(held, 5)
+        outcomes = collections.Counter(raw.calls[stream].outcome() for stream in held)
+        another = pb.PoolRequest(embed={"texts": ["another client"]})
+        with (
+            grpc.insecure_channel(server.address) as channel,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            pooling_pb2_grpc.PoolingServiceStub(channel).Pool(another, timeout=10, metadata=AUTH)
+    finally:
+        raw.close()
+    assert outcomes == {"unanswered": OPEN_CAP, "grpc-status 8": 10}
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    deadline = time.monotonic() + 10
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
+        while True:  # the held streams close as the server reads the connection's end
+            try:
+                answer = stub.Pool(pb.PoolRequest(embed={"texts": ["after"]}), metadata=AUTH)
+                break
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert time.monotonic() < deadline, "the slots were never freed"
+                time.sleep(0.1)
+    assert len(answer.embed.embeddings) == 1
