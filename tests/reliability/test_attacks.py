@@ -248,13 +248,19 @@ class RawHttp2:
             self.flush()
         return stream_id
 
-    def send(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+    def send(
+        self,
+        stream_id: int,
+        data: bytes,
+        end_stream: bool = False,
+        frame_bytes: int | None = None,
+    ) -> None:
+        """`data` in DATA frames as large as flow control allows, or of `frame_bytes`."""
         view = memoryview(data)
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        largest = frame_bytes or self.conn.max_outbound_frame_size
         while view and not self.calls[stream_id].done:
-            window = min(
-                self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size
-            )
+            window = min(self.conn.local_flow_control_window(stream_id), largest)
             if window <= 0:
                 self.flush()
                 assert time.monotonic() < deadline, "the server never opened its window"
