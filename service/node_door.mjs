@@ -151,8 +151,7 @@ class Call {
     this.headersSent = false;
     this.chunks = []; // bytes of a message not yet complete, as received
     this.buffered = 0;
-    this.block = null; // the last of chunks, where tiny frames are copied (append)
-    this.blockUsed = 0;
+    this.block = null; // where tiny frames are copied (append)
     this.target = null; // a large message's own buffer, filled as its bytes come
     this.targetFlag = 0;
     this.filled = 0;
@@ -390,7 +389,6 @@ function inflate(call, compressed, body) {
 function joined(call) {
   // The bytes received so far as one buffer: copied once per message, not once per chunk.
   if (call.chunks.length > 1) call.chunks = [Buffer.concat(call.chunks, call.buffered)];
-  call.block = null;
   return call.chunks[0];
 }
 
@@ -404,17 +402,21 @@ function append(call, chunk) {
   call.buffered += chunk.length;
   if (chunk.length >= TINY_CHUNK || call.chunks.length < 8) {
     call.chunks.push(chunk);
-    call.block = null;
     return;
   }
-  if (call.block === null || call.blockUsed + chunk.length > call.block.length) {
+  // The block is written on while the last chunk is its filled start (chunks that were
+  // joined or cut since are other buffers, or start further in).
+  const last = call.chunks[call.chunks.length - 1];
+  const block = call.block;
+  const open = block !== null && last.buffer === block.buffer
+    && last.byteOffset === block.byteOffset && last.length + chunk.length <= block.length;
+  const used = open ? last.length : 0;
+  if (!open) {
     call.block = Buffer.allocUnsafe(BLOCK_BYTES);
-    call.blockUsed = 0;
     call.chunks.push(null);
   }
-  chunk.copy(call.block, call.blockUsed);
-  call.blockUsed += chunk.length;
-  call.chunks[call.chunks.length - 1] = call.block.subarray(0, call.blockUsed);
+  chunk.copy(call.block, used);
+  call.chunks[call.chunks.length - 1] = call.block.subarray(0, used + chunk.length);
 }
 
 function onData(call, chunk) {
@@ -441,7 +443,6 @@ function onData(call, chunk) {
       call.filled = 0;
       call.chunks = [];
       call.buffered = 0;
-      call.block = null;
       fill(call, all.subarray(5));
       return;
     }
@@ -450,7 +451,6 @@ function onData(call, chunk) {
     const rest = all.subarray(5 + length);
     call.chunks = rest.length ? [rest] : [];
     call.buffered = rest.length;
-    call.block = null;
     if (!received(call, all[0] !== 0, all.subarray(5, 5 + length))) return;
   }
 }
@@ -466,7 +466,6 @@ function fill(call, chunk) {
   if (used < chunk.length) {
     call.chunks = [chunk.subarray(used)];
     call.buffered = chunk.length - used;
-    call.block = null;
   }
   if (received(call, call.targetFlag !== 0, message)) onData(call, null);
 }
