@@ -6,13 +6,16 @@ all front ends; each batch's finished jobs go back to their front ends as raw fl
 outputs, one message per front end per batch, sent from the forward worker that computed
 them. So a call's path through this process is threads handing over under locks, with no
 event-loop turn on it. A `Cancel` drops a job's queued items, as does a front end's link
-closing. Deadlines and the queue bound are enforced here, as in-process.
+closing. Deadlines and the queue bound are enforced here, as in-process. A `Ping` is
+answered with a `Pong` from the reader thread, so a front end notices an engine that has
+stopped reading (engine/remote_client.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -30,6 +33,7 @@ from engine.ipc import (
     ErrorInfo,
     JobResult,
     Link,
+    Pong,
     Results,
     Submit,
     encoder,
@@ -78,6 +82,10 @@ class EngineCore:
     async def start(self) -> None:
         """Load the queues (warming every model) and listen; front ends may then connect."""
         await self.client.start()
+        # The models' object graph (torch, transformers: millions of objects) is loaded
+        # for good: frozen out of the collector, which the per-item allocations of a busy
+        # engine would otherwise run over it in full every few batches (half its CPU).
+        gc.freeze()
         self._loop = asyncio.get_running_loop()
         for queue in self.queues.values():
             queue.deliver = self._send
@@ -125,10 +133,13 @@ class EngineCore:
             header, payload = message
             try:
                 decoded = to_engine_decoder.decode(header)
-                if isinstance(decoded, Cancel):
-                    self._loop.call_soon_threadsafe(self._cancel, front_end, decoded.ids)
-                else:
+                if isinstance(decoded, Submit):
                     self._submit(front_end, decoded, payload)
+                elif isinstance(decoded, Cancel):
+                    self._loop.call_soon_threadsafe(self._cancel, front_end, decoded.ids)
+                else:  # a stall check: answered from here, so a wedged process is seen
+                    with contextlib.suppress(OSError):
+                        front_end.link.send(encoder.encode(Pong(decoded.sent)))
             except Exception:  # a bad message must not stop the engine for everyone
                 log.exception("dropped a message the engine could not read")
         with contextlib.suppress(RuntimeError):  # the loop closed at shutdown

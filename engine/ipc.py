@@ -51,6 +51,18 @@ class Cancel(msgspec.Struct, array_like=True, tag=1):
     ids: list[int]
 
 
+class Ping(msgspec.Struct, array_like=True, tag=2):
+    """A front end asks whether the engine still reads its link (a stall check)."""
+
+    sent: float
+
+
+class Pong(msgspec.Struct, array_like=True, tag=3):
+    """The engine's answer to a Ping, from the link's reader thread."""
+
+    sent: float
+
+
 class ErrorInfo(msgspec.Struct, array_like=True):
     kind: str
     reason: str
@@ -91,7 +103,7 @@ class JobResult(msgspec.Struct, array_like=True):
     finished: float | None
 
 
-class Results(msgspec.Struct, array_like=True):
+class Results(msgspec.Struct, array_like=True, tag=4):
     """Payload: every result's outputs as one float32 buffer, in order."""
 
     results: list[JobResult]
@@ -105,9 +117,10 @@ class EngineReady(msgspec.Struct):
     models: list[ModelDescription]
 
 
-ToEngine = Submit | Cancel
+ToEngine = Submit | Cancel | Ping
+FromEngine = Results | Pong
 to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
-results_decoder = msgspec.msgpack.Decoder(Results)
+from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
 encoder = msgspec.msgpack.Encoder()
 
 

@@ -103,6 +103,7 @@ class ModelInfo:
     backend: str = "torch"
     precision: str = ""
     backend_file: str = ""
+    engines_per_device: int = 1  # engine processes serving it on each device
 
     @property
     def is_cross_encoder(self) -> bool:

@@ -3,9 +3,14 @@
 Tokenizer threads send jobs (token ids as one array per message) on the link to an engine
 (engine/ipc.py); a reader thread per engine takes raw outputs back, applies each request's
 heads and resolves the futures with one event-loop call per message. Each job goes to the
-engine with the fewest items outstanding from this front end. An engine's death shows as
-its link closing, and as end-of-file on a pipe whose write end only that engine holds:
-every call waiting on it fails at once with UNAVAILABLE / ENGINE_DEAD.
+serving engine with the fewest items outstanding from this front end.
+
+An engine's death shows as its link closing, and as end-of-file on a pipe whose write end
+only that engine holds: every call waiting on it fails at once with UNAVAILABLE /
+ENGINE_DEAD, and later jobs go to the engines left. A wedged engine (stopped, or stuck with
+its link unread) shows as a `Ping` unanswered for `stall_s`: it is marked stalled and jobs
+go around it, while the calls it holds keep waiting, since it may come back; stalled for
+`STALL_KILL_FACTOR` times as long, it is killed and handled as dead.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import itertools
 import logging
 import os
 import select
+import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,9 +38,12 @@ from engine.ipc import (
     EngineReady,
     JobHeader,
     Link,
+    Ping,
+    Pong,
+    Results,
     Submit,
     encoder,
-    results_decoder,
+    from_engine_decoder,
     start_daemon,
     unpack_outputs,
 )
@@ -42,13 +52,18 @@ from engine.jobs import Job, settle
 log = logging.getLogger(__name__)
 
 POLL_MS = 200  # how often the liveness watcher looks up, to notice stop()
+DEFAULT_STALL_S = 5.0
+# A stalled engine that stays so this many times --engine-stall-s is killed: a frozen
+# process would otherwise hold its calls, and its share of the device, forever.
+STALL_KILL_FACTOR = 6.0
 
 
 def engine_dead() -> PoolingError:
     return PoolingError(
         ErrorKind.UNAVAILABLE,
         "ENGINE_DEAD",
-        "the engine process computing this request died; the server is restarting",
+        "the engine process computing this request died; retry it (other engines serve "
+        "on, or the server restarts)",
         retry_after_s=1.0,
     )
 
@@ -66,23 +81,35 @@ class RemoteEngineClient:
         engines: Sequence[EngineReady],
         origin: int = 0,
         alive_fds: Sequence[int] = (),
-        on_engine_dead: Callable[[int], None] | None = None,
+        on_engines_changed: Callable[[], None] | None = None,
+        stall_s: float = DEFAULT_STALL_S,
     ) -> None:
-        """`alive_fds[k]`: the read end of engine k's liveness pipe; `on_engine_dead` is
-        called on the event loop once an engine dies."""
+        """`alive_fds[k]`: the read end of engine k's liveness pipe; `on_engines_changed`
+        is called on the event loop when an engine dies, stalls or comes back; `stall_s`:
+        an engine silent this long after a Ping is stalled (0: never checked)."""
         self.engines = list(engines)
         self.origin = origin
         self.alive_fds = list(alive_fds)
-        self.on_engine_dead = on_engine_dead
+        self.on_engines_changed = on_engines_changed
+        self.stall_s = stall_s
         self.dead: set[int] = set()
+        self.stalled: set[int] = set()
+        self.stalls = [0] * len(self.engines)  # how often each engine stalled
         self._links: list[Link] = []
         self._sent: dict[int, _Sent] = {}
         self._outstanding = [0] * len(self.engines)  # items sent and not yet answered
         self._keys = itertools.count(1)
-        self._lock = threading.Lock()  # the choice of engine and the outstanding counts
+        self._lock = threading.Lock()  # the choice of engine, the counts, the states
+        self._heard = [0.0] * len(self.engines)  # when each engine last sent anything
+        self._pinged: list[float | None] = [None] * len(self.engines)  # unanswered Ping
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
+
+    @property
+    def serving(self) -> bool:
+        """Some engine can take a job now: neither dead nor stalled."""
+        return len(self.dead | self.stalled) < len(self.engines)
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
@@ -91,11 +118,12 @@ class RemoteEngineClient:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._links = [Link.connect(engine.address) for engine in self.engines]
+        self._heard = [time.monotonic()] * len(self.engines)
         self._threads = [
             start_daemon(self._receive, f"engine-results-{index}", index, link)
             for index, link in enumerate(self._links)
         ]
-        if self.alive_fds:
+        if self.alive_fds or self.stall_s:
             self._threads.append(start_daemon(self._watch, "engine-liveness"))
 
     async def stop(self) -> None:
@@ -106,12 +134,13 @@ class RemoteEngineClient:
             await asyncio.to_thread(thread.join)
 
     def submit(self, model: str, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
-        if self.dead:
-            return [(job, engine_dead()) for job in jobs]
         by_engine: dict[int, list[Job]] = {}
         with self._lock:
+            choices = self._choices()
+            if not choices:
+                return [(job, engine_dead()) for job in jobs]
             for job in jobs:
-                engine = min(range(len(self.engines)), key=self._outstanding.__getitem__)
+                engine = min(choices, key=self._outstanding.__getitem__)
                 self._outstanding[engine] += len(job.work)
                 job.key = next(self._keys)
                 self._sent[job.key] = _Sent(job, engine, len(job.work))
@@ -124,6 +153,12 @@ class RemoteEngineClient:
             except OSError:  # the engine is gone: these fail here, unless its reader has
                 refused += [(job, engine_dead()) for job in sent if self._forget(job.key)]
         return refused
+
+    def _choices(self) -> list[int]:
+        """The engines a job may go to (under the lock): the serving ones; while every live
+        one is stalled, those (the job waits, as their calls do, in case they come back)."""
+        alive = [k for k in range(len(self.engines)) if k not in self.dead]
+        return [k for k in alive if k not in self.stalled] or alive
 
     def _message(self, model: str, jobs: Sequence[Job]) -> tuple[bytes, list[bytes]]:
         headers, ids, types = [], [], []
@@ -162,23 +197,76 @@ class RemoteEngineClient:
     def _receive(self, engine: int, link: Link) -> None:
         """Engine `engine`'s results, until its link closes: by stop(), or by its death."""
         while (message := link.read()) is not None:
-            self._take_results(*message)
+            header, payload = message
+            self._heard[engine] = time.monotonic()
+            decoded = from_engine_decoder.decode(header)
+            if isinstance(decoded, Pong):
+                self._pinged[engine] = None
+            else:
+                self._take_results(decoded, payload)
+            if engine in self.stalled:
+                self._recovered(engine)
         if not self._stopping:
             self._engine_died(engine)
 
     def _watch(self) -> None:
-        """End of file on an engine's liveness pipe: it died (even if its link is stuck)."""
+        """End of file on an engine's liveness pipe: it died (even if its link is stuck).
+        Between looks, each engine not waiting on a Ping is sent one, and one unanswered
+        for `stall_s` marks its engine stalled."""
         poller = select.poll()
         for fd in self.alive_fds:
             poller.register(fd, select.POLLIN)
+        every_ms = POLL_MS if not self.stall_s else min(POLL_MS, self.stall_s * 250)
         while not self._stopping:
-            for fd, _ in poller.poll(POLL_MS):
+            for fd, _ in poller.poll(every_ms):
                 if not os.read(fd, 1):  # end of file: the engine's end is closed
                     poller.unregister(fd)
                     self._engine_died(self.alive_fds.index(fd))
+            if self.stall_s and not self._stopping:
+                self._check_stalls(time.monotonic())
 
-    def _take_results(self, header: bytes, payload: bytearray) -> None:
-        message = results_decoder.decode(header)
+    def _check_stalls(self, now: float) -> None:
+        """On the watcher: ping the engines that owe no Pong; mark, or kill, the silent."""
+        for engine, link in enumerate(self._links):
+            if engine in self.dead:
+                continue
+            pinged = self._pinged[engine]
+            if pinged is None:
+                self._pinged[engine] = now
+                with contextlib.suppress(OSError):  # a dead link shows on its reader
+                    link.send(encoder.encode(Ping(now)))
+                continue
+            silent = now - max(pinged, self._heard[engine])
+            if silent >= self.stall_s * STALL_KILL_FACTOR:
+                pid = self.engines[engine].pid
+                log.error("engine process %d silent for %.0fs: killing it", pid, silent)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                self._engine_died(engine)
+            elif silent >= self.stall_s and engine not in self.stalled:
+                with self._lock:
+                    self.stalled.add(engine)
+                    self.stalls[engine] += 1
+                log.error(
+                    "engine process %d has not answered for %.1fs: stalled, routing around it",
+                    self.engines[engine].pid,
+                    silent,
+                )
+                self._changed()
+
+    def _recovered(self, engine: int) -> None:
+        with self._lock:
+            if engine not in self.stalled:
+                return
+            self.stalled.discard(engine)
+        log.warning("engine process %d answers again: serving", self.engines[engine].pid)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_engines_changed is not None:
+            self._call_in_loop(self.on_engines_changed)
+
+    def _take_results(self, message: Results, payload: bytearray) -> None:
         data = np.frombuffer(payload, dtype=OUTPUTS)
         outcomes: list[tuple[Job, object]] = []
         offset = 0
@@ -206,6 +294,7 @@ class RemoteEngineClient:
             if engine in self.dead:  # seen on its link and on its pipe
                 return
             self.dead.add(engine)
+            self.stalled.discard(engine)
         log.error("engine process %d died", self.engines[engine].pid)
         self._links[engine].close()
         with self._lock:
@@ -214,8 +303,7 @@ class RemoteEngineClient:
                 (self._sent.pop(key).job, engine_dead()) for key in lost
             ]
         self._call_in_loop(settle, outcomes)
-        if self.on_engine_dead is not None:
-            self._call_in_loop(self.on_engine_dead, engine)
+        self._changed()
 
     def _call_in_loop(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None

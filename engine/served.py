@@ -6,7 +6,7 @@ builds one from what the engine process describes, without torch or transformers
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.model_info import ModelInfo
 from engine.tokenization import ModelTokenizer, TokenizerSpec
@@ -25,5 +25,7 @@ class ModelDescription:
     info: ModelInfo
     tokenizer: TokenizerSpec
 
-    def served(self) -> ServedModel:
-        return ServedModel(self.info, ModelTokenizer(self.tokenizer, self.info.max_input_tokens))
+    def served(self, engines_per_device: int = 1) -> ServedModel:
+        """As a front end serves it, with how many engine processes compute it per device."""
+        info = replace(self.info, engines_per_device=engines_per_device)
+        return ServedModel(info, ModelTokenizer(self.tokenizer, info.max_input_tokens))

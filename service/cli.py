@@ -18,6 +18,7 @@ from engine.batch_queue import BatchConfig, default_client_cap
 from engine.model_info import LongInput, PoolingType
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.output_size import MIB, ResponseBudget
+from engine.remote_client import DEFAULT_STALL_S
 from engine.validation import Limits
 from service import event_loop, logs
 from service.config import (
@@ -28,6 +29,7 @@ from service.config import (
     load_keys,
     raise_open_file_limit,
 )
+from service.split import layout
 from service.split.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,21 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
     return value
+
+
+def frontend_count(text: str) -> int | str:
+    """`--frontends`: auto, or a whole number of zero or more."""
+    if text == layout.AUTO:
+        return text
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be auto, 0 (one process) or more, not {value}")
+    return value
+
+
+def engine_count(text: str) -> int | str:
+    """`--engines-per-device`: auto, or a positive whole number."""
+    return text if text == layout.AUTO else positive_int(text)
 
 
 def count(text: str) -> int:
@@ -536,16 +553,17 @@ def _process_flags(life: Group) -> None:
     """How many front-end and engine processes the server runs."""
     life.add_argument(
         "--frontends",
-        type=int,
-        default=1,
-        help="front-end processes sharing --port (SO_REUSEPORT), beside one engine process per "
-        "device that batches for all of them; each front end parses, validates, tokenizes "
-        "and answers. 0: the whole server in this one process",
+        type=frontend_count,
+        default=layout.AUTO,
+        help="front-end processes sharing --port (SO_REUSEPORT), beside the engine processes "
+        "that batch for all of them; each front end parses, validates, tokenizes and "
+        "answers. 0: the whole server in this one process. auto (default): 1 on a host "
+        "without a GPU (or with --port 0), else one per 4 cores, up to 4 per GPU and 8",
     )
     life.add_argument(
         "--processes",
         dest="frontends",
-        type=int,
+        type=frontend_count,
         help="the former name of --frontends (it used to start whole servers; now the models "
         "load once per engine whatever the count)",
     )
@@ -553,8 +571,27 @@ def _process_flags(life: Group) -> None:
         "--data-parallel",
         type=positive_int,
         default=1,
-        help="engine processes, one per device (cuda:0, cuda:1, ...; on CPU each gets a share "
-        "of the cores); each request goes to the one with the least outstanding work",
+        help="devices, each served by --engines-per-device engine processes (cuda:0, cuda:1, "
+        "...; on CPU each engine gets a share of the cores); each request goes to the engine "
+        "with the least outstanding work",
+    )
+    life.add_argument(
+        "--engines-per-device",
+        type=engine_count,
+        default=layout.AUTO,
+        help="engine processes per device, each with its own copy of the weights, GIL and "
+        "CUDA stream: one engine process cannot keep a fast GPU busy. auto (default): 1 on "
+        "CPU and for models over 2 GiB of weights, else one per 6 of the device's cores, "
+        "up to 4 (see service/split/layout.py)",
+    )
+    life.add_argument(
+        "--engine-stall-s",
+        type=float,
+        default=DEFAULT_STALL_S,
+        help="an engine process that leaves a front end's stall check unanswered this long "
+        "is marked stalled: calls go to the other engines, health is NOT_SERVING while no "
+        "engine can serve, and one stalled 6 times as long is killed and handled as dead. "
+        "0: no check",
     )
     life.add_argument(
         "--event-loop",
@@ -759,6 +796,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_requests=args.log_requests,
         frontends=args.frontends,
         data_parallel=args.data_parallel,
+        engines_per_device=args.engines_per_device,
+        engine_stall_s=args.engine_stall_s,
     )
 
 
@@ -799,7 +838,30 @@ def environment_arguments(
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     extra = environment_arguments(parser, argv, os.environ if environ is None else environ)
-    return parser.parse_args([*extra, *argv])
+    args = parser.parse_args([*extra, *argv])
+    resolve_layout(args)
+    return args
+
+
+def resolve_layout(args: argparse.Namespace) -> None:
+    """`--frontends` and `--engines-per-device` as numbers, auto resolved for this host."""
+    if args.engine_stall_s < 0:
+        raise SystemExit("--engine-stall-s must be 0 (no check) or more")
+    if args.frontends == 0 and args.engines_per_device not in (layout.AUTO, 1):
+        raise SystemExit("--engines-per-device above 1 needs --frontends 1 or more")
+    if layout.AUTO not in (args.frontends, args.engines_per_device):
+        return
+    chosen = layout.resolve(
+        args.frontends,
+        args.engines_per_device,
+        gpus=layout.cuda_devices(args.device),
+        cores=args.torch_threads or len(os.sched_getaffinity(0)),
+        weights=layout.weight_bytes(
+            [ModelSpec.parse(m).source for m in args.model or [DEFAULT_MODEL]]
+        ),
+        fixed_ports=args.port != 0 and args.http_port != 0,
+    )
+    args.frontends, args.engines_per_device = chosen.frontends, chosen.engines_per_device
 
 
 NODE_MAJOR = 20  # the oldest Node.js service/node_door.mjs is tested on
@@ -850,11 +912,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _ignore_stop_signals()
     logs.configure(args.log_level, args.log_format)
     raise_open_file_limit()  # every server process: supervisor, front ends, engines
-    if args.frontends < 0:
-        raise SystemExit("--frontends must be 0 (one process) or more")
     if args.role is None:  # a front end is told the answer, an engine serves no gRPC
         args.grpc_door = grpc_door(args.grpc_door)
         argv = [*argv, "--grpc-door", args.grpc_door]
+        # Children are told the layout too: what auto chose here is what they serve.
+        argv += ["--frontends", str(args.frontends)]
+        argv += ["--engines-per-device", str(args.engines_per_device)]
     config = config_from_args(args)
     if args.role is None and args.frontends > 0:
         if args.frontends > 1 and args.port == 0:
@@ -862,7 +925,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.frontends > 1 and args.http_port == 0:
             raise SystemExit("--frontends above 1 needs a fixed --http-port: they share it")
         metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
-        return Supervisor(argv, args.frontends, args.data_parallel, metrics).run()
+        engines = args.data_parallel * args.engines_per_device
+        return Supervisor(
+            argv, args.frontends, engines, metrics, args.engines_per_device
+        ).run()
     if args.role is not None:
         _die_with_parent()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -875,9 +941,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from service.split.frontend import FrontendRole
 
         fds = [int(fd) for fd in args.alive_fds.split(",") if fd]
-        frontend = FrontendRole(
-            args.role_index, args.frontends, args.run_dir, args.data_parallel, fds
-        )
+        engines = args.data_parallel * args.engines_per_device
+        frontend = FrontendRole(args.role_index, args.frontends, args.run_dir, engines, fds)
         return event_loop.run(serve(config, frontend), args.event_loop)
     from transformers.utils import logging as hf_logging  # a process that loads models
 

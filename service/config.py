@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from engine.batch_queue import BatchConfig
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
+from engine.remote_client import DEFAULT_STALL_S
 from engine.validation import Limits
 
 if TYPE_CHECKING:
@@ -183,7 +184,11 @@ class ServerConfig:
     log_inputs: bool = False
     log_requests: bool = False
     frontends: int = 0  # front-end processes beside engine processes; 0: all in this one
-    data_parallel: int = 1  # engine processes (one per device)
+    data_parallel: int = 1  # devices, each served by engines_per_device engine processes
+    engines_per_device: int = 1
+    engine_stall_s: float = (
+        DEFAULT_STALL_S  # a front end's stall check (engine/remote_client.py); 0: off
+    )
 
 
 def load_keys(keys: Iterable[str], key_file: str | None) -> list[str]:

@@ -235,6 +235,7 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         backend=info.backend,
         precision=info.precision,
         backend_file=info.backend_file,
+        engines_per_device=info.engines_per_device,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -26,6 +26,12 @@ DROPPED = (
     "Queued items dropped before computing: cancelled by the client or past the deadline",
 )
 LOADED = ("pooling_models_loaded", "Models loaded and serving")
+ENGINES = ("pooling_engines", "Engine processes serving, by device")
+STALLED = (
+    "pooling_engine_stalled",
+    "1 while a front end sees this engine process stalled (--engine-stall-s)",
+)
+STALLS = ("pooling_engine_stalls", "Times this engine process stalled, as the front ends saw it")
 
 
 class _EngineCollector(Collector):
@@ -38,13 +44,16 @@ class _EngineCollector(Collector):
         depth = GaugeMetricFamily(*DEPTH, labels=["model"])
         dropped = CounterMetricFamily(*DROPPED, labels=["model", "reason"])
         loaded = GaugeMetricFamily(*LOADED)
+        engines = GaugeMetricFamily(*ENGINES, labels=["device"])
         queues = self.engine.queues if self.engine else {}
         for name, queue in queues.items():
             depth.add_metric([name], queue.depth)
             dropped.add_metric([name, "cancelled"], queue.stats.dropped_cancelled)
             dropped.add_metric([name, "expired"], queue.stats.dropped_expired)
         loaded.add_metric([], len(queues))
-        yield from (depth, dropped, loaded)
+        if queues:  # this process is the one engine
+            engines.add_metric([next(iter(queues.values())).runner.info.device], 1)
+        yield from (depth, dropped, loaded, engines)
 
 
 class _ByLabel(dict[str, Any]):
@@ -145,6 +154,9 @@ class Metrics:
         self.failed_batches = Counter(
             "pooling_failed_batches", "Batches whose forward pass failed", ["model"], registry=r
         )
+        # A split server's front ends each watch every engine (engine/remote_client.py).
+        self.engine_stalled = Gauge(*STALLED, ["engine"], multiprocess_mode="livemax", registry=r)
+        self.engine_stalls = Gauge(*STALLS, ["engine"], multiprocess_mode="max", registry=r)
         self._requests: dict[tuple[str, str, str, str, str], Any] = {}
         self._by_model: dict[str, _ModelChildren] = {}
         self._engine_collector = _EngineCollector()
@@ -155,6 +167,12 @@ class Metrics:
         self._engine_collector.engine = engine
         for queue in engine.queues.values():
             queue.observers.append(self.observe_batch)
+
+    def observe_engines(self, stalled: set[int], stalls: Sequence[int]) -> None:
+        """When an engine process stalls or comes back, as this front end sees it."""
+        for engine, count in enumerate(stalls):
+            self.engine_stalled.labels(str(engine)).set(engine in stalled)
+            self.engine_stalls.labels(str(engine)).set(count)
 
     def observe_batch(self, model: str, record: BatchRecord) -> None:
         """Once per batch, on the event loop: the batch's figures and each item's wait."""
@@ -213,9 +231,12 @@ class EngineStats:
     reads at scrape time is copied here every `sync()` instead.
     """
 
-    def __init__(self, metrics: Metrics, queues: dict[str, BatchQueue]) -> None:
+    def __init__(self, metrics: Metrics, queues: dict[str, BatchQueue], device: str) -> None:
         r = metrics.registry
         self.queues = queues
+        # Each live engine process adds one on its device: K engines per device read K.
+        engines = Gauge(*ENGINES, ["device"], multiprocess_mode="livesum", registry=r)
+        engines.labels(device).set(1)
         self.depth = Gauge(*DEPTH, ["model"], multiprocess_mode="livesum", registry=r)
         self.dropped = Counter(*DROPPED, ["model", "reason"], registry=r)
         self.mixed = Counter(

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry import trace
 
+from engine.remote_client import RemoteEngineClient
 from service.auth import BearerTokenInterceptor
 from service.config import ServerConfig
 from service.event_loop import loop_name
@@ -51,7 +52,7 @@ class PoolingServer:
         self.config = config
         self.frontend = frontend
         if frontend is not None:
-            frontend.on_engine_dead = self._engine_died
+            frontend.on_engines_changed = self._engines_changed
         self.metrics = Metrics(multiprocess=frontend is not None)
         telemetry = Telemetry(
             self.metrics,
@@ -70,6 +71,7 @@ class PoolingServer:
             self.server = self._grpcio_server()
         self.port = 0
         self.grace_ran_out = False  # set by stop(): accepted calls were cancelled
+        self.serving = False  # between start-up and the drain: health follows the engines
         self.door_failed = False  # the Node.js door exited on its own
         self.http: HttpApi | None = None
         self.http_port = 0
@@ -126,7 +128,9 @@ class PoolingServer:
         await self._load()
         if self.frontend is not None:
             await self.frontend.all_ready()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self.serving = True
+        self._observe_engines()
+        await self._set_health(self._engine_status())
         log.info("serving on port %d", self.port)
 
     async def _listen(self) -> None:
@@ -185,14 +189,33 @@ class PoolingServer:
         self.runner.engine = engine
         log.info("loaded %d model(s)", len(engine.model_infos))
 
-    def _engine_died(self, engine: int) -> None:
-        """Calls waiting on it have failed; the supervisor stops the server and exits non-zero."""
-        self._not_serving = asyncio.ensure_future(
-            self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        )
+    def _remote_client(self) -> RemoteEngineClient | None:
+        client = self.runner.engine.client if self.runner.engine is not None else None
+        return client if isinstance(client, RemoteEngineClient) else None
+
+    def _engine_status(self) -> int:
+        """SERVING while some engine can serve: always in one process; in a split server
+        while an engine process is neither dead nor stalled."""
+        client = self._remote_client()
+        serving = client is None or client.serving
+        health = health_pb2.HealthCheckResponse
+        return health.SERVING if serving else health.NOT_SERVING
+
+    def _observe_engines(self) -> None:
+        client = self._remote_client()
+        if client is not None:
+            self.metrics.observe_engines(client.stalled, client.stalls)
+
+    def _engines_changed(self) -> None:
+        """An engine process died, stalled or came back (calls waiting on a dead one have
+        failed; the supervisor stops the server once none is left)."""
+        self._observe_engines()
+        if self.serving:
+            self._health_change = asyncio.ensure_future(self._set_health(self._engine_status()))
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING first, then stop accepting and finish what was accepted."""
+        self.serving = False
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.config.drain_delay_s:
             await asyncio.sleep(self.config.drain_delay_s)

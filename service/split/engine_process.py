@@ -34,14 +34,19 @@ STATS_INTERVAL_S = 0.25  # how often queue depth and drop counts reach /metrics
 
 
 def engine_config(config: ServerConfig, index: int) -> ServerConfig:
-    """Engine `index` of `data_parallel`: its own GPU, or its share of the CPU cores."""
-    count = config.data_parallel
+    """Engine `index` of `data_parallel` x `engines_per_device`: engines 0..K-1 share the
+    first GPU, K..2K-1 the second, and so on; on CPU each takes its share of the cores."""
+    devices, per_device = config.data_parallel, config.engines_per_device
+    count = devices * per_device
     if count == 1:
         return config
     import torch
 
-    if config.device in ("auto", "cuda") and torch.cuda.device_count() >= count:
-        return replace(config, device=f"cuda:{index}")
+    if config.device in ("auto", "cuda") and torch.cuda.device_count() >= 1:
+        if devices > 1 and torch.cuda.device_count() >= devices:
+            return replace(config, device=f"cuda:{index // per_device}")
+        if devices == 1:
+            return replace(config, device="cuda:0")
     if config.torch_threads is None and config.device in ("auto", "cpu"):
         cores = len(os.sched_getaffinity(0))
         return replace(config, torch_threads=max(1, cores // count))
@@ -78,10 +83,17 @@ async def run_engine(
     models, batch = loading.result()
     core = EngineCore(models, batch, engine_address(run_dir, index))
     await core.start()
-    stats = EngineStats(Metrics(multiprocess=True), core.queues)
+    device = models[0].info.device if models else config.device
+    stats = EngineStats(Metrics(multiprocess=True), core.queues, device)
     descriptions = [ModelDescription(m.info, m.tokenizer.spec) for m in models]
     write_ready(run_dir, index, EngineReady(core.address, os.getpid(), descriptions))
-    log.info("engine %d ready on %s (%s)", index, config.device, core.address)
+    log.info(
+        "engine %d ready on %s, one of %d engine(s) on that device (%s)",
+        index,
+        device,
+        config.engines_per_device,
+        core.address,
+    )
 
     serving = asyncio.create_task(core.serve())
     while not stop.is_set():

@@ -36,7 +36,7 @@ class FrontendRole:
     run_dir: str
     engines: int
     alive_fds: Sequence[int] = ()
-    on_engine_dead: Callable[[int], None] | None = None
+    on_engines_changed: Callable[[], None] | None = None
 
     async def engines_ready(self) -> None:
         while not all(is_ready(self.run_dir, k) for k in range(self.engines)):
@@ -52,11 +52,12 @@ def connect_engine(config: ServerConfig, frontend: FrontendRole) -> Engine:
     """A front end's engine: tokenizers from the engine processes' descriptions, and a
     client that sends them the jobs. Loads no weights, and neither torch nor transformers."""
     engines = [read_ready(frontend.run_dir, k) for k in range(frontend.engines)]
-    served = [description.served() for description in engines[0].models]
+    served = [description.served(config.engines_per_device) for description in engines[0].models]
     client = RemoteEngineClient(
         engines,
         origin=frontend.index,
         alive_fds=frontend.alive_fds,
-        on_engine_dead=frontend.on_engine_dead,
+        on_engines_changed=frontend.on_engines_changed,
+        stall_s=config.engine_stall_s,
     )
     return Engine(served, config.limits, tokenizer_threads=config.tokenizer_threads, client=client)

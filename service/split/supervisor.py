@@ -5,6 +5,10 @@ together: front ends listen at once, wait for the engines (see frontend.py) and 
 the port with SO_REUSEPORT, as in gRPC's multiprocessing example. It serves the one
 /metrics endpoint (prometheus_client's multiprocess mode over the run folder).
 
+With several engines (--data-parallel devices x --engines-per-device), one that dies is
+left dead: the front ends fail the calls it held (ENGINE_DEAD) and route the rest to the
+others, which serve on. Once no engine is left the server stops and exits non-zero.
+
 The drain is the same whoever gets SIGTERM or SIGINT: this process alone, the whole
 process group (systemd's KillMode=control-group, `timeout`, `tini -g`, Ctrl-C) or every
 process. The front ends drain (they finish every call they accepted), then the supervisor
@@ -44,16 +48,19 @@ class Supervisor:
         frontends: int,
         engines: int,
         metrics: tuple[str, int] | None = None,
+        engines_per_device: int = 1,
     ) -> None:
         self.argv = list(argv)
         self.frontends = frontends
         self.engines = engines
+        self.engines_per_device = engines_per_device
         self.metrics = metrics
         self.run_dir = tempfile.mkdtemp(prefix="pooling-")
         self.stopping = False
         self.signal_name = ""  # the signal that started the drain, logged by the main loop
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.stop_pipes: list[int] = []  # the write end of each engine's stop pipe
+        self.lost: set[str] = set()  # engines that died while others served on
 
     def _env(self) -> dict[str, str]:
         from service.split.run_dir import metrics_dir
@@ -103,8 +110,9 @@ class Supervisor:
                 serve_multiprocess(*self.metrics, metrics_dir(self.run_dir))
                 log.info("metrics on http://%s:%d/metrics", *self.metrics)
             log.info(
-                "started %d engine(s) and %d front end(s): %s",
+                "started %d engine(s) (%d per device) and %d front end(s): %s",
                 self.engines,
+                self.engines_per_device,
                 self.frontends,
                 ", ".join(f"{name} pid {c.pid}" for name, c in self.children),
             )
@@ -112,6 +120,17 @@ class Supervisor:
                 exited = self._exited()
                 if exited is not None:
                     name, child = exited
+                    if name.startswith("engine") and self._engines_left():
+                        log.error(
+                            "%s (pid %d) exited with %d; %d engine(s) serve on",
+                            name,
+                            child.pid,
+                            child.returncode,
+                            self._engines_left(),
+                        )
+                        self._mark_dead(child.pid)
+                        self.lost.add(name)
+                        continue
                     if name.startswith("frontend") and child.returncode == 0:
                         log.info("%s drained on a signal of its own: draining the rest", name)
                         return self._stop_all(failed=False)
@@ -135,9 +154,14 @@ class Supervisor:
 
     def _exited(self) -> tuple[str, subprocess.Popen[bytes]] | None:
         for name, child in self.children:
-            if child.poll() is not None:
+            if name not in self.lost and child.poll() is not None:
                 return name, child
         return None
+
+    def _engines_left(self) -> int:
+        return sum(
+            1 for name, child in self.children if name.startswith("engine") and child.poll() is None
+        )
 
     def _stop_all(self, failed: bool) -> int:
         """Front ends first (they drain and finish their calls), then the engines.

@@ -17,6 +17,7 @@ COUNTS = [
     "--max-queued-items-per-client",
     "--max-stream-inflight",
     "--data-parallel",
+    "--engines-per-device",
 ]
 
 
@@ -42,8 +43,28 @@ def test_frontends_may_be_zero_and_processes_is_its_former_name(flag: str, value
     assert build_parser().parse_args([flag, str(value)]).frontends == value
 
 
-def test_one_front_end_by_default() -> None:
-    assert build_parser().parse_args([]).frontends == 1
+def test_one_front_end_and_engine_by_default_without_a_gpu() -> None:
+    """auto, resolved for this host (service/split/layout.py; no GPU here)."""
+    from service.cli import parse_args
+
+    args = build_parser().parse_args([])
+    assert (args.frontends, args.engines_per_device) == ("auto", "auto")
+    args = parse_args(["--device", "cpu"], environ={})
+    assert (args.frontends, args.engines_per_device) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--frontends", "0", "--engines-per-device", "2"], "needs --frontends 1 or more"),
+        (["--engine-stall-s", "-1"], "--engine-stall-s must be"),
+    ],
+)
+def test_layout_checks(argv: list[str], message: str) -> None:
+    from service.cli import parse_args
+
+    with pytest.raises(SystemExit, match=message):
+        parse_args(argv, environ={})
 
 
 def test_settings_come_from_the_environment_and_flags_win() -> None:

@@ -1,4 +1,4 @@
-"""A split server: --frontends N front-end processes on one port over --data-parallel K engines.
+"""A split server: --frontends N front-end processes on one port over K engine processes.
 
 Real `pooling-server` subprocesses on real ports, serving the small random-weight fixture
 models. The kernel spreads connections over the front ends (SO_REUSEPORT), so each test
@@ -207,7 +207,7 @@ class Delta:
     [
         (["--frontends", "2", "--port", "0"], "--frontends above 1 needs a fixed --port"),
         (["--processes", "2", "--port", "0"], "--frontends above 1 needs a fixed --port"),
-        (["--frontends", "-1"], "--frontends must be 0"),
+        (["--frontends", "-1"], "--frontends: must be auto, 0 (one process) or more"),
     ],
 )
 def test_front_end_count_checks(args: list[str], message: str) -> None:
@@ -275,7 +275,7 @@ def two_by_two(
         Served("tiny-cross-encoder", str(model_folders["tiny-cross-encoder"])),
         Served("tiny-ner", str(model_folders["tiny-ner"])),
     ]
-    args = [*server_args(models), "--data-parallel", "2"]
+    args = [*server_args(models), "--engines-per-device", "2"]
     args += ["--dtype", "float32", "--drain-delay-s", str(DRAIN_DELAY_S), "--batch-wait-ms", "20"]
     split = start_split(args, tmp_path_factory.mktemp("two-by-two"), "two-by-two")
     yield split
@@ -584,7 +584,7 @@ def test_a_cancelled_job_is_no_longer_outstanding(tmp_path: Path) -> None:
             listener.listen(1)
             listeners.append(listener)
         ready = [EngineReady(address, 0, []) for address in addresses]
-        client = RemoteEngineClient(ready)
+        client = RemoteEngineClient(ready, stall_s=0)  # no Ping among the messages counted
         await client.start()
         engines = [Link(listener.accept()[0]) for listener in listeners]
         loop = asyncio.get_running_loop()

@@ -247,6 +247,7 @@ class ModelInfo:
     backend: str = ""
     precision: str = ""
     backend_file: str = ""
+    engines_per_device: int = 1
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -282,6 +283,7 @@ class ModelInfo:
             backend=card.backend,
             precision=card.precision,
             backend_file=card.backend_file,
+            engines_per_device=card.engines_per_device or 1,
         )
 
 
