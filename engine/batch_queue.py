@@ -68,8 +68,9 @@ class BatchConfig:
     max_queued_items: int = 100_000
     # Items one client may have queued (see ClientKey); 0: default_client_cap().
     max_queued_items_per_client: int = 0
-    # A batch grows only while real tokens / padded tokens stays above this.
-    min_padding_efficiency: float = 0.8
+    # A batch grows only while real tokens / padded tokens stays above this, so every
+    # batch, and the whole stream, wastes at most 10% on padding (issue 35's target).
+    min_padding_efficiency: float = 0.9
     # How many of the oldest items a scheduling step looks at; bounds its cost.
     lookahead: int = 2048
 

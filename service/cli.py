@@ -60,6 +60,14 @@ def engine_count(text: str) -> int | str:
     return text if text == layout.AUTO else positive_int(text)
 
 
+def fraction(text: str) -> float:
+    """A number from 0 to 1."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, not {value}")
+    return value
+
+
 def count(text: str) -> int:
     """A whole number of zero or more (0 is "no limit" where a flag says so)."""
     value = int(text)
@@ -533,6 +541,14 @@ def _batching_flags(batching: Group) -> None:
         "--batch-wait-ms", type=float, default=0.0, help="wait this long for a batch to fill"
     )
     batching.add_argument(
+        "--min-padding-efficiency",
+        type=fraction,
+        default=BatchConfig.min_padding_efficiency,
+        help="a batch takes texts of similar length (around its oldest waiting one, so long "
+        "texts are not starved) and grows only while real tokens / padded tokens stays at "
+        "or above this (default 0.9)",
+    )
+    batching.add_argument(
         "--max-queued-items", type=positive_int, default=100_000, help="queue bound per model"
     )
     batching.add_argument(
@@ -750,6 +766,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_batch_size=args.max_batch_size or 0,
             workers=args.forward_workers or 0,
             batch_wait_s=args.batch_wait_ms / 1000,
+            min_padding_efficiency=args.min_padding_efficiency,
             max_queued_items=args.max_queued_items,
             max_queued_items_per_client=args.max_queued_items_per_client
             or default_client_cap(args.max_queued_items, args.max_client_batch_size),

@@ -60,6 +60,13 @@ def test_one_front_end_and_engine_by_default_without_a_gpu() -> None:
         (["--engine-stall-s", "-1"], "--engine-stall-s must be"),
     ],
 )
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "dense"])
+def test_padding_efficiency_is_a_fraction(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--min-padding-efficiency", value])
+    assert "--min-padding-efficiency" in capsys.readouterr().err
+
+
 def test_layout_checks(argv: list[str], message: str) -> None:
     from service.cli import parse_args
 
