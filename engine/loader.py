@@ -31,6 +31,7 @@ from transformers.models.auto.modeling_auto import (
 
 from engine.backends import RuntimeSettings
 from engine.backends.select import ModelSource, choose_backend
+from engine.cuda_graphs import Buckets, GraphedForward, GraphSettings, attention_of, why_eager
 from engine.dense import DenseLayer, load_dense
 from engine.encodings import read_calibration_ranges
 from engine.model_info import (
@@ -52,6 +53,7 @@ from engine.tokenization import ModelTokenizer, TokenizerSpec
 log = logging.getLogger(__name__)
 
 FALLBACK_MAX_TOKENS = 512
+MIB = 1 << 20
 
 _HEAD_CLASSES = {
     HeadKind.HIDDEN: AutoModel,
@@ -332,8 +334,10 @@ def load_model(
     is_default: bool = False,
     runtime: RuntimeSettings | None = None,
     threads: int = 1,
+    cuda_graphs: GraphSettings | None = None,
 ) -> LoadedModel:
-    """`runtime` and `threads`: the backends' cache and the cores their forward may use."""
+    """`runtime` and `threads`: the backends' cache and the cores their forward may use.
+    `cuda_graphs`: capture the torch forward as CUDA graphs (on CUDA only); None: eager."""
     folder = _read_folder(spec)
     projection = _load_projection(folder, device)
     module = _load_module(folder, device, dtype, attn_implementation)
@@ -351,7 +355,62 @@ def load_model(
     )
     del module  # the runner holds it; a backend that replaces the runner lets it go
     runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
+    _attach_graphs(runner, cuda_graphs, tokenizer.uses_token_type_ids)
     return LoadedModel(runner.info, tokenizer, runner)
+
+
+def _attach_graphs(
+    runner: ModelRunner, settings: GraphSettings | None, tokenizer_types: bool
+) -> None:
+    """Capture the torch module's forward as CUDA graphs for the bucketed shapes (see
+    engine/cuda_graphs.py), logging what it cost; a capture that fails leaves the forward
+    eager, with a warning, rather than stopping the server. The graphs take token types
+    where the eager forward gets them: the module takes them and the tokenizer makes them."""
+    module, name = runner.module, runner.info.name
+    torch_forward = runner.backend is None and module is not None
+    attention = attention_of(module) if module is not None else None
+    reason = why_eager(settings, runner.device, torch_forward, attention)
+    if reason is not None:
+        if runner.device.type == "cuda":
+            log.info("model %s: no CUDA graphs (%s): eager forward", name, reason)
+        return
+    assert settings is not None and module is not None
+    buckets = Buckets.for_model(
+        settings.max_batch_size,
+        runner.info.max_input_tokens,
+        settings.max_length,
+        settings.max_batch_tokens,
+    )
+    graphs = GraphedForward(
+        module,
+        runner._output,
+        buckets,
+        runner.device,
+        runner.pad_token_id,
+        runner.accepts_token_type_ids and tokenizer_types,
+    )
+    try:
+        stats = graphs.capture_all(settings.max_output_bytes)
+    except Exception:
+        log.warning(
+            "model %s: CUDA graph capture failed, the forward stays eager", name, exc_info=True
+        )
+        return
+    runner.graphs = graphs
+    log.info(
+        "model %s: %d CUDA graphs captured in %.2f s, %.0f MiB of GPU memory (static outputs "
+        "%.0f MiB): batch sizes %s x lengths %s%s; other shapes run eagerly",
+        name,
+        stats.graphs,
+        stats.seconds,
+        stats.memory_bytes / MIB,
+        stats.static_bytes / MIB,
+        ",".join(map(str, buckets.batch_sizes)),
+        ",".join(map(str, buckets.lengths)),
+        f" ({stats.left_eager} shapes past the output budget left eager)"
+        if stats.left_eager
+        else "",
+    )
 
 
 def _read_folder(spec: ModelSpec) -> _Folder:

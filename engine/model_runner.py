@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.backends import Backend
+from engine.cuda_graphs import GraphedForward
 from engine.model_info import HeadKind, ModelInfo
 from engine.pooling import pool, pool_array, splade
 from engine.tokenization import TokenSequence
@@ -69,6 +70,9 @@ class ModelRunner:
             and "token_type_ids" in inspect.signature(module.forward).parameters
         )
         self.threads: ThreadShare | None = None  # None: leave torch's setting alone
+        # The torch module's forward replayed from CUDA graphs where a batch's shape has one
+        # (engine/cuda_graphs.py); None: always eager.
+        self.graphs: GraphedForward | None = None
 
     def arrays(self, batch: Sequence[TokenSequence]) -> dict[str, np.ndarray]:
         """Right-pad to the longest sequence, filled in numpy: a tensor per row costs more
@@ -137,7 +141,9 @@ class ModelRunner:
         else:
             assert self.module is not None
             inputs = self.collate(batch)
-            output, mask = self._output(self.module(**inputs)), inputs["attention_mask"]
+            graphed = self.graphs(inputs) if self.graphs is not None else None
+            output = self._output(self.module(**inputs)) if graphed is None else graphed
+            mask = inputs["attention_mask"]
         lengths = [len(e) for e in batch]
         head = self.info.head
         if head is HeadKind.SEQUENCE:

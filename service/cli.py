@@ -422,13 +422,22 @@ def _model_config_flags(models: Group) -> None:
 
 
 def _device_flags(models: Group) -> None:
-    """Where the forward runs: device, dtype and torch's threads."""
+    """Where the forward runs: device, dtype, CUDA graphs and torch's threads."""
     models.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     models.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "float16", "bfloat16"],
         help="auto: float32 on CPU, bfloat16 on a GPU that supports it, else float16",
+    )
+    models.add_argument(
+        "--cuda-graphs",
+        default="on",
+        choices=["on", "off"],
+        help="on: the torch forward is captured at start-up as CUDA graphs for bucketed "
+        "shapes (batch sizes 1, 2, 4, ... x padded lengths 16, 32, ... 512) and replayed, "
+        "other shapes run eagerly; capture time and memory are logged. Only on a CUDA "
+        "device with the torch backend; off: always eager",
     )
     models.add_argument(
         "--torch-threads",
@@ -752,6 +761,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device,
         dtype=args.dtype,
         attn_implementation=args.attn_implementation,
+        cuda_graphs=args.cuda_graphs == "on",
         torch_threads=args.torch_threads,
         intra_op_threads=args.intra_op_threads,
         backend_cache_dir=args.backend_cache_dir,

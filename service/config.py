@@ -160,6 +160,7 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     attn_implementation: str | None = None
+    cuda_graphs: bool = True  # --cuda-graphs: CUDA graphs for the torch forward on a GPU
     torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
     intra_op_threads: int | None = None  # onnx and openvino; None: torch_threads, else cores
     backend_cache_dir: str | None = None  # None: engine.backends.default_cache_dir()

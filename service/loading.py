@@ -14,6 +14,7 @@ import torch
 
 from engine.backends import RuntimeSettings
 from engine.batch_queue import BatchConfig
+from engine.cuda_graphs import GraphSettings
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
 from engine.model_runner import ThreadShare
@@ -57,6 +58,16 @@ def thread_share(
     return ThreadShare(alone=cores, shared=max(1, cores // workers))
 
 
+def graph_settings(config: ServerConfig, batch: BatchConfig) -> GraphSettings | None:
+    """--cuda-graphs: the shapes to capture follow the batcher's caps; None: off. Only a
+    CUDA device with the torch backend captures (engine/loader.py)."""
+    if not config.cuda_graphs:
+        return None
+    return GraphSettings(
+        max_batch_size=batch.max_batch_size, max_batch_tokens=batch.max_batch_tokens
+    )
+
+
 def single_threaded_blas() -> None:
     """numpy's OpenBLAS keeps one thread: the forward passes run in torch's, ONNX Runtime's
     and OpenVINO's pools, sized by --torch-threads and --intra-op-threads, and a second pool
@@ -85,6 +96,7 @@ def load_models(config: ServerConfig) -> tuple[list[LoadedModel], BatchConfig]:
             is_default=index == 0,
             runtime=runtime,
             threads=config.intra_op_threads or _cores(config),
+            cuda_graphs=graph_settings(config, batch),
         )
         info = model.info
         log.info(
