@@ -33,6 +33,7 @@ MAX_FRONTENDS_PER_DEVICE = 4
 MAX_FRONTENDS = 8
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx")
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+DEVICE_NODES = Path("/dev")  # nvidia0, nvidia1, ...: what a container is given
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,15 @@ class Layout:
 
 
 def cuda_devices(device: str, environ: dict[str, str] | None = None) -> int:
-    """The NVIDIA GPUs this server would use, read from the driver's folder and
-    CUDA_VISIBLE_DEVICES (torch sees the same); 0 for `--device cpu`."""
+    """The NVIDIA GPUs this server would use, read from the driver's folder (else the
+    device nodes) and CUDA_VISIBLE_DEVICES, as torch would see them; 0 for `--device cpu`."""
     if device == "cpu":
         return 0
     environ = dict(os.environ) if environ is None else environ
-    present = len(list(NVIDIA_GPUS.iterdir())) if NVIDIA_GPUS.is_dir() else 0
+    if NVIDIA_GPUS.is_dir():
+        present = len(list(NVIDIA_GPUS.iterdir()))
+    else:
+        present = sum(1 for node in DEVICE_NODES.glob("nvidia*") if node.name[6:].isdigit())
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return present

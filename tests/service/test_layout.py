@@ -53,7 +53,13 @@ def test_visible_gpus_follow_cuda_visible_devices(
     assert layout.cuda_devices("auto", {"CUDA_VISIBLE_DEVICES": "0,-1,2"}) == 1
     assert layout.cuda_devices("cpu", {}) == 0
     monkeypatch.setattr(layout, "NVIDIA_GPUS", tmp_path / "absent")
+    nodes = tmp_path / "dev"
+    nodes.mkdir()
+    monkeypatch.setattr(layout, "DEVICE_NODES", nodes)
     assert layout.cuda_devices("auto", {}) == 0
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):  # two GPUs, two others
+        (nodes / name).touch()
+    assert layout.cuda_devices("auto", {}) == 2
 
 
 def test_weight_bytes_are_the_largest_local_folders(tmp_path: Path) -> None:
