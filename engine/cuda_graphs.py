@@ -196,7 +196,7 @@ class CaptureStats:
 
     graphs: int
     seconds: float
-    memory_bytes: int  # CUDA memory reserved by the capture (0 off CUDA)
+    memory_bytes: int  # CUDA memory the graphs keep reserved (0 off CUDA)
     static_bytes: int  # the static outputs alone
     left_eager: int  # shapes of the grid left to eager by the output budget
     shapes: tuple[Shape, ...] = ()
@@ -260,8 +260,10 @@ class GraphedForward:
             self.graphs[shape] = _Graph(inputs, out, replay)
         memory = 0
         if on_cuda:
+            # What the graphs hold (their pool, static tensors), not the warm-ups' cache.
             torch.cuda.synchronize(self.device)
-            memory = torch.cuda.memory_reserved(self.device) - reserved
+            torch.cuda.empty_cache()
+            memory = max(0, torch.cuda.memory_reserved(self.device) - reserved)
         static = sum(g.output.numel() * g.output.element_size() for g in self.graphs.values())
         self.stats = CaptureStats(
             len(self.graphs),

@@ -153,7 +153,9 @@ def test_a_batch_padded_to_its_bucket_answers_as_eager(
     runner.graphs = graphs
     _same(runner.forward(batch, keep), eager)
     assert graphs.replays == 1
-    # Rows past the batch (a lone pad token each) leave nothing that is not a number.
+    # Rows past the batch (a lone pad token each) leave nothing that is not a number. (On
+    # the CPU transformers keeps even a fully masked row finite: the lone token guards
+    # CUDA's SDPA kernels, which this cannot check.)
     assert torch.isfinite(graphs.graphs[shape].output).all()
 
 
