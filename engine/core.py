@@ -89,6 +89,7 @@ class EngineCore:
         self._loop = asyncio.get_running_loop()
         for queue in self.queues.values():
             queue.deliver = self._send
+            queue.told_of_cancels = True  # _cancel tells them
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -189,6 +190,8 @@ class EngineCore:
             job = front_end.jobs.pop(key, None)
             if job is not None and self._owners.pop(job, None) is not None:
                 job.future.cancel()
+        for queue in self.queues.values():  # after the cancels, so the next walk sees them
+            queue.cancelled()
 
     def _send(self, outcomes: Sequence[tuple[Job, object]]) -> None:
         """On any thread: each outcome (raw outputs or an error) to its front end, in one
