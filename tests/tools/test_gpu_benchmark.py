@@ -174,3 +174,18 @@ def test_role_kinds() -> None:
         "node",
         "engine",
     ]
+
+
+def test_a_refused_server_is_recorded_in_its_own_words() -> None:
+    usage = (
+        "server exited with 2:\nusage: pooling-server [-h]\n"
+        "   [--log-level {debug,info,warning,error}]\n"
+        "pooling-server: error: unrecognized arguments: --engines-per-device 2"
+    )
+    assert gpu.server_error(RuntimeError(usage)) == (
+        "pooling-server: error: unrecognized arguments: --engines-per-device 2"
+    )
+    crash = (
+        "server exited with 1:\nTraceback (most recent call last):\n  File x\nRuntimeError: boom"
+    )
+    assert gpu.server_error(RuntimeError(crash)) == "RuntimeError: boom"
