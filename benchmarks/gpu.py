@@ -501,9 +501,10 @@ class GpuSampler:
 
     def _nvml(self, pynvml: Any, handle: Any) -> None:
         while not self._stop.wait(0.1):
-            util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
-            used = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-            self.samples.append((time.monotonic(), float(util), float(used)))
+            with contextlib.suppress(Exception):  # a missed sample, not a dead sampler
+                util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                used = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+                self.samples.append((time.monotonic(), float(util), float(used)))
 
     def _smi(self) -> None:
         assert self._process is not None and self._process.stdout is not None
@@ -655,16 +656,22 @@ def python_load(
     ]
     window.load_pids = [p.pid for p in procs]
     margin = min(0.3, seconds / 10)
-    time.sleep(max(0.0, start_at + WARMUP_S + margin - time.time()))
-    window.start()
-    time.sleep(max(0.0, start_at + WARMUP_S + seconds - margin - time.time()))
-    window.stop()
     parts = []
-    for process in procs:
-        out, _ = process.communicate(timeout=seconds + 120)
-        if process.returncode:
-            raise RuntimeError(f"load process exited with {process.returncode}")
-        parts.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        time.sleep(max(0.0, start_at + WARMUP_S + margin - time.time()))
+        window.start()
+        time.sleep(max(0.0, start_at + WARMUP_S + seconds - margin - time.time()))
+        window.stop()
+        for process in procs:
+            out, _ = process.communicate(timeout=WARMUP_S + seconds + 90)
+            if process.returncode:
+                raise RuntimeError(f"load process exited with {process.returncode}")
+            parts.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for process in procs:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     latencies = sorted(x for part in parts for x in part["latencies"])
     failed: dict[str, int] = {}
     for part in parts:
