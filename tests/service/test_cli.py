@@ -53,13 +53,6 @@ def test_one_front_end_and_engine_by_default_without_a_gpu() -> None:
     assert (args.frontends, args.engines_per_device) == (1, 1)
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--frontends", "0", "--engines-per-device", "2"], "needs --frontends 1 or more"),
-        (["--engine-stall-s", "-1"], "--engine-stall-s must be"),
-    ],
-)
 @pytest.mark.parametrize("value", ["-0.1", "1.5", "dense"])
 def test_padding_efficiency_is_a_fraction(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
@@ -67,6 +60,13 @@ def test_padding_efficiency_is_a_fraction(value: str, capsys: pytest.CaptureFixt
     assert "--min-padding-efficiency" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--frontends", "0", "--engines-per-device", "2"], "needs --frontends 1 or more"),
+        (["--engine-stall-s", "-1"], "--engine-stall-s must be"),
+    ],
+)
 def test_layout_checks(argv: list[str], message: str) -> None:
     from service.cli import parse_args
 
