@@ -47,8 +47,11 @@ def _messages(
 ) -> list[tuple[bytes, bytes]]:
     """Every message a driver sends, encoded once: job ids k*per_message.. in message k.
 
-    Lengths are 16..24 ids (about 20), so batches are formed by length closeness as for
-    real texts; `clients` names cycle over the jobs (each its own queue in the engine).
+    Lengths are 18..22 ids (about 20), so batches are formed by length closeness as for
+    real texts, yet every batch is full under either padding rule (--min-padding-efficiency
+    0.9, the default since fcdc959, or the 0.8 before it): a batch's size does not depend on
+    the version measured. `clients` names cycle over the jobs (each its own queue in the
+    engine).
     """
     from engine.ipc import IDS, JobHeader, Submit, encoder
 
@@ -57,7 +60,7 @@ def _messages(
     for k in range(in_flight // per_message):
         headers, ids = [], []
         for j in range(per_message):
-            n = rng.randint(16, 24)
+            n = rng.randint(18, 22)
             ids += [101, *(rng.randrange(1000, 30000) for _ in range(n - 2)), 102]
             key = k * per_message + j
             client = f"client-{key % clients}" if clients > 1 else ""
@@ -144,12 +147,18 @@ def _profile(pid: int, seconds: float, out: str) -> subprocess.Popen[bytes]:
     binary = py_spy()
     if binary is None:
         raise SystemExit("--profile needs py-spy (pip install py-spy)")
-    command = [binary, "record", "--threads", "--gil", "--format", "raw", "--nonblocking"]
+    command = [binary, "record", "--threads", "--format", "raw", "--nonblocking"]
     command += ["-p", str(pid), "-d", str(max(1, round(seconds))), "-o", out]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL)
 
 
+def _thread_cpu(process: psutil.Process) -> dict[int, float]:
+    """CPU seconds of each of the process's threads, by OS thread id."""
+    return {t.id: t.user_time + t.system_time for t in process.threads()}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.cpu_profile import python_thread_names
     from service.split.run_dir import engine_address
 
     run_dir = tempfile.mkdtemp(prefix="engine-alone-")
@@ -165,12 +174,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             drivers[-1].start()
         time.sleep(args.warm_up)
         process = psutil.Process(engine.pid)
+        names = python_thread_names(engine.pid)
         profiler = _profile(engine.pid, args.seconds, args.profile) if args.profile else None
+        threads0 = _thread_cpu(process)
         cpu0, items0, t0 = process.cpu_times(), items.value, time.monotonic()
         answers0 = answers.value
         time.sleep(args.seconds)
         cpu1, items1, t1 = process.cpu_times(), items.value, time.monotonic()
         answers1 = answers.value
+        threads1 = _thread_cpu(process)
         if profiler is not None:
             profiler.wait(timeout=120)
         if not all(driver.is_alive() for driver in drivers):
@@ -186,11 +198,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(run_dir, ignore_errors=True)
     count = items1 - items0
     cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    by_thread: dict[str, float] = {}
+    for tid, seconds in threads1.items():
+        name = names.get(tid, "native")
+        spent = seconds - threads0.get(tid, 0.0)
+        by_thread[name] = by_thread.get(name, 0.0) + 1e6 * spent / max(count, 1)
     return {
         "label": args.label,
         "items_per_s": round(count / (t1 - t0)),
         "engine_cpu_us_per_item": round(1e6 * cpu / max(count, 1), 2),
         "engine_cpu_cores": round(cpu / (t1 - t0), 2),
+        "engine_us_per_item_by_thread": {k: round(v, 2) for k, v in sorted(by_thread.items())},
         "items": count,
         "items_per_results_message": round(count / max(answers1 - answers0, 1), 1),
         "errors": errors.value,

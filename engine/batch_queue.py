@@ -220,10 +220,14 @@ class BatchQueue:
                 job.timing.enqueued = now
                 if queued is None:  # a client with nothing queued takes its turn last
                     queued = self._pending[key] = []
-                queued.extend(
-                    QueuedItem(sequence, keep, job, index, now, len(sequence))
-                    for index, (sequence, keep) in enumerate(job.work)
-                )
+                if count == 1:  # one text, the usual request: half the cost of the general way
+                    [(sequence, keep)] = job.work
+                    queued.append(QueuedItem(sequence, keep, job, 0, now, len(sequence)))
+                else:
+                    queued.extend(
+                        QueuedItem(sequence, keep, job, index, now, len(sequence))
+                        for index, (sequence, keep) in enumerate(job.work)
+                    )
                 self._size += count
                 if job.deadline is not None and job.deadline < self._next_deadline:
                     self._next_deadline = job.deadline

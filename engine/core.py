@@ -149,8 +149,9 @@ class EngineCore:
     def _submit(self, front_end: _FrontEnd, message: Submit, payload: bytearray) -> None:
         """On the front end's reader thread: the message's jobs into their models' queues."""
         ids = np.frombuffer(payload, dtype=IDS)
-        total = sum(sum(header.lengths) for header in message.jobs)
-        types = ids[total:] if message.with_types else None
+        types = None
+        if message.with_types:
+            types = ids[sum(sum(header.lengths) for header in message.jobs) :]
         by_model: dict[str, list[Job]] = {}
         offset = 0
         for header in message.jobs:
@@ -209,7 +210,10 @@ class EngineCore:
 
 
 def _message(answered: Sequence[tuple[Job, object]]) -> tuple[bytes, np.ndarray]:
-    """A `Results` header, and every answer's outputs as one float32 buffer."""
+    """A `Results` header, and every answer's outputs as one float32 buffer.
+
+    Vectors (the usual raw output) join the buffer as they are, cast to float32 by the one
+    concatenate: a cast and a reshape each cost ~1 us an output."""
     results, arrays = [], []
     for job, outcome in answered:
         timing = job.timing
@@ -218,10 +222,10 @@ def _message(answered: Sequence[tuple[Job, object]]) -> tuple[bytes, np.ndarray]
         else:
             raws: list[np.ndarray] = outcome  # type: ignore[assignment]
             shapes = [list(raw.shape) for raw in raws]
-            arrays += [np.asarray(raw, dtype=OUTPUTS).reshape(-1) for raw in raws]
+            arrays += [raw if raw.ndim == 1 else raw.reshape(-1) for raw in raws]
             info = None
         results.append(
             JobResult(job.key, shapes, info, timing.enqueued, timing.started, timing.finished)
         )
-    data = np.concatenate(arrays) if arrays else np.empty(0, OUTPUTS)
+    data = np.concatenate(arrays, dtype=OUTPUTS) if arrays else np.empty(0, OUTPUTS)
     return encoder.encode(Results(results)), data

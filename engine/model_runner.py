@@ -8,6 +8,7 @@ code here, so the backend is invisible to the queue and to everything after it.
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,23 +78,28 @@ class ModelRunner:
     def arrays(self, batch: Sequence[TokenSequence]) -> dict[str, np.ndarray]:
         """Right-pad to the longest sequence, filled in numpy: a tensor per row costs more
         than the forward pass of a small model. A backend whose graph takes token types
-        gets zeros where the tokenizer makes none, as the torch module defaults them."""
-        longest = max(len(e) for e in batch)
+        gets zeros where the tokenizer makes none, as the torch module defaults them.
+
+        Every row at once: the ids of all sequences joined, then scattered through the
+        mask, rather than a numpy assignment per row (~1.5 us a row, most of a batch's
+        host time in front of a fast device)."""
+        lengths = np.fromiter(map(len, batch), dtype=np.intp, count=len(batch))
+        longest = int(lengths.max())
+        filled = np.arange(longest) < lengths[:, None]
         ids = np.full((len(batch), longest), self.pad_token_id, dtype=np.int64)
-        mask = np.zeros((len(batch), longest), dtype=np.int64)
+        ids[filled] = _joined([e.input_ids for e in batch], int(lengths.sum()))
         with_types = self.accepts_token_type_ids and all(
             e.token_type_ids is not None for e in batch
         )
         zeros = self.backend is not None and self.accepts_token_type_ids
-        types = np.zeros((len(batch), longest), dtype=np.int64) if with_types or zeros else None
-        for row, sequence in enumerate(batch):
-            n = len(sequence)
-            ids[row, :n] = sequence.input_ids
-            mask[row, :n] = 1
-            if with_types and types is not None:
-                types[row, :n] = sequence.token_type_ids
-        arrays = {"input_ids": ids, "attention_mask": mask}
-        if types is not None:
+        arrays = {"input_ids": ids, "attention_mask": filled.astype(np.int64)}
+        if with_types or zeros:
+            types = np.zeros((len(batch), longest), dtype=np.int64)
+            if with_types:
+                types[filled] = _joined(
+                    [e.token_type_ids for e in batch],  # type: ignore[misc]
+                    int(lengths.sum()),
+                )
             arrays["token_type_ids"] = types
         return arrays
 
@@ -181,6 +187,14 @@ class ModelRunner:
         belong to the calling thread, so warming anywhere else leaves the first request slow."""
         if self.warm_up_batch:
             self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)
+
+
+def _joined(rows: Sequence[Sequence[int] | np.ndarray], total: int) -> np.ndarray:
+    """Rows of ids end to end: numpy arrays (an engine process's views of one message) are
+    joined as arrays, Python lists (the tokenizer's) read as one stream of ints."""
+    if all(isinstance(row, np.ndarray) for row in rows):
+        return np.concatenate(rows)  # type: ignore[arg-type]
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
 
 
 def _host(output: np.ndarray | torch.Tensor) -> np.ndarray:
