@@ -1123,6 +1123,17 @@ def orchestrate(
     with gpu_sampling(not args.quick) as gpu:
         run = Run(args, Clock(args.budget, args.started), work, minilm_folder(args.minilm), gpu)
         meta["gpu_sampler"] = gpu.source if gpu else None
+        meta["estimated_s"] = (
+            run.scaled(REFERENCE_ESTIMATE_S) * len({shape for shape, _ in groups})
+            + run.scaled(SERVER_START_ESTIMATE_S) * len(groups)
+            + run.per_row_s * len(rows)
+        )
+        print(
+            f"{len(rows)} rows on {len(groups)} server configurations: about "
+            f"{meta['estimated_s']:.0f} s estimated, {args.budget:.0f} s budget "
+            "(what does not fit is skipped, in plan order)",
+            flush=True,
+        )
         for (shape_name, _), group in groups.items():
             run_group(run, shapes[shape_name], group)
     for reference in run.references.values():
@@ -1266,7 +1277,10 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         f"Code {meta.get('code', '?')}; {meta.get('mode', '')}; load generator "
         f"{meta.get('load', '?')}; {meta.get('seconds', '?')} s a row; "
         f"{_fmt(meta.get('elapsed_s'), 0)} s in all; "
-        f"GPU sampled by {meta.get('gpu_sampler') or 'nothing'}.",
+        f"GPU sampled by {meta.get('gpu_sampler') or 'nothing'}. Parity (min cosine against "
+        f"sentence-transformers float32 on CPU): default server "
+        f"{_fmt(result.get('summary', {}).get('parity_min_cosine_default'), 6)}, every server "
+        f"{_fmt(result.get('summary', {}).get('parity_min_cosine_all'), 6)}.",
         "",
         "## Reference: sentence-transformers encode, in-process",
         "",
