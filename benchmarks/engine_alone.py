@@ -147,7 +147,7 @@ def _profile(pid: int, seconds: float, out: str) -> subprocess.Popen[bytes]:
     binary = py_spy()
     if binary is None:
         raise SystemExit("--profile needs py-spy (pip install py-spy)")
-    command = [binary, "record", "--threads", "--format", "raw", "--nonblocking"]
+    command = [binary, "record", "--threads", "--gil", "--format", "raw", "--nonblocking"]
     command += ["-p", str(pid), "-d", str(max(1, round(seconds))), "-o", out]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL)
 
@@ -208,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "items_per_s": round(count / (t1 - t0)),
         "engine_cpu_us_per_item": round(1e6 * cpu / max(count, 1), 2),
         "engine_cpu_cores": round(cpu / (t1 - t0), 2),
+        "engine_system_us_per_item": round(1e6 * (cpu1.system - cpu0.system) / max(count, 1), 2),
         "engine_us_per_item_by_thread": {k: round(v, 2) for k, v in sorted(by_thread.items())},
         "items": count,
         "items_per_results_message": round(count / max(answers1 - answers0, 1), 1),
