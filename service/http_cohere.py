@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -29,6 +29,7 @@ from engine.request import PoolRequest, RerankRequest
 from service.errors import HTTP_STATUS
 from service.http_doors import (
     DoorError,
+    DoorHost,
     base64_floats,
     budget,
     call,
@@ -41,9 +42,6 @@ from service.http_doors import (
 )
 from service.http_doors import request_id as make_request_id
 from service.runner import RequestRunner
-
-if TYPE_CHECKING:
-    from service.http_api import HttpApi
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +185,7 @@ def cohere_errors(handler: Handler, prefix: str) -> Handler:
 
 
 class CohereRoutes:
-    def __init__(self, api: HttpApi, prompts: Mapping[str, tuple[str, ...]] | None = None) -> None:
+    def __init__(self, api: DoorHost, prompts: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self.api = api
         self.prompts = dict(prompts or INPUT_TYPE_PROMPTS)
 

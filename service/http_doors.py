@@ -15,7 +15,7 @@ import base64
 import re
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -37,6 +37,16 @@ T = TypeVar("T")
 JSON_FLOAT_BYTES = 21  # a float32 as the shortest double that reads back, with its comma
 
 _encoder = msgspec.json.Encoder()
+
+
+class DoorHost(Protocol):
+    """What a route family (service/http_tei.py, http_cohere.py) takes from the app that
+    hangs it (service/http_api.py's HttpApi): the runner, and the response cap
+    (--max-http-response-mb), read at each request. The families name this rather than
+    HttpApi, so that the app imports them and not the other way round."""
+
+    runner: RequestRunner
+    max_response_bytes: int
 
 
 class DoorError(Exception):

@@ -23,7 +23,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -38,6 +38,7 @@ from engine.request import PoolRequest, RerankRequest
 from service import json_body
 from service.http_doors import (
     DoorError,
+    DoorHost,
     budget,
     call,
     decode_body,
@@ -52,9 +53,6 @@ from service.http_doors import (
 )
 from service.runner import RequestRunner
 from service.version import server_version
-
-if TYPE_CHECKING:
-    from service.http_api import HttpApi
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +270,7 @@ def tei_errors(handler: Handler) -> Handler:
 class TeiRoutes:
     """TEI's routes over the runner; `api` lends the response cap (--max-http-response-mb)."""
 
-    def __init__(self, api: HttpApi) -> None:
+    def __init__(self, api: DoorHost) -> None:
         self.api = api
 
     @property
