@@ -44,7 +44,8 @@ def _burst(server: Any, body: bytes, concurrency: int, seconds: float, work: Pat
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks import h2load
-    from benchmarks.throughput import _default_model_path, sentences, start_project_server
+    from benchmarks.servers import start_project_server
+    from benchmarks.workload import _default_model_path, sentences
     from pooling_client.v1 import pooling_pb2 as pb
 
     name, _, path = (args.model or f"minilm={_default_model_path()}").partition("=")

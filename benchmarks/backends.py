@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.servers import _measure, start_project_server, verify_pool
+from benchmarks.workload import _default_model_path, sentences
+
 CONFIGS = (  # name, --backend, --quantize
     ("torch fp32", "torch", "none"),
     ("onnx fp32", "onnx", "none"),
@@ -76,7 +79,6 @@ def in_process(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from benchmarks.throughput import _default_model_path, sentences
     from tests.engine.test_backends import RETRIEVAL
 
     threads = len(os.sched_getaffinity(0))
@@ -122,13 +124,6 @@ def served(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     """Per config, the server (default front ends) under h2load: C=1 and C=64 with one text
     per call, C=8 with 32 texts per call."""
     from benchmarks import h2load
-    from benchmarks.throughput import (
-        _default_model_path,
-        _measure,
-        sentences,
-        start_project_server,
-        verify_pool,
-    )
     from pooling_client.v1 import pooling_pb2 as pb
 
     one = h2load.grpc_body(pb.PoolRequest(embed=pb.TextInput(texts=sentences(1, seed=2)[:1])))

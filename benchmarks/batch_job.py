@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.throughput import best_encode_rate, sentences
+from benchmarks.throughput import best_encode_rate
+from benchmarks.workload import sentences
 
 REFERENCE = [sys.executable, "-m", "benchmarks.batch_job", "--role", "reference"]
 RATE = re.compile(r"batch done: (\d+) lines answered \((\d+) errors\).* in ([\d.]+) s")

@@ -112,7 +112,7 @@ def _drive(
 
 def _start_engine(run_dir: str, args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], int]:
     """The engine process through the stand-in; returns it and the write end of its stop pipe."""
-    from benchmarks.throughput import _default_model_path
+    from benchmarks.workload import _default_model_path
 
     stop_read, stop_write = os.pipe()
     os.makedirs(f"{run_dir}/metrics")

