@@ -29,8 +29,9 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
-from engine.backends import RuntimeSettings
-from engine.backends.select import ModelSource, choose_backend
+from engine.backends import RuntimeSettings, read_calibration
+from engine.backends.select import ModelSource, choose_backend, model_key
+from engine.calibration import COMPUTED, FOLDER, computed_ranges
 from engine.cuda_graphs import Buckets, GraphedForward, GraphSettings, attention_of, why_eager
 from engine.dense import DenseLayer, load_dense
 from engine.encodings import read_calibration_ranges
@@ -355,6 +356,7 @@ def load_model(
     )
     del module  # the runner holds it; a backend that replaces the runner lets it go
     runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
+    runner.info = _computed_ranges(spec, folder, runner, attn_implementation, runtime)
     _attach_graphs(runner, cuda_graphs, tokenizer.uses_token_type_ids)
     return LoadedModel(runner.info, tokenizer, runner)
 
@@ -478,6 +480,7 @@ def _model_info(
     weights = next(module.parameters())
     # --pooling-type splade without a SparseEncoder config: SPLADE v2's max over relu.
     splade = (st.splade if st else None) or (SpladeStrategy.MAX, SpladeActivation.RELU)
+    ranges = _calibration_ranges(folder.path, tasks, int(config.hidden_size))
     return ModelInfo(
         name=spec.served_name,
         architecture=(config.architectures or [type(module).__name__])[0],
@@ -503,10 +506,55 @@ def _model_info(
         dtype=str(weights.dtype).removeprefix("torch."),
         device=str(weights.device),
         revision=loaded_revision(spec.source, folder.path, spec.revision),
-        calibration_ranges=_calibration_ranges(folder.path, tasks, int(config.hidden_size)),
+        calibration_ranges=ranges,
+        calibration_source=FOLDER if ranges is not None else "",
         splade_strategy=splade[0],
         splade_activation=splade[1],
     )
+
+
+def _key_extra(spec: ModelSpec, attn_implementation: str | None) -> dict[str, Any]:
+    """The settings beside the folder's files that shape the forward (cache keys)."""
+    return {
+        "overrides": spec.hf_overrides,
+        "trust_remote_code": spec.trust_remote_code,
+        "attn_implementation": attn_implementation or "",
+    }
+
+
+def _computed_ranges(
+    spec: ModelSpec,
+    folder: _Folder,
+    runner: ModelRunner,
+    attn_implementation: str | None,
+    runtime: RuntimeSettings | None,
+) -> ModelInfo:
+    """The runner's info with int8/uint8 ranges computed from the calibration texts (or
+    read from the cache) where an embedding model's folder ships none (engine/calibration.py);
+    other models' info as it was."""
+    info = runner.info
+    if info.calibration_ranges is not None or Task.EMBED not in info.tasks:
+        return info
+    if info.hidden_size != int(folder.config.hidden_size):
+        # token_embed rows keep the transformer's width, which one set of ranges of the
+        # projected width would not fit.
+        log.info(
+            "model %s: no int8/uint8 ranges computed: its Dense modules project %d to %d "
+            "dimensions",
+            info.name,
+            int(folder.config.hidden_size),
+            info.hidden_size,
+        )
+        return info
+    texts = read_calibration(spec.backend.calibration_file, info.name)
+    ranges = computed_ranges(
+        ServedModel(info, folder.tokenizer),
+        runner.forward,
+        texts,
+        model_key(folder.path, folder.head, _key_extra(spec, attn_implementation)),
+        (runtime or RuntimeSettings()).cache_dir,
+    )
+    return replace(info, calibration_ranges=ranges, calibration_source=COMPUTED)
 
 
 def _choose_forward(
@@ -530,11 +578,7 @@ def _choose_forward(
         module=module,
         inputs=lambda texts: runner.arrays(tokenizer.tokenize(texts)),
         reference=runner.raw,
-        key_extra={
-            "overrides": spec.hf_overrides,
-            "trust_remote_code": spec.trust_remote_code,
-            "attn_implementation": attn_implementation or "",
-        },
+        key_extra=_key_extra(spec, attn_implementation),
     )
     chosen = choose_backend(
         source, spec.backend, runtime or RuntimeSettings(), runner.device, dtype, threads

@@ -93,8 +93,11 @@ class ModelInfo:
     dtype: str = ""
     device: str = ""
     revision: str = ""
-    # int8/uint8 encodings: per-dimension [minimums, maximums] shipped with the model.
+    # int8/uint8 encodings: per-dimension [minimums, maximums].
     calibration_ranges: list[list[float]] | None = None
+    # Where they came from: "folder" (shipped with the model), "computed" (from the
+    # calibration texts at load, engine/calibration.py), or "" when the model has none.
+    calibration_source: str = ""
     # embed_sparse (HeadKind.SPARSE): how token weights pool into one vocabulary vector.
     splade_strategy: SpladeStrategy = SpladeStrategy.MAX
     splade_activation: SpladeActivation = SpladeActivation.RELU

@@ -269,21 +269,41 @@ def fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def model_key(folder: Path, head: HeadKind, key_extra: dict[str, Any]) -> dict[str, Any]:
+    """What a cache entry derived from a loaded model is keyed by, whatever it holds (an
+    export, computed calibration ranges): the folder's files, the head, the torch and
+    transformers versions and the settings beside the files that shape the forward."""
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "head": str(head),
+        "files": fingerprint(folder),
+        **key_extra,
+    }
+
+
+def hashed(settings: dict[str, Any]) -> str:
+    """The cache key of `settings` (JSON, keys sorted)."""
+    blob = json.dumps(settings, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def cache_slug(name: str) -> str:
+    """The served name as a cache entry's file-name prefix."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[-60:]
+
+
 def cache_key(
     kind: BackendKind, impl: Any, source: ModelSource, options: BackendOptions
 ) -> tuple[str, dict[str, Any]]:
-    import transformers
-
     settings: dict[str, Any] = {
         "format": EXPORT_FORMAT,
         "backend": str(kind),
         "backend_version": impl.version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "head": str(source.head),
         "quantize": str(options.quantize or ""),
-        "files": fingerprint(source.folder),
-        **source.key_extra,
+        **model_key(source.folder, source.head, source.key_extra),
     }
     if options.quantize and kind is BackendKind.OPENVINO:
         import nncf
@@ -291,8 +311,7 @@ def cache_key(
         texts = read_calibration(options.calibration_file, source.name)
         settings["nncf"] = nncf.__version__
         settings["calibration"] = hashlib.sha256("\n".join(texts).encode()).hexdigest()
-    blob = json.dumps(settings, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:24], settings
+    return hashed(settings), settings
 
 
 def _file_name(kind: BackendKind, quantized: bool) -> str:
@@ -312,7 +331,7 @@ def _load_cached(
 ) -> Chosen:
     key, key_settings = cache_key(kind, impl, source, options)
     root = settings.cache_dir or default_cache_dir()
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", source.name)[-60:]
+    slug = cache_slug(source.name)
     entry = root / f"{slug}-{kind}-{key}"
     target = entry / _file_name(kind, options.quantize is Quantize.INT8)
     marker = entry / "export.json"
