@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def _start_engine(run_dir: str, args: argparse.Namespace) -> tuple[subprocess.Po
     command = [sys.executable, "-m", "benchmarks.engine_alone", "engine", "--model"]
     command += [f"{MODEL}={_default_model_path()}", "--max-batch-size", str(args.max_batch_size)]
     command += ["--role", "engine", "--role-index", "0", "--run-dir", run_dir]
-    command += ["--stop-fd", str(stop_read)]
+    command += ["--stop-fd", str(stop_read), *shlex.split(args.server_args)]
     with open(f"{run_dir}/engine.log", "wb") as log:
         engine = subprocess.Popen(
             command, pass_fds=(stop_read,), env=env, cwd=ROOT, stdout=log, stderr=log
@@ -220,6 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "jobs_per_message": args.jobs_per_message,
         "batch_ms": args.batch_ms,
         "max_batch_size": args.max_batch_size,
+        "server_args": args.server_args,
         "cores": os.cpu_count(),
         "commit": _commit(),
     }
@@ -265,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs-per-message", type=int, default=64)
     parser.add_argument("--batch-ms", type=float, default=0.5, help="the stand-in's wait")
     parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--server-args", default="", help="more engine flags (one string)")
     parser.add_argument("--profile", help="py-spy raw output of the engine over the window")
     parser.add_argument("--label", help="write benchmarks/results/engine-alone-2core-LABEL.json")
     parser.add_argument("--runs", type=int, default=1, help="repeat; the JSON keeps every run")
