@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends import default_cache_dir
-from engine.backends.select import cache_slug, hashed
+from engine.backends.select import hashed
 from engine.params import PoolingParams, Task
 from engine.plans import plan_request
 from engine.request import PoolRequest
@@ -112,7 +112,8 @@ def computed_ranges(
     started = time.monotonic()
     root = cache_dir or default_cache_dir()
     key = hashed(ranges_key(model_settings, model, texts))
-    path = root / f"{cache_slug(name)}-ranges-{key}.json"
+    # Not named after the model: the same files under another served name share the entry.
+    path = root / f"ranges-{key}.json"
     try:
         root.mkdir(parents=True, exist_ok=True)
         with (root / f"{path.stem}.lock").open("w") as lock:

@@ -290,11 +290,6 @@ def hashed(settings: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
-def cache_slug(name: str) -> str:
-    """The served name as a cache entry's file-name prefix."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[-60:]
-
-
 def cache_key(
     kind: BackendKind, impl: Any, source: ModelSource, options: BackendOptions
 ) -> tuple[str, dict[str, Any]]:
@@ -331,7 +326,7 @@ def _load_cached(
 ) -> Chosen:
     key, key_settings = cache_key(kind, impl, source, options)
     root = settings.cache_dir or default_cache_dir()
-    slug = cache_slug(source.name)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", source.name)[-60:]
     entry = root / f"{slug}-{kind}-{key}"
     target = entry / _file_name(kind, options.quantize is Quantize.INT8)
     marker = entry / "export.json"
