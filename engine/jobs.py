@@ -25,8 +25,11 @@ class RequestTiming:
     finished: float | None = None
 
     def add_batch(self, started: float, finished: float) -> None:
-        self.started = started if self.started is None else min(self.started, started)
-        self.finished = finished if self.finished is None else max(self.finished, finished)
+        if self.started is None or self.finished is None:  # the first (often only) batch
+            self.started, self.finished = started, finished
+            return
+        self.started = min(self.started, started)
+        self.finished = max(self.finished, finished)
 
 
 @dataclass(eq=False, slots=True)
