@@ -236,6 +236,7 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         precision=info.precision,
         backend_file=info.backend_file,
         engines_per_device=info.engines_per_device,
+        calibration_source=info.calibration_source,
     )
 
 

@@ -2,7 +2,8 @@
 decoded by the Python clients (sync and async) and the Node client, against the float32
 values of the same server, within each encoding's precision; binary and ubinary bit-exact
 with sentence-transformers' quantize_embeddings, int8/uint8 exact with its `ranges` on a
-folder that ships calibration ranges (JSON and .npy); the refusals with their field paths."""
+folder that ships calibration ranges (JSON and .npy), and with the ranges computed at load
+on one that ships none (gRPC and the cohere SDK); the refusals with their field paths."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import cohere
 import grpc
 import numpy as np
 import pytest
@@ -21,15 +23,16 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.quantization import quantize_embeddings
 
+from engine.backends import CALIBRATION_FILE
 from engine.loader import load_model
 from engine.model_spec import ModelSpec
-from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, Usage
+from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, PoolingParams, Usage
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.client.test_node_client import NODE_DIR, TIMEOUT, _node_env, _require_node
 from tests.conftest import Served, server_args
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, free_port, start_server
 
 TEXTS = [
     "Hello world",
@@ -75,15 +78,30 @@ def ranges_of(folder: Path) -> np.ndarray:
     return np.array([data["min"], data["max"]], dtype=np.float32)
 
 
+def computed_ranges(folder: Path) -> np.ndarray:
+    """Independently of the server: sentence-transformers' embeddings of the calibration
+    texts the server ships, min and max per dimension (quantize_embeddings' own ranges)."""
+    texts = [line.strip() for line in CALIBRATION_FILE.read_text().splitlines() if line.strip()]
+    vectors = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    return np.vstack([vectors.min(axis=0), vectors.max(axis=0)]).astype(np.float32)
+
+
 @pytest.fixture(scope="module")
-def server(folders: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def http_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(
+    folders: dict, http_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     models = [
         Served("calibrated", str(folders["st-json"]), hf_overrides={"is_matryoshka": True}),
         Served("calibrated-npy", str(folders["bert-npy"])),
         Served("plain", str(folders["plain"])),
         Served("classifier", str(folders["classifier"])),
     ]
-    args = [*server_args(models), "--dtype", "float32"]
+    args = [*server_args(models), "--dtype", "float32", "--http-port", str(http_port)]
     process = start_server(args, tmp_path_factory.mktemp("encoding-logs"), "encodings")
     yield process
     process.stop(signal.SIGTERM)
@@ -213,12 +231,15 @@ def test_sizes_on_the_wire(stub: pooling_pb2_grpc.PoolingServiceStub) -> None:
 
 
 def test_model_cards_show_calibration_ranges(client: PoolingClient) -> None:
-    cards = {info.name: info.has_calibration_ranges for info in client.models()}
+    cards = {
+        info.name: (info.has_calibration_ranges, info.calibration_source)
+        for info in client.models()
+    }
     assert cards == {
-        "calibrated": True,
-        "calibrated-npy": True,
-        "plain": False,
-        "classifier": False,
+        "calibrated": (True, "folder"),
+        "calibrated-npy": (True, "folder"),
+        "plain": (True, "computed"),  # its folder ships none
+        "classifier": (False, ""),
     }
 
 
@@ -244,26 +265,73 @@ def fail(stub: pooling_pb2_grpc.PoolingServiceStub, request: pb.PoolRequest) -> 
     return decode_rpc_error(raised.value)
 
 
-@pytest.mark.parametrize("encoding", [pb.EMBEDDING_ENCODING_INT8, pb.EMBEDDING_ENCODING_UINT8])
-@pytest.mark.parametrize("case", ["embed", "token_embed"])
-def test_int8_without_calibration_ranges_is_refused(
-    stub: pooling_pb2_grpc.PoolingServiceStub, case: str, encoding: int
+def near_quantization(
+    got: np.ndarray, floats: np.ndarray, encoding: str, ranges: np.ndarray
 ) -> None:
-    request = pb.PoolRequest(model="plain", encoding=encoding)  # type: ignore[arg-type]
-    getattr(request, case).texts.append("a")
-    error = fail(stub, request)
-    assert error.code is grpc.StatusCode.FAILED_PRECONDITION
-    assert error.reason == "CALIBRATION_RANGES_MISSING"
-    assert error.fields == ["encoding"]
-    assert "calibration_ranges.json" in error.description("encoding")
+    """`got` is quantize_embeddings of the server's floats with `ranges` computed apart
+    from the server: float32 noise between the two computations of the ranges may move a
+    value sitting on a level's edge by one level, nothing more."""
+    expected = quantize_embeddings(floats, precision=encoding, ranges=ranges)
+    got = np.asarray(got)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    difference = np.abs(got.astype(np.int16) - expected.astype(np.int16))
+    assert difference.max() <= 1 and (difference == 0).mean() > 0.98
 
 
+@pytest.mark.parametrize("encoding", ["int8", "uint8"])
+def test_int8_on_a_model_that_ships_no_ranges_uses_computed_ones(
+    client: PoolingClient, folders: dict, encoding: str
+) -> None:
+    """ "plain" ships no calibration ranges: the server computed them at load from its
+    calibration texts, so int8 and uint8 are served (embed and token_embed), quantized with
+    sentence-transformers' ranges of those texts; a text's bytes are the same whatever else
+    its request (and so its batch) holds."""
+    ranges = computed_ranges(folders["plain"])
+    floats = client.embed(TEXTS, model="plain", output="numpy")
+    results = client.embed(TEXTS, model="plain", encoding=encoding)
+    assert [r.outputs.encoding for r in results] == [encoding] * len(TEXTS)
+    array = results.numpy()
+    near_quantization(array, floats, encoding, ranges)
+    for n, text in enumerate(TEXTS):
+        alone = client.embed([text], model="plain", encoding=encoding, output="numpy")
+        np.testing.assert_array_equal(alone[0], array[n])
+    rows = client.encode(TEXTS, model="plain", output="numpy")
+    encoded = client.encode(TEXTS, model="plain", encoding=encoding, output="numpy")
+    for got, want in zip(encoded, rows, strict=True):
+        near_quantization(got, want, encoding, ranges)
+
+
+def test_cohere_sdk_gets_int8_from_a_model_that_ships_no_ranges(
+    client: PoolingClient, http_port: int
+) -> None:
+    """The official cohere SDK asks int8 beside float as a matter of course: served from
+    the computed ranges, the values gRPC gives."""
+    co = cohere.ClientV2(api_key="unused", base_url=f"http://127.0.0.1:{http_port}")
+    response = co.embed(
+        model="plain",
+        texts=TEXTS,
+        input_type="search_document",
+        embedding_types=["float", "int8", "uint8"],
+    )
+    np.testing.assert_array_equal(
+        np.array(response.embeddings.float_, dtype=np.float32),
+        client.embed(TEXTS, model="plain", output="numpy"),
+    )
+    for name in ("int8", "uint8"):
+        np.testing.assert_array_equal(
+            getattr(response.embeddings, name),
+            client.embed(TEXTS, model="plain", encoding=name, output="numpy"),
+        )
+
+
+@pytest.mark.parametrize("encoding", [pb.EMBEDDING_ENCODING_BINARY, pb.EMBEDDING_ENCODING_INT8])
 @pytest.mark.parametrize("case", ["classify", "score"])
 def test_encoding_on_other_tasks_is_refused(
-    stub: pooling_pb2_grpc.PoolingServiceStub, case: str
+    stub: pooling_pb2_grpc.PoolingServiceStub, case: str, encoding: int
 ) -> None:
+    """A classifier has no embeddings, so no ranges: int8 is refused as any encoding is."""
     model = "classifier" if case == "classify" else "plain"
-    request = pb.PoolRequest(model=model, encoding=pb.EMBEDDING_ENCODING_BINARY)
+    request = pb.PoolRequest(model=model, encoding=encoding)  # type: ignore[arg-type]
     if case == "score":
         request.score.text_1.append("a")
         request.score.text_2.append("b")
@@ -302,29 +370,38 @@ def test_refusals_in_band_on_a_stream(stub: pooling_pb2_grpc.PoolingServiceStub)
         embed=pb.TextInput(texts=["a"]),
         encoding=pb.EMBEDDING_ENCODING_INT8,
     )
-    bad = pb.PoolRequest(
-        request_id="bad",
+    computed = pb.PoolRequest(
+        request_id="computed",
         model="plain",
         embed=pb.TextInput(texts=["a"]),
         encoding=pb.EMBEDDING_ENCODING_INT8,
     )
-    answers = {
-        r.request_id: r
-        for r in stub.PoolStream(
-            iter([pb.PoolStreamRequest(request=good), pb.PoolStreamRequest(request=bad)])
-        )
-    }
+    bad = pb.PoolRequest(
+        request_id="bad",
+        model="calibrated",
+        embed=pb.TextInput(texts=["a"]),
+        encoding=pb.EMBEDDING_ENCODING_INT8,
+        params=pb.PoolingParams(dimensions=16),
+    )
+    requests = [pb.PoolStreamRequest(request=r) for r in (good, computed, bad)]
+    answers = {r.request_id: r for r in stub.PoolStream(iter(requests))}
     assert len(answers["good"].response.embed.embeddings[0].data) == WIDTH
+    assert len(answers["computed"].response.embed.embeddings[0].data) == WIDTH
     error = decode_status(answers["bad"].error)
-    assert (error.reason, error.fields) == ("CALIBRATION_RANGES_MISSING", ["encoding"])
+    assert (error.reason, error.fields) == ("CALIBRATION_RANGES_DIMENSIONS", ["encoding"])
 
 
 def test_python_client_refuses_locally_and_relays_the_server(client: PoolingClient) -> None:
     with pytest.raises(ValueError, match="only for embed and token_embed"):
         client.encode(TEXTS, pooling_task="classify", model="classifier", encoding="binary")
     with pytest.raises(PoolingError) as raised:
-        client.embed(TEXTS, model="plain", encoding="uint8")
-    assert raised.value.reason == "CALIBRATION_RANGES_MISSING"
+        client.embed(
+            TEXTS,
+            model="calibrated",
+            encoding="uint8",
+            pooling_params=PoolingParams(dimensions=16),
+        )
+    assert raised.value.reason == "CALIBRATION_RANGES_DIMENSIONS"
     assert [v.field for v in raised.value.field_violations] == ["encoding"]
 
 

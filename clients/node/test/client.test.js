@@ -117,12 +117,20 @@ describe('PoolingClient against a live server', () => {
   );
 
   test(
-    'embed: int8 without calibration ranges is refused with the field path',
+    'embed: int8 on a model that ships no calibration ranges uses the ranges computed at load',
     live(async () => {
-      await assert.rejects(client.embed('x', { encoding: 'int8' }), (error) => {
+      const [output] = await client.embed('x', { encoding: 'int8' });
+      assert.equal(output.outputs.encoding, 'int8');
+      assert.equal(output.outputs.embedding.length, 384);
+      assert.ok(output.outputs.embedding.every((v) => Number.isInteger(v) && v >= -128 && v <= 127));
+      const [again] = await client.embed(['x', 'another text beside it'], { encoding: 'int8' });
+      assert.deepEqual(Array.from(again.outputs.embedding), Array.from(output.outputs.embedding));
+      // The ranges cover the full width: int8 of fewer dimensions is refused, with the field path.
+      const options = { model: 'minilm-matryoshka', encoding: 'int8', poolingParams: { dimensions: 128 } };
+      await assert.rejects(client.embed('x', options), (error) => {
         assert.ok(error instanceof PoolingError);
-        assert.equal(error.codeName, 'FAILED_PRECONDITION');
-        assert.equal(error.reason, 'CALIBRATION_RANGES_MISSING');
+        assert.equal(error.codeName, 'INVALID_ARGUMENT');
+        assert.equal(error.reason, 'CALIBRATION_RANGES_DIMENSIONS');
         assert.equal(error.fieldViolations[0].field, 'encoding');
         return true;
       });

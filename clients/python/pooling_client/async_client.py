@@ -114,10 +114,11 @@ class AsyncPoolingClient:
 
         ``use_tqdm=True`` shows a tqdm progress bar counting inputs (when tqdm is installed).
         ``encoding`` packs the vectors on the wire: "float32", "float16", "bfloat16",
-        "binary", "ubinary", "int8" or "uint8" (the last two only on a model that ships
-        calibration ranges); None sends repeated floats. ``output="numpy"`` returns one
-        (N, D) array instead of the list (numpy needed), as sentence-transformers'
-        ``convert_to_numpy``; the list carries ``usage`` and the server's ``timing``.
+        "binary", "ubinary", "int8" or "uint8" (the last two on a model with calibration
+        ranges: shipped or computed at load, see ModelInfo); None sends repeated floats.
+        ``output="numpy"`` returns one (N, D) array instead of the list (numpy needed), as
+        sentence-transformers' ``convert_to_numpy``; the list carries ``usage`` and the
+        server's ``timing``.
         ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
         text) is prepended to every text, as sentence-transformers' ``encode`` does; with
         neither the model's default prompt applies, and ``prompt=""`` sends none.

@@ -231,8 +231,8 @@ class ModelInfo:
     architecture: str
     truncation_side: str
     long_input: str
-    #: Whether the "int8" and "uint8" encodings are available (the model ships calibration
-    #: ranges).
+    #: Whether the "int8" and "uint8" encodings are available (the model has calibration
+    #: ranges, shipped or computed at load).
     has_calibration_ranges: bool = False
     #: Prompts by name (sentence-transformers' ``prompts``), for ``embed(prompt_name=...)``.
     prompts: dict[str, str] = field(default_factory=dict)
@@ -248,6 +248,9 @@ class ModelInfo:
     precision: str = ""
     backend_file: str = ""
     engines_per_device: int = 1
+    #: Where the int8/uint8 ranges came from: "folder" (shipped with the model), "computed"
+    #: (from calibration texts at load), or "" when the model has none.
+    calibration_source: str = ""
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -284,6 +287,7 @@ class ModelInfo:
             precision=card.precision,
             backend_file=card.backend_file,
             engines_per_device=card.engines_per_device or 1,
+            calibration_source=card.calibration_source,
         )
 
 
