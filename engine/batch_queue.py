@@ -347,7 +347,10 @@ class BatchQueue:
         keep[chosen] = False
         starts = np.cumsum(sizes) - sizes
         # Only the clients that gave items: their oldest items lose the chosen ones.
-        for turn in np.unique(np.searchsorted(starts, chosen, side="right") - 1).tolist():
+        givers = np.bincount(
+            np.searchsorted(starts, chosen, side="right") - 1, minlength=len(parts)
+        )
+        for turn in np.flatnonzero(givers).tolist():
             key, part = parts[turn]
             start = int(starts[turn])
             queue = self._pending[key]
@@ -384,8 +387,9 @@ class BatchQueue:
         fits = (padded <= config.max_batch_tokens) & (
             real >= config.min_padding_efficiency * padded
         )
-        fits[0] = True  # the anchor is always taken
-        prefix = min(int(np.argmin(fits)) if not fits.all() else len(fits), config.max_batch_size)
+        fits[0] = True  # the anchor is always taken, whatever the limits
+        prefix = int(np.argmin(fits)) if not fits.all() else len(fits)
+        prefix = max(1, min(prefix, config.max_batch_size))
         chosen = order[:prefix].tolist()
         if prefix < min(len(order), config.max_batch_size):
             longest_n, real_n = int(longest[prefix - 1]), int(real[prefix - 1])
