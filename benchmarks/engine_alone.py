@@ -241,7 +241,7 @@ def _engine(argv: list[str]) -> int:
 
     from benchmarks import stand_in
     from engine.model_runner import ModelRunner
-    from service.cli import main as serve
+    from service.launch import main as serve
 
     stand_in.install(stand_in.batch_seconds())
     patched = ModelRunner._forward

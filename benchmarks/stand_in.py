@@ -96,7 +96,7 @@ def install(seconds: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from service.cli import main as serve
+    from service.launch import main as serve
     from service.split import supervisor
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -17,7 +17,7 @@ import sys
 # backends are optional).
 GROUPS = (
     (
-        "service.cli",
+        "service.launch",
         "service.server",
         "service.split.engine_process",
         "service.loading",

@@ -37,6 +37,7 @@ from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
 from engine.output_size import MIB, ResponseBudget
 from service import event_loop, logs
+from service.cli import build_parser, config_from_args, environment_arguments
 from service.errors import HTTP_STATUS
 from service.json_body import BodyError, parse_body
 from service.metrics import Metrics
@@ -410,20 +411,18 @@ def _positive(text: str) -> int:
 
 def main(argv: Sequence[str]) -> int:
     """`pooling-server batch ...`: the server's model, device and batching flags apply."""
-    from service import cli
-
-    parser = cli.build_parser()
+    parser = build_parser()
     parser.prog = "pooling-server batch"
     parser.description = "Answer a JSONL file of OpenAI batch lines with the models in-process."
     add_arguments(parser)
-    extra = cli.environment_arguments(parser, argv, os.environ)
+    extra = environment_arguments(parser, argv, os.environ)
     args = parser.parse_args([*extra, *argv])
     if args.resume and args.output == "-":
         parser.error("--resume needs --output to be a file")
     logs.configure(args.log_level, args.log_format)
     options = JobOptions(args.input, args.output, args.resume, args.batch_window, args.progress)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return event_loop.run(_main(cli.config_from_args(args), options), args.event_loop)
+    return event_loop.run(_main(config_from_args(args), options), args.event_loop)
 
 
 async def _main(config: Any, options: JobOptions) -> int:

@@ -1,15 +1,13 @@
-"""`pooling-server`: command-line flags -> ServerConfig -> serve."""
+"""`pooling-server`'s flags: the parser, group by group (a default that the config
+dataclasses of service/config.py hold is taken from them), the POOLING_ environment
+variables that stand for flags, the flag types, and `config_from_args`: flags -> a
+ServerConfig. service/launch.py starts the server they describe."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import shutil
-import signal
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,19 +18,16 @@ from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.output_size import MIB, ResponseBudget
 from engine.remote_client import DEFAULT_STALL_S
 from engine.validation import Limits
-from service import event_loop, logs
+from service import event_loop
 from service.config import (
     HttpLimits,
     ServerConfig,
     TlsConfig,
     TransportConfig,
     load_keys,
-    raise_open_file_limit,
 )
 from service.split import layout
-from service.split.supervisor import Supervisor
 
-log = logging.getLogger(__name__)
 Group = argparse._ArgumentGroup  # what add_argument_group returns
 
 PER_MODEL = "Give it once for every model, or once per --model in the same order."
@@ -122,12 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _listen_flags(net: Group) -> None:
     """Where the gRPC and metrics ports listen, and gRPC's message cap."""
-    net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
-    net.add_argument("--port", type=int, default=50051, help="gRPC port (0: any free port)")
+    net.add_argument(
+        "--host", default=ServerConfig.host, help="address to listen on (0.0.0.0: all)"
+    )
+    net.add_argument(
+        "--port", type=int, default=ServerConfig.port, help="gRPC port (0: any free port)"
+    )
     net.add_argument(
         "--max-message-mb",
         type=positive_int,
-        default=16,
+        default=ServerConfig.max_message_bytes // MIB,
         help="largest request or response message, after decompression (default 16: a full "
         "request of --max-request-chars in any script fits)",
     )
@@ -135,7 +134,9 @@ def _listen_flags(net: Group) -> None:
     net.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
-    net.add_argument("--metrics-host", default="127.0.0.1", help="address for the metrics port")
+    net.add_argument(
+        "--metrics-host", default=ServerConfig.metrics_host, help="address for the metrics port"
+    )
 
 
 def _http_flags(net: Group) -> None:
@@ -161,7 +162,7 @@ def _http_flags(net: Group) -> None:
     net.add_argument(
         "--max-http-response-mb",
         type=positive_int,
-        default=64,
+        default=ServerConfig.max_http_response_bytes // MIB,
         help="HTTP: largest response body; a request whose JSON answer would be larger is "
         "refused (400 OUTPUT_TOO_LARGE) before any work (default 64: JSON floats take about "
         "five times their protobuf size, so about what --max-message-mb allows over gRPC)",
@@ -217,9 +218,17 @@ def _http_limit_flags(net: Group) -> None:
 
 def _transport_flags(net: Group) -> None:
     """gRPC connections: keepalive pings, streams per connection, age and compression."""
-    net.add_argument("--keepalive-time-s", type=float, default=60.0, help="server ping interval")
     net.add_argument(
-        "--keepalive-timeout-s", type=float, default=20.0, help="close if a ping is unanswered"
+        "--keepalive-time-s",
+        type=float,
+        default=TransportConfig.keepalive_time_s,
+        help="server ping interval",
+    )
+    net.add_argument(
+        "--keepalive-timeout-s",
+        type=float,
+        default=TransportConfig.keepalive_timeout_s,
+        help="close if a ping is unanswered",
     )
     net.add_argument(
         "--no-keepalive-permit-without-calls",
@@ -230,14 +239,14 @@ def _transport_flags(net: Group) -> None:
     net.add_argument(
         "--min-client-ping-interval-s",
         type=float,
-        default=10.0,
+        default=TransportConfig.min_client_ping_interval_s,
         help="accept client pings this often (mesh sidecars ping; too strict a value makes "
         "the server answer GOAWAY too_many_pings)",
     )
     net.add_argument(
         "--max-concurrent-streams",
         type=int,
-        default=4096,
+        default=TransportConfig.max_concurrent_streams,
         help="concurrent calls per connection (0: unlimited; default 4096: above any real "
         "client's burst, below what lets one connection hold the server's memory)",
     )
@@ -252,14 +261,14 @@ def _transport_flags(net: Group) -> None:
     net.add_argument(
         "--max-connection-age-s",
         type=float,
-        default=1800.0,
+        default=TransportConfig.max_connection_age_s,
         help="close connections after this long (with GOAWAY) so clients rebalance across "
         "replicas and no connection lives forever (0: never; default 1800)",
     )
     net.add_argument(
         "--max-connection-age-grace-s",
         type=float,
-        default=30.0,
+        default=TransportConfig.max_connection_age_grace_s,
         help="time given to calls on a connection closed for age",
     )
     net.add_argument(
@@ -423,10 +432,10 @@ def _model_config_flags(models: Group) -> None:
 
 def _device_flags(models: Group) -> None:
     """Where the forward runs: device, dtype, CUDA graphs and torch's threads."""
-    models.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    models.add_argument("--device", default=ServerConfig.device, choices=["auto", "cpu", "cuda"])
     models.add_argument(
         "--dtype",
-        default="auto",
+        default=ServerConfig.dtype,
         choices=["auto", "float32", "float16", "bfloat16"],
         help="auto: float32 on CPU, bfloat16 on a GPU that supports it, else float16",
     )
@@ -508,19 +517,19 @@ def _batching_flags(batching: Group) -> None:
     batching.add_argument(
         "--max-client-batch-size",
         type=positive_int,
-        default=1024,
+        default=Limits.max_client_batch_size,
         help="most inputs in one request",
     )
     batching.add_argument(
         "--max-request-chars",
         type=positive_int,
-        default=Limits().max_request_chars,
+        default=Limits.max_request_chars,
         help="the most characters of all texts in one request together (default %(default)s)",
     )
     batching.add_argument(
         "--max-batch-tokens",
         type=positive_int,
-        default=16384,
+        default=BatchConfig.max_batch_tokens,
         help="padded tokens per forward batch",
     )
     batching.add_argument(
@@ -542,7 +551,7 @@ def _batching_flags(batching: Group) -> None:
     batching.add_argument(
         "--tokenizer-threads",
         type=positive_int,
-        default=1,
+        default=ServerConfig.tokenizer_threads,
         help="threads that tokenize requests and queue them, each with its own tokenizer "
         "(default 1: each takes every request waiting at once)",
     )
@@ -558,7 +567,10 @@ def _batching_flags(batching: Group) -> None:
         "or above this (default 0.9)",
     )
     batching.add_argument(
-        "--max-queued-items", type=positive_int, default=100_000, help="queue bound per model"
+        "--max-queued-items",
+        type=positive_int,
+        default=BatchConfig.max_queued_items,
+        help="queue bound per model",
     )
     batching.add_argument(
         "--max-queued-items-per-client",
@@ -570,7 +582,10 @@ def _batching_flags(batching: Group) -> None:
         "smaller)",
     )
     batching.add_argument(
-        "--max-stream-inflight", type=positive_int, default=256, help="unanswered inputs per stream"
+        "--max-stream-inflight",
+        type=positive_int,
+        default=ServerConfig.max_stream_inflight,
+        help="unanswered inputs per stream",
     )
 
 
@@ -641,11 +656,14 @@ def _shutdown_flags(life: Group) -> None:
     life.add_argument(
         "--drain-delay-s",
         type=float,
-        default=0.0,
+        default=ServerConfig.drain_delay_s,
         help="after SIGTERM, report NOT_SERVING this long before refusing new calls",
     )
     life.add_argument(
-        "--shutdown-grace-s", type=float, default=30.0, help="time to finish accepted calls"
+        "--shutdown-grace-s",
+        type=float,
+        default=ServerConfig.shutdown_grace_s,
+        help="time to finish accepted calls",
     )
 
 
@@ -891,117 +909,11 @@ def resolve_layout(args: argparse.Namespace) -> None:
     args.frontends, args.engines_per_device = chosen.frontends, chosen.engines_per_device
 
 
-NODE_MAJOR = 20  # the oldest Node.js service/node_door.mjs is tested on
-
-
-def node_major() -> int | None:
-    """The major version of `node` on PATH; None where there is none or it will not say."""
-    node = shutil.which("node")
-    if node is None:
-        return None
-    try:
-        said = subprocess.run(
-            [node, "--version"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-        return int(said.strip().lstrip("v").split(".")[0])
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-
-
-def grpc_door(requested: str) -> str:
-    """The door `--grpc-door` names, `auto` resolved (once: the supervisor hands its front
-    ends the answer). `node` without Node.js 20 on PATH is refused here, before any model
-    loads."""
-    if requested == "grpcio":
-        return requested
-    major = node_major()
-    if major is not None and major >= NODE_MAJOR:
-        log.info("gRPC door: node (Node.js %d on PATH)", major)
-        return "node"
-    found = "no `node` on PATH" if major is None else f"Node.js {major} on PATH"
-    if requested == "node":
-        raise SystemExit(
-            f"--grpc-door node needs Node.js {NODE_MAJOR} or newer as `node` on PATH "
-            f"({found}); install it or serve gRPC with --grpc-door grpcio"
-        )
-    log.info("gRPC door: grpcio (auto: %s; Node.js %d or newer is faster)", found, NODE_MAJOR)
-    return "grpcio"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["batch"]:  # `pooling-server batch`: an offline job, no server
-        from service.batch_job import main as batch_main
-
-        return batch_main(argv[1:])
-    args = parse_args(argv)
-    if args.role == "engine":
-        _ignore_stop_signals()
-    logs.configure(args.log_level, args.log_format)
-    raise_open_file_limit()  # every server process: supervisor, front ends, engines
-    if args.role is None:  # a front end is told the answer, an engine serves no gRPC
-        args.grpc_door = grpc_door(args.grpc_door)
-        argv = [*argv, "--grpc-door", args.grpc_door]
-        # Children are told the layout too: what auto chose here is what they serve.
-        argv += ["--frontends", str(args.frontends)]
-        argv += ["--engines-per-device", str(args.engines_per_device)]
-    config = config_from_args(args)
-    if args.role is None and args.frontends > 0:
-        if args.frontends > 1 and args.port == 0:
-            raise SystemExit("--frontends above 1 needs a fixed --port: the front ends share it")
-        if args.frontends > 1 and args.http_port == 0:
-            raise SystemExit("--frontends above 1 needs a fixed --http-port: they share it")
-        metrics = None if args.metrics_port is None else (args.metrics_host, args.metrics_port)
-        engines = args.data_parallel * args.engines_per_device
-        return Supervisor(
-            argv, args.frontends, engines, metrics, args.engines_per_device
-        ).run()
-    if args.role is not None:
-        _die_with_parent()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Each role imports only what it runs: an engine process neither grpc nor aiohttp.
-    if args.role == "frontend":
-        from service.memory import return_freed_memory
-
-        return_freed_memory()  # before any thread that allocates starts
-        from service.server import serve
-        from service.split.frontend import FrontendRole
-
-        fds = [int(fd) for fd in args.alive_fds.split(",") if fd]
-        engines = args.data_parallel * args.engines_per_device
-        frontend = FrontendRole(args.role_index, args.frontends, args.run_dir, engines, fds)
-        return event_loop.run(serve(config, frontend), args.event_loop)
-    from transformers.utils import logging as hf_logging  # a process that loads models
-
-    hf_logging.disable_progress_bar()
-    if args.role == "engine":
-        from service.split.engine_process import run_engine
-
-        return event_loop.run(
-            run_engine(config, args.role_index, args.run_dir, args.stop_fd), args.event_loop
-        )
-    from service.server import serve
-
-    return event_loop.run(serve(config), args.event_loop)
-
-
-def _ignore_stop_signals() -> None:
-    """An engine stops only when the supervisor closes its stop pipe. The supervisor starts
-    it with SIGTERM and SIGINT blocked, so one sent to the group before this line is held,
-    then discarded here."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-
-
-def _die_with_parent() -> None:
-    """A child of a split server gets SIGTERM if the supervisor dies, even by SIGKILL."""
-    if sys.platform == "linux":
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m service.cli` starts the server, as it did before launching moved to
+    # service/launch.py (scripts and deployments run it). The launch module is run by name
+    # rather than imported: it imports the flags from here, and the flags import nothing
+    # that launches.
+    import runpy
+
+    runpy.run_module("service.launch", run_name="__main__", alter_sys=True)

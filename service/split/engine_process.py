@@ -6,7 +6,7 @@ here fails at once (engine/remote_client.py).
 
 It ignores SIGTERM and SIGINT: systemd, `timeout`, `tini -g` and Ctrl-C signal the whole
 process group, and an engine that stopped then would fail every call the front ends are
-still finishing (service/cli.py sets them to SIG_IGN). It stops only when the supervisor
+still finishing (service/launch.py sets them to SIG_IGN). It stops only when the supervisor
 closes the stop pipe (--stop-fd), which it does once every front end has drained, and which
 the kernel also closes if the supervisor dies.
 """

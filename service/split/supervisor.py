@@ -35,7 +35,7 @@ from collections.abc import Sequence
 log = logging.getLogger(__name__)
 
 # The command a child runs, before its arguments; the benchmark's device stand-in swaps it.
-CHILD_COMMAND = [sys.executable, "-m", "service.cli"]
+CHILD_COMMAND = [sys.executable, "-m", "service.launch"]
 POLL_S = 0.1
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 ENGINE_STOP_S = 30.0  # an engine that has not stopped this long after its pipe closed is killed

@@ -41,7 +41,7 @@ def cli(models: dict[str, Path], *args: str, embed_only: bool = False) -> list[s
     return [
         sys.executable,
         "-m",
-        "service.cli",
+        "service.launch",
         "batch",
         *served,
         "--backend",

@@ -101,3 +101,68 @@ def test_settings_come_from_the_environment_and_flags_win() -> None:
 
 def test_every_documented_flag_has_its_variable_in_the_help() -> None:
     assert "POOLING_MODEL" in build_parser().format_help()
+
+
+def test_flag_defaults_are_the_config_defaults() -> None:
+    """A flag's default is its config dataclass's (service/config.py, the engine's Limits and
+    BatchConfig), so no flag says one default while the config says another."""
+    from dataclasses import replace
+
+    from engine.batch_queue import BatchConfig
+    from engine.validation import Limits
+    from service.cli import config_from_args, parse_args
+    from service.config import HttpLimits, ServerConfig, TransportConfig
+
+    config = config_from_args(parse_args([], environ={}))
+    assert config.transport == replace(TransportConfig(), door="auto")  # launch resolves it
+    assert config.http == HttpLimits()
+    defaults = ServerConfig()
+    for name in (
+        "host",
+        "port",
+        "metrics_host",
+        "device",
+        "dtype",
+        "tokenizer_threads",
+        "max_stream_inflight",
+        "drain_delay_s",
+        "shutdown_grace_s",
+        "max_message_bytes",
+        "max_http_response_bytes",
+        "engine_stall_s",
+    ):
+        assert getattr(config, name) == getattr(defaults, name), name
+    for name in ("max_client_batch_size", "max_request_chars"):
+        assert getattr(config.limits, name) == getattr(Limits(), name), name
+    for name in ("max_batch_tokens", "max_queued_items", "min_padding_efficiency"):
+        assert getattr(config.batch, name) == getattr(BatchConfig(), name), name
+
+
+def test_python_m_service_cli_still_starts_the_server() -> None:
+    """`python -m service.cli` (run by scripts and deployments) runs service/launch.py's main,
+    which the flags module does not import: --help is the server's, a bad flag its refusal."""
+    import subprocess
+    import sys
+
+    helped = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: pooling-server")
+    refused = subprocess.run(
+        [sys.executable, "-m", "service.cli", "--port", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "--port" in refused.stderr
+
+
+def test_the_flags_do_not_import_the_launch() -> None:
+    """Imports point one way: service/launch.py takes the flags from service/cli.py."""
+    import subprocess
+    import sys
+
+    code = "import sys, service.cli; print('service.launch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr

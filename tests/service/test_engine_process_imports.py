@@ -36,9 +36,11 @@ def test_engine_process_module_imports_no_grpc_nor_aiohttp() -> None:
 
 
 def test_engine_role_through_the_cli_imports_no_grpc_nor_aiohttp() -> None:
-    """What `python -m service.cli --role engine` imports before it serves: the CLI, its flags
-    and config, the engine process's main and the model loading (torch, transformers)."""
+    """What `python -m service.launch --role engine` imports before it serves: the launch
+    module, the flags and config, the engine process's main and the model loading (torch,
+    transformers)."""
     code = (
+        "import service.launch\n"
         "import service.cli as cli\n"
         "args = cli.parse_args(['--role', 'engine', '--role-index', '0', '--run-dir', '/tmp',"
         " '--stop-fd', '0', '--frontends', '1'], environ={})\n"

@@ -212,7 +212,7 @@ class Delta:
 )
 def test_front_end_count_checks(args: list[str], message: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "service.launch", *args],
         capture_output=True,
         text=True,
         timeout=WAIT_S,
@@ -235,7 +235,7 @@ def test_without_several_front_ends_a_taken_port_is_an_error(
         holder.listen()
         port = holder.getsockname()[1]
         sharer.bind(("127.0.0.1", port))  # what a server with SO_REUSEPORT would manage
-        command = [sys.executable, "-m", "service.cli", "--model", model, "--port", str(port)]
+        command = [sys.executable, "-m", "service.launch", "--model", model, "--port", str(port)]
         started = {
             frontends: subprocess.Popen(
                 [*command, "--frontends", frontends],

@@ -349,7 +349,7 @@ def test_without_node_20_the_start_fails_clearly(
     here = str(Path(sys.executable).parent)
     path = here if version is None else _fake_node(tmp_path / "bin", version)
     started = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--port", str(free_port()), "--grpc-door", "node"],
+        [sys.executable, "-m", "service.launch", "--port", str(free_port()), "--grpc-door", "node"],
         env={**os.environ, "PATH": path},
         capture_output=True,
         text=True,
