@@ -6,7 +6,7 @@ on shapes, not weights) with MiniLM's tokenizer and sentence-transformers layout
 (all-MiniLM-L6-v2's shape) and 12 x 768 (bge-base's), then for each shape
   1. the in-process reference, sentence-transformers `encode` on cuda/bfloat16 in its own
      process: best rate over batch sizes, batch-1 mean latency, and the mixed-length texts;
-  2. the server (`python -m service.cli --device cuda --dtype bfloat16`) in several
+  2. the server (`python -m service.launch --device cuda --dtype bfloat16`) in several
      configurations (default flags, which are --cuda-graphs on and --engines-per-device auto;
      --cuda-graphs off and on; --frontends 4; --engines-per-device 1 and 2), each started
      once, with unary `Pool` rows driven by h2load: one text per call
@@ -715,7 +715,7 @@ def start_server(
     quick: bool,
     timeout: float,
 ) -> Server:
-    """`python -m service.cli` on free ports until SERVING; raises with the end of its log
+    """`python -m service.launch` on free ports until SERVING; raises with the end of its log
     when it exits first (an unknown flag, a failed load)."""
     from tests.server_process import ServerProcess, free_port
 
@@ -729,7 +729,7 @@ def start_server(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "service.cli", "--port", str(port)),
+                *(sys.executable, "-m", "service.launch", "--port", str(port)),
                 *("--model", f"bench={model}", "--metrics-port", str(metrics_port)),
                 *device,
                 *flags,
