@@ -83,7 +83,10 @@ def install(seconds: float) -> None:
     device = threading.Lock()  # one device: passes take turns on it
 
     def _forward(
-        self: ModelRunner, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool]
+        self: ModelRunner,
+        batch: Sequence[TokenSequence],
+        keep_tokens: Sequence[bool],
+        threads: int | None = None,
     ) -> list[np.ndarray]:
         self.collate(batch)  # the host side of a real pass
         with device:

@@ -101,7 +101,7 @@ class RemoteEngineClient:
         self._keys = itertools.count(1)
         self._lock = threading.Lock()  # the choice of engine, the counts, the states
         self._heard = [0.0] * len(self.engines)  # when each engine last sent anything
-        self._pinged: list[float | None] = [None] * len(self.engines)  # unanswered Ping
+        self._owes_pong = [False] * len(self.engines)
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
@@ -201,7 +201,7 @@ class RemoteEngineClient:
             self._heard[engine] = time.monotonic()
             decoded = from_engine_decoder.decode(header)
             if isinstance(decoded, Pong):
-                self._pinged[engine] = None
+                self._owes_pong[engine] = False
             else:
                 self._take_results(decoded, payload)
             if engine in self.stalled:
@@ -211,12 +211,12 @@ class RemoteEngineClient:
 
     def _watch(self) -> None:
         """End of file on an engine's liveness pipe: it died (even if its link is stuck).
-        Between looks, each engine not waiting on a Ping is sent one, and one unanswered
-        for `stall_s` marks its engine stalled."""
+        Between looks, each engine not waiting on a Ping is sent one; an engine that owes a
+        Pong and has sent nothing for `stall_s` is stalled."""
         poller = select.poll()
         for fd in self.alive_fds:
             poller.register(fd, select.POLLIN)
-        every_ms = POLL_MS if not self.stall_s else min(POLL_MS, self.stall_s * 250)
+        every_ms = POLL_MS if not self.stall_s else min(POLL_MS, self.stall_s * 100)
         while not self._stopping:
             for fd, _ in poller.poll(every_ms):
                 if not os.read(fd, 1):  # end of file: the engine's end is closed
@@ -230,13 +230,13 @@ class RemoteEngineClient:
         for engine, link in enumerate(self._links):
             if engine in self.dead:
                 continue
-            pinged = self._pinged[engine]
-            if pinged is None:
-                self._pinged[engine] = now
+            if not self._owes_pong[engine]:
+                self._owes_pong[engine] = True
                 with contextlib.suppress(OSError):  # a dead link shows on its reader
                     link.send(encoder.encode(Ping(now)))
                 continue
-            silent = now - max(pinged, self._heard[engine])
+            # A live engine answers each Ping within a poll, so it is never silent for long.
+            silent = now - self._heard[engine]
             if silent >= self.stall_s * STALL_KILL_FACTOR:
                 pid = self.engines[engine].pid
                 log.error("engine process %d silent for %.0fs: killing it", pid, silent)
