@@ -149,6 +149,7 @@ def _profile(pid: int, seconds: float, out: str) -> subprocess.Popen[bytes]:
     if binary is None:
         raise SystemExit("--profile needs py-spy (pip install py-spy)")
     command = [binary, "record", "--threads", "--gil", "--format", "raw", "--nonblocking"]
+    command += ["--rate", "500"]
     command += ["-p", str(pid), "-d", str(max(1, round(seconds))), "-o", out]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL)
 

@@ -68,8 +68,6 @@ class EngineCore:
         """`models`: LoadedModels; `address`: the Unix socket path front ends connect to."""
         self.client = LocalEngineClient(models, config)  # type: ignore[arg-type]
         self.address = address
-        # Whoever pops a job here answers it (a forward worker) or drops it (a cancel).
-        self._owners: dict[Job, _FrontEnd] = {}
         self._front_ends: list[_FrontEnd] = []
         self._acceptor: threading.Thread | None = None
         self._readers: list[threading.Thread] = []
@@ -172,9 +170,9 @@ class EngineCore:
                 message.origin,  # with the client, (origin, client) is the queue's key
                 header.client,
                 header.id,  # its key
+                front_end,
             )
             front_end.jobs[header.id] = job
-            self._owners[job] = front_end
             by_model.setdefault(header.model, []).append(job)
         refused: list[tuple[Job, object]] = []
         for model, jobs in by_model.items():
@@ -190,7 +188,7 @@ class EngineCore:
         """On the loop: a cancelled job's queued items are dropped; nothing is sent back."""
         for key in ids:
             job = front_end.jobs.pop(key, None)
-            if job is not None and self._owners.pop(job, None) is not None:
+            if job is not None:
                 job.future.cancel()
         for queue in self.queues.values():  # after the cancels, so the next walk sees them
             queue.cancelled()
@@ -201,9 +199,10 @@ class EngineCore:
         by_front_end: dict[_FrontEnd, list[tuple[Job, object]]] = {}
         for answer in outcomes:
             job = answer[0]
-            front_end = self._owners.pop(job, None)
-            if front_end is not None:  # else cancelled
-                front_end.jobs.pop(job.key, None)
+            front_end: _FrontEnd = job.reply_to
+            # Whoever takes a job from its front end's table answers it (here) or drops it
+            # (a cancel): not there, it was cancelled.
+            if front_end.jobs.pop(job.key, None) is not None:
                 by_front_end.setdefault(front_end, []).append(answer)
         for front_end, answered in by_front_end.items():
             header, data = _message(answered)
@@ -227,7 +226,7 @@ def _message(answered: Sequence[tuple[Job, object]]) -> tuple[bytes, np.ndarray]
         else:
             info = None
             for raw in outcome:  # type: ignore[attr-defined]
-                shapes.append(list(raw.shape))
+                shapes.append(raw.shape)  # type: ignore[arg-type]  # msgpack: an array either way
                 arrays.append(raw if raw.ndim == 1 else raw.reshape(-1))
         results.append(
             JobResult(job.key, shapes, info, timing.enqueued, timing.started, timing.finished)

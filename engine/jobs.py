@@ -16,7 +16,7 @@ import numpy as np
 from engine.tokenization import TokenSequence
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestTiming:
     """When a request's items entered the queue, and the span of the batches that ran them."""
 
@@ -51,6 +51,9 @@ class Job:
     # queue bounds and takes turns per (origin, client), so one client cannot crowd out others.
     client: str = ""
     key: int = 0  # its id in an engine process, when one computes it
+    # In an engine process: the front end's connection that sent it, which the answer or
+    # the cancel takes the job from (engine/core.py).
+    reply_to: Any = None
     raws: list[np.ndarray] = field(init=False)
     remaining: int = field(init=False)
     failed: bool = False

@@ -13,9 +13,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenSequence:
-    """One token sequence as the model sees it, with where each token came from."""
+    """One token sequence as the model sees it, with where each token came from.
+
+    Not frozen: a frozen dataclass sets each field through object.__setattr__, ~0.5 us
+    more per sequence, and an engine process builds one per queued item. Nothing
+    changes one after it is made."""
 
     input_ids: list[int]
     token_type_ids: list[int] | None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -32,6 +33,27 @@ STALLED = (
     "1 while a front end sees this engine process stalled (--engine-stall-s)",
 )
 STALLS = ("pooling_engine_stalls", "Times this engine process stalled, as the front ends saw it")
+
+
+def observe_many(histogram: Any, amounts: Sequence[float]) -> None:
+    """`histogram.observe(a)` for every amount, paid per batch rather than per item.
+
+    A histogram child's observe costs ~3 us in a split server (each bucket and the sum are
+    shared-memory values, checked for a fork on every update): per queued item, that was the
+    engine process's largest cost after its own work. Here the amounts are counted into
+    buckets at once and each bucket touched once. It uses prometheus_client's bucket fields
+    (`_upper_bounds`, `_buckets`, `_sum`, as of the pinned 0.26), which the test checks
+    against observe itself.
+    """
+    if not len(amounts):
+        return
+    values = np.asarray(amounts, dtype=np.float64)
+    bounds = histogram._upper_bounds
+    # observe() counts an amount in the first bucket whose bound it does not pass.
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    histogram._sum.inc(float(values.sum()))
+    for index in np.flatnonzero(counts):
+        histogram._buckets[index].inc(int(counts[index]))
 
 
 class _EngineCollector(Collector):
@@ -182,9 +204,7 @@ class Metrics:
         c.real_tokens.inc(record.tokens)
         c.padded_tokens.inc(record.padded_tokens)
         c.inference_seconds.observe(record.forward_s)
-        observe_wait = c.queue_seconds.observe
-        for wait in record.queue_wait_s:
-            observe_wait(wait)
+        observe_many(c.queue_seconds, record.queue_wait_s)
         if record.error is not None:
             self.failed_batches.labels(model).inc()
 
