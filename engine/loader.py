@@ -549,13 +549,21 @@ def _computed_ranges(
         )
         return info
     texts = read_calibration(spec.backend.calibration_file, info.name)
-    ranges = computed_ranges(
-        ServedModel(info, folder.tokenizer),
-        partial(_one_thread, runner.forward),
-        texts,
-        model_key(folder.path, folder.head, _key_extra(spec, attn_implementation)),
-        (runtime or RuntimeSettings()).cache_dir,
-    )
+    try:
+        ranges = computed_ranges(
+            ServedModel(info, folder.tokenizer),
+            partial(_one_thread, runner.forward),
+            texts,
+            model_key(folder.path, folder.head, _key_extra(spec, attn_implementation)),
+            (runtime or RuntimeSettings()).cache_dir,
+        )
+    except Exception:  # a model that fails on some text still serves the rest
+        log.warning(
+            "model %s: no int8/uint8 ranges: the calibration texts failed in its forward pass",
+            info.name,
+            exc_info=True,
+        )
+        return info
     return replace(info, calibration_ranges=ranges, calibration_source=COMPUTED)
 
 

@@ -164,3 +164,27 @@ def test_int8_bytes_do_not_depend_on_the_batch(
         assert encode(alone, encoding, ranges) == encode(batched, encoding, ranges)
         expected = quantize_embeddings(alone[None], precision=str(encoding), ranges=ranges)
         assert encode(alone, encoding, ranges) == expected.tobytes()
+
+
+def test_a_model_that_fails_on_the_calibration_texts_still_loads(
+    tmp_path: Path, cache: RuntimeSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its vocabulary ends before ids the texts use (its warm-up text stays within it): it
+    serves what it can, with int8/uint8 refused as for a model without ranges."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    folder = tmp_path / "short-vocabulary"
+    config = BertConfig(
+        vocab_size=4011,  # "warm up" is [101, 4010, 2039, 102]; most words index past it
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    BertModel(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
+    with caplog.at_level("WARNING"):
+        model = load(folder, cache)
+    assert model.info.calibration_ranges is None
+    assert model.info.calibration_source == ""
+    assert "calibration texts failed" in caplog.text
