@@ -37,8 +37,9 @@ class Job:
     """One request's sequences (with whether every token's state is wanted) and its future.
 
     `finish` runs on the worker thread that computes the last sequence; its return value
-    (or exception) resolves `future`. `raws`, `remaining` and `failed` change under the
-    queue's lock only.
+    (or exception) resolves `future`. `raws` and `remaining` change under the queue's lock
+    only; so does `failed`, but for an engine process's cancel, which sets it alone
+    (engine/core.py).
     """
 
     work: Sequence[tuple[TokenSequence, bool]]
