@@ -120,13 +120,14 @@ class Supervisor:
                 exited = self._exited()
                 if exited is not None:
                     name, child = exited
-                    if name.startswith("engine") and self._engines_left():
+                    left = self._engines_left()
+                    if name.startswith("engine") and left:
                         log.error(
                             "%s (pid %d) exited with %d; %d engine(s) serve on",
                             name,
                             child.pid,
                             child.returncode,
-                            self._engines_left(),
+                            left,
                         )
                         self._mark_dead(child.pid)
                         self.lost.add(name)
