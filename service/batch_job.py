@@ -37,7 +37,13 @@ from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
 from engine.output_size import MIB, ResponseBudget
 from service import event_loop, logs
-from service.cli import build_parser, config_from_args, environment_arguments
+from service.cli import (
+    build_parser,
+    config_from_args,
+    environment_arguments,
+    positive_int,
+    resolve_layout,
+)
 from service.errors import HTTP_STATUS
 from service.json_body import BodyError, parse_body
 from service.metrics import Metrics
@@ -388,7 +394,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     job.add_argument(
         "--batch-window",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_WINDOW,
         help="lines in flight at once: bounds memory; enough of them keep batches full",
     )
@@ -402,13 +408,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value}")
-    return value
-
-
 def main(argv: Sequence[str]) -> int:
     """`pooling-server batch ...`: the server's model, device and batching flags apply."""
     parser = build_parser()
@@ -417,6 +416,7 @@ def main(argv: Sequence[str]) -> int:
     add_arguments(parser)
     extra = environment_arguments(parser, argv, os.environ)
     args = parser.parse_args([*extra, *argv])
+    resolve_layout(args)  # unused in one process, but the config holds numbers
     if args.resume and args.output == "-":
         parser.error("--resume needs --output to be a file")
     logs.configure(args.log_level, args.log_format)
