@@ -361,29 +361,12 @@ def workload_texts(workload: Workload) -> list[str]:
 
 
 def build_model(shape: Shape, minilm: Path, folder: Path) -> None:
-    """A random-weight BERT of `shape` with MiniLM's tokenizer, its mean pooling and Normalize
-    (modules.json and the pooling config copied), which sentence-transformers loads as is."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    """A random-weight BERT of `shape` that sentence-transformers loads as it loads MiniLM."""
+    from benchmarks.random_weights import sentence_transformers_bert
 
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=shape.hidden,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        intermediate_size=shape.intermediate,
-        max_position_embeddings=512,
+    sentence_transformers_bert(
+        folder, minilm, shape.hidden, shape.layers, shape.heads, shape.intermediate
     )
-    BertModel(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(minilm).save_pretrained(folder)
-    for name in ("modules.json", "sentence_bert_config.json"):
-        shutil.copy(minilm / name, folder / name)
-    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
-    pooling["word_embedding_dimension"] = shape.hidden
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
-    (folder / "2_Normalize").mkdir(exist_ok=True)
 
 
 def _rate(model: Any, texts: list[str], batch: int) -> float:

@@ -6,10 +6,39 @@ that a model's weight file cannot be copied to. Run: python -m benchmarks.random
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel
+
+
+def sentence_transformers_bert(
+    folder: Path, minilm: Path, hidden: int, layers: int, heads: int, intermediate: int
+) -> None:
+    """A random-weight BERT of this shape in `folder`, with MiniLM's tokenizer and its
+    sentence-transformers layout (modules.json, mean pooling at this width, Normalize), so
+    that sentence-transformers and the server load it as they load MiniLM."""
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=512,
+    )
+    BertModel(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(minilm).save_pretrained(folder)
+    for name in ("modules.json", "sentence_bert_config.json"):
+        shutil.copy(minilm / name, folder / name)
+    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
+    pooling["word_embedding_dimension"] = hidden
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    (folder / "2_Normalize").mkdir(exist_ok=True)
 
 
 def main(folder: str) -> None:

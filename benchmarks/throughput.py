@@ -368,27 +368,11 @@ def build_loop_bound_model(folder: str) -> dict[str, str]:
     own per-request work (gRPC, event loop, tokenize hand-off, batching), which is what
     changes to the server can move. Built here so no weight file has to be shipped.
     """
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from benchmarks.random_weights import sentence_transformers_bert
 
-    minilm, out = _default_model_path(), Path(folder)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=LOOP_BOUND_HIDDEN,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=37,
-        max_position_embeddings=512,
+    sentence_transformers_bert(
+        Path(folder), _default_model_path(), LOOP_BOUND_HIDDEN, 1, 2, intermediate=37
     )
-    BertModel(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(minilm).save_pretrained(out)
-    for name in ("modules.json", "sentence_bert_config.json"):
-        shutil.copy(minilm / name, out / name)
-    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
-    pooling["word_embedding_dimension"] = LOOP_BOUND_HIDDEN
-    (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
     return {"folder": folder}
 
 
