@@ -25,15 +25,15 @@ MAX_POSITIONS = 128  # so a few hundred characters are already "long input"
 
 
 def _bert_config(**extra: object) -> BertConfig:
-    return BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_POSITIONS,
-        **extra,
-    )
+    settings: dict[str, object] = {
+        "vocab_size": 30522,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": MAX_POSITIONS,
+    }
+    return BertConfig(**{**settings, **extra})
 
 
 def _labels(names: list[str]) -> dict[str, object]:
@@ -48,6 +48,18 @@ def _save(model: torch.nn.Module, folder: Path) -> Path:
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
     return folder
+
+
+# "warm up" (the loader's warm-up text) is [101, 4010, 2039, 102]: a vocabulary of 4011
+# ids serves it, while most other words (e.g. "zebra", 29145) index past the embedding table.
+SHORT_VOCABULARY = 4011
+
+
+def short_vocabulary_bert(folder: Path) -> Path:
+    """A BERT that loads and warms up, then fails in its forward pass on most texts: its
+    vocabulary ends before ids MiniLM's tokenizer gives them."""
+    config = _bert_config(vocab_size=SHORT_VOCABULARY, num_hidden_layers=1)
+    return _save(BertModel(config), folder)
 
 
 def _sentence_transformers_layout(folder: Path, pooling: str, normalize: bool) -> None:

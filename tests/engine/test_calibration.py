@@ -25,7 +25,7 @@ from engine.model_spec import ModelSpec
 from engine.params import OutputEncoding, Task
 from engine.plans import plan_request
 from engine.request import PoolRequest
-from tests.fixture_models import MINILM
+from tests.fixture_models import MINILM, short_vocabulary_bert
 
 CALIBRATION_TEXTS = [
     line.strip() for line in CALIBRATION_FILE.read_text().splitlines() if line.strip()
@@ -171,18 +171,7 @@ def test_a_model_that_fails_on_the_calibration_texts_still_loads(
 ) -> None:
     """Its vocabulary ends before ids the texts use (its warm-up text stays within it): it
     serves what it can, with int8/uint8 refused as for a model without ranges."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    folder = tmp_path / "short-vocabulary"
-    config = BertConfig(
-        vocab_size=4011,  # "warm up" is [101, 4010, 2039, 102]; most words index past it
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
-    BertModel(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
+    folder = short_vocabulary_bert(tmp_path / "short-vocabulary")
     with caplog.at_level("WARNING"):
         model = load(folder, cache)
     assert model.info.calibration_ranges is None

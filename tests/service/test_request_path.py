@@ -32,7 +32,6 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from transformers import AutoTokenizer, BertConfig, BertModel
 
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
@@ -40,7 +39,7 @@ from pooling_client.v1 import pooling_pb2_grpc
 from service.config import ServerConfig
 from service.server import PoolingServer
 from tests.conftest import Served, server_args
-from tests.fixture_models import MINILM
+from tests.fixture_models import short_vocabulary_bert
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.responses import assert_same_response
 from tests.server_process import ServerProcess, free_port, start_server
@@ -58,10 +57,7 @@ SENTENCE = (
     "in tall green trees and an old man reads his newspaper on a wooden bench"
 )
 WORDS = SENTENCE.split(" ")
-# "warm up" (the loader's warm-up text) is [101, 4010, 2039, 102]: a vocabulary of 4011
-# ids serves it, while "zebra" (29145) indexes past the embedding table.
-BROKEN_VOCAB = 4011
-BREAKS_THE_MODEL = "zebra"
+BREAKS_THE_MODEL = "zebra"  # 29145: past the "broken" model's vocabulary (fixture_models)
 
 
 def tiny_model_args(folders: dict[str, Path]) -> list[str]:
@@ -81,17 +77,7 @@ def tiny_model_args(folders: dict[str, Path]) -> list[str]:
 def folders(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("broken")
-    config = BertConfig(
-        vocab_size=BROKEN_VOCAB,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
+    folder = short_vocabulary_bert(tmp_path_factory.mktemp("broken"))
     return {**model_folders, "broken": folder}
 
 
