@@ -33,13 +33,13 @@ TEXT = "the quick brown fox jumps over the lazy dog near the river bank"
 async def measure(args: argparse.Namespace, folder: str) -> list[dict[str, float]]:
     from engine.backends import BackendKind, BackendOptions
     from engine.model_spec import ModelSpec
-    from service import convert
-    from service.config import ServerConfig
+    from service.grpc import convert
     from service.loading import load_engine
-    from service.metrics import Metrics
+    from service.ops.config import ServerConfig
+    from service.ops.metrics import Metrics
+    from service.ops.telemetry import Telemetry
     from service.proto import pooling_pb2 as pb
     from service.runner import Call, RequestRunner
-    from service.telemetry import Telemetry
 
     spec = ModelSpec(folder, name="model", backend=BackendOptions(BackendKind(args.backend)))
     engine = await asyncio.to_thread(load_engine, ServerConfig(models=[spec], device="cpu"))
@@ -94,7 +94,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     from benchmarks.throughput import build_loop_bound_model
-    from service import event_loop
+    from service.ops import event_loop
 
     with tempfile.TemporaryDirectory(prefix="runner-path-") as work:
         folder = args.model or build_loop_bound_model(str(Path(work) / "model"))["folder"]

@@ -2,7 +2,7 @@
 
 The models load in this process (no server, no port); each line
 `{"custom_id", "method": "POST", "url", "body"}` is parsed and rendered by the HTTP route
-of its url (service/routes.py) and run through the RequestRunner, so its answer is the
+of its url (service/http/openai.py) and run through the RequestRunner, so its answer is the
 one the HTTP API would give. What the job promises:
 
 - Every line gets exactly one output line, in input order; a bad line (not JSON, an
@@ -36,7 +36,6 @@ import msgspec
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
 from engine.output_size import MIB, ResponseBudget
-from service import event_loop, logs
 from service.cli import (
     build_parser,
     config_from_args,
@@ -45,11 +44,12 @@ from service.cli import (
     resolve_layout,
 )
 from service.errors import HTTP_STATUS
-from service.json_body import BodyError, parse_body
-from service.metrics import Metrics
-from service.routes import ROUTES, Parsed, error_body
+from service.http.json_body import BodyError, parse_body
+from service.http.openai import ROUTES, Parsed, error_body
+from service.ops import event_loop, logs
+from service.ops.metrics import Metrics
+from service.ops.telemetry import Telemetry
 from service.runner import Call, RequestRunner
-from service.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def read_line(raw: bytes, number: int) -> _Line:
 
 def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
     """The route's rpc and its parsed body; LineError, BodyError or PoolingError. The body
-    is read as the HTTP route reads it (service/json_body.py), with the same bounds."""
+    is read as the HTTP route reads it (service/http/json_body.py), with the same bounds."""
     if not isinstance(line.custom_id, str):
         raise LineError(400, "INVALID_LINE", f"line {number}: custom_id must be a string")
     method = line.method

@@ -1,5 +1,5 @@
 """`pooling-server`'s flags: the parser, group by group (a default that the config
-dataclasses of service/config.py hold is taken from them), the POOLING_ environment
+dataclasses of service/ops/config.py hold is taken from them), the POOLING_ environment
 variables that stand for flags, the flag types, and `config_from_args`: flags -> a
 ServerConfig. service/launch.py starts the server they describe."""
 
@@ -18,8 +18,8 @@ from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.output_size import MIB, ResponseBudget
 from engine.remote_client import DEFAULT_STALL_S
 from engine.validation import Limits
-from service import event_loop
-from service.config import (
+from service.ops import event_loop
+from service.ops.config import (
     HttpLimits,
     ServerConfig,
     TlsConfig,

@@ -21,15 +21,15 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from service import event_loop, logs
 from service.cli import config_from_args, parse_args
-from service.config import raise_open_file_limit
+from service.ops import event_loop, logs
+from service.ops.config import raise_open_file_limit
 from service.split.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 
-NODE_MAJOR = 20  # the oldest Node.js service/node_door.mjs is tested on
+NODE_MAJOR = 20  # the oldest Node.js service/grpc/node_door.mjs is tested on
 
 
 def node_major() -> int | None:
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Each role imports only what it runs: an engine process neither grpc nor aiohttp.
     if args.role == "frontend":
-        from service.memory import return_freed_memory
+        from service.ops.memory import return_freed_memory
 
         return_freed_memory()  # before any thread that allocates starts
         from service.server import serve

@@ -18,7 +18,7 @@ from engine.cuda_graphs import GraphSettings
 from engine.engine import Engine
 from engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
 from engine.model_runner import ThreadShare
-from service.config import ServerConfig
+from service.ops.config import ServerConfig
 
 log = logging.getLogger(__name__)
 

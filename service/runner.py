@@ -23,7 +23,7 @@ from engine.outputs import PoolResult, RerankResult
 from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
 from service.errors import status_label, unavailable
-from service.telemetry import RequestRecord, Telemetry
+from service.ops.telemetry import RequestRecord, Telemetry
 
 log = logging.getLogger(__name__)
 

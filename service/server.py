@@ -14,23 +14,23 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry import trace
 
 from engine.remote_client import RemoteEngineClient
-from service.auth import BearerTokenInterceptor
-from service.config import ServerConfig
-from service.event_loop import loop_name
-from service.handlers import add_pooling_service
-from service.health import HealthServicer
-from service.http_api import HttpApi
-from service.http_cohere import input_type_prompts
-from service.memory import trimmer
-from service.metrics import Metrics
-from service.node_door import HandlerSet, NodeDoor, unary_request_paths
+from service.grpc.handlers import add_pooling_service
+from service.grpc.health import HealthServicer
+from service.grpc.node_door import HandlerSet, NodeDoor, unary_request_paths
+from service.grpc.read_gate import ReadGate
+from service.grpc.servicer import PoolingServicer
+from service.http.app import HttpApi
+from service.http.cohere import input_type_prompts
+from service.ops.auth import BearerTokenInterceptor
+from service.ops.config import ServerConfig
+from service.ops.event_loop import loop_name
+from service.ops.memory import trimmer
+from service.ops.metrics import Metrics
+from service.ops.telemetry import Telemetry
+from service.ops.telemetry import tracer_provider as make_tracer_provider
 from service.proto import pooling_pb2
-from service.read_gate import ReadGate
 from service.runner import RequestRunner
-from service.servicer import PoolingServicer
 from service.split.frontend import FrontendRole, connect_engine
-from service.telemetry import Telemetry
-from service.telemetry import tracer_provider as make_tracer_provider
 
 log = logging.getLogger(__name__)
 

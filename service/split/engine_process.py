@@ -23,9 +23,9 @@ from dataclasses import replace
 from engine.core import EngineCore
 from engine.ipc import EngineReady
 from engine.served import ModelDescription
-from service import logs
-from service.config import ServerConfig
-from service.metrics import EngineStats, Metrics
+from service.ops import logs
+from service.ops.config import ServerConfig
+from service.ops.metrics import EngineStats, Metrics
 from service.split.run_dir import engine_address, write_ready
 
 log = logging.getLogger(__name__)

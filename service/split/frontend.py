@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from engine.engine import Engine
 from engine.remote_client import RemoteEngineClient
-from service.config import ServerConfig
+from service.ops.config import ServerConfig
 from service.split.run_dir import (
     frontend_ready,
     is_ready,

@@ -105,7 +105,7 @@ class Supervisor:
             for fd in alive_reads:
                 os.close(fd)
             if self.metrics is not None:
-                from service.metrics import serve_multiprocess
+                from service.ops.metrics import serve_multiprocess
 
                 serve_multiprocess(*self.metrics, metrics_dir(self.run_dir))
                 log.info("metrics on http://%s:%d/metrics", *self.metrics)

@@ -27,7 +27,7 @@ from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest
 from engine.validation import Limits, validate_request
 from pooling_client.v1 import pooling_pb2 as pb
-from service import convert
+from service.grpc import convert
 from tests.model_infos import embedder_info
 
 E = OutputEncoding

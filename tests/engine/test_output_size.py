@@ -28,7 +28,7 @@ from engine.validation import (
     validate_request,
     validate_tokenize,
 )
-from service import convert
+from service.grpc import convert
 from tests.model_infos import embedder_info
 
 info = partial(embedder_info, hidden_size=384, max_input_tokens=512)

@@ -55,9 +55,9 @@ ATTACK_S = 2.0
 # bytearray and the bytes handed to Python; aiohttp's chunks, then the joined body. So the
 # peak is bounded by the messages in flight (no longer by the objects their texts would
 # make: +3.2 GB before), and both doors read one large message at a time: HTTP knows one by
-# its Content-Length (service/http_guard.py); gRPC reads a connection's first message in
-# turn, and every message once a large one has come (service/read_gate.py), handing the
-# free pages between gRPC core's slices back after each (service/memory.py). Measured:
+# its Content-Length (service/http/guard.py); gRPC reads a connection's first message in
+# turn, and every message once a large one has come (service/grpc/read_gate.py), handing the
+# free pages between gRPC core's slices back after each (service/ops/memory.py). Measured:
 # +55-58 MB for the first gRPC flood on a fresh server (+80-100 MB before the turns for
 # first messages and the trim), +35 MB for HTTP's.
 

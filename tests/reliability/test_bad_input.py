@@ -26,7 +26,7 @@ from engine.plans import plan_request
 from engine.validation import Limits, validate_request
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.convert import request_from_proto
+from service.grpc.convert import request_from_proto
 from tests.conftest import DEFAULT_MODEL, MAX_CLIENT_BATCH_SIZE
 from tests.reliability.support import (
     CLIENT_ERROR_CODES,

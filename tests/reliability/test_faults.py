@@ -24,7 +24,7 @@ import pytest
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.config import ServerConfig
+from service.ops.config import ServerConfig
 from service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL
 from tests.metrics_endpoint import metric_sum, scrape

@@ -1,5 +1,5 @@
-"""One real server for the TEI and Cohere door tests (tests/service/test_http_tei.py and
-test_http_cohere.py share it through tests/service/conftest.py): an embedding model with
+"""One real server for the TEI and Cohere door tests (tests/service/http/test_tei.py and
+http/test_cohere.py share it through tests/service/conftest.py): an embedding model with
 prompts and calibration ranges (the default), a classifier, a cross-encoder and a SPLADE
 model (a masked LM with --pooling-type splade); JSON answers are capped at 4 MB."""
 

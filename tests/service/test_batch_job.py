@@ -2,7 +2,7 @@
 
 Mixed routes and bad lines in one file, --resume after a SIGKILL mid-file, stdin/stdout,
 a 100,000-line file in bounded memory, and each route's line answered with the body the
-HTTP route gives (both run service/routes.py). Tiny random-weight fixture models on torch.
+HTTP route gives (both run service/http/openai.py). Tiny random-weight fixture models on torch.
 """
 
 from __future__ import annotations

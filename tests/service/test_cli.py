@@ -104,14 +104,14 @@ def test_every_documented_flag_has_its_variable_in_the_help() -> None:
 
 
 def test_flag_defaults_are_the_config_defaults() -> None:
-    """A flag's default is its config dataclass's (service/config.py, the engine's Limits and
+    """A flag's default is its config dataclass's (service/ops/config.py, the engine's Limits and
     BatchConfig), so no flag says one default while the config says another."""
     from dataclasses import replace
 
     from engine.batch_queue import BatchConfig
     from engine.validation import Limits
     from service.cli import config_from_args, parse_args
-    from service.config import HttpLimits, ServerConfig, TransportConfig
+    from service.ops.config import HttpLimits, ServerConfig, TransportConfig
 
     config = config_from_args(parse_args([], environ={}))
     assert config.transport == replace(TransportConfig(), door="auto")  # launch resolves it

@@ -3,7 +3,7 @@
 It holds the models and talks to front ends over IPC only, so the gRPC and HTTP doors are
 memory (and start-up time) it would carry for nothing. Each check runs in a fresh
 interpreter: this one imported both long ago. The live engine child of a real split server
-is checked in tests/service/test_frontends.py.
+is checked in tests/service/split/test_frontends.py.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_engine_role_through_the_cli_imports_no_grpc_nor_aiohttp() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["service.config", "service.split.supervisor", "service.split.run_dir"]
+    "module", ["service.ops.config", "service.split.supervisor", "service.split.run_dir"]
 )
 def test_light_modules_import_no_grpc_nor_aiohttp(module: str) -> None:
     """Config and the supervisor are read by every process of a split server."""

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.config import ServerConfig
+from service.ops.config import ServerConfig
 from service.server import PoolingServer
 from tests.conftest import Served, server_args
 from tests.fixture_models import short_vocabulary_bert

@@ -22,7 +22,7 @@ from grpc_status import rpc_status
 from pooling_client import PoolingClient, PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.auth import BearerKeys
+from service.ops.auth import BearerKeys
 from tests.server_process import ServerProcess, start_server
 
 UNAUTHENTICATED_MESSAGE = "missing or invalid credentials"

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = """
 import sys
-import service.cli, service.launch, service.server, service.servicer, service.http_api
+import service.cli, service.launch, service.server, service.grpc.servicer, service.http.app
 leaked = [m for m in sys.modules if m.split(".")[0] == "pooling_client"]
 sys.exit(f"the server imported the client package: {leaked}" if leaked else 0)
 """

@@ -1,0 +1,161 @@
+"""How PoolingService is registered: parsing that never raises, and one message per unary call.
+
+grpcio answers a message that fails to deserialize with INTERNAL ("Exception
+deserializing request"), which tells a client nothing and looks like a server bug.
+Here each method's deserializer turns bad bytes into a `Malformed` marker instead, and
+the servicer answers it with INVALID_ARGUMENT and reason MALFORMED_REQUEST. A large
+message has its input lists counted on its bytes first (service/grpc/wire_count.py): one over
+--max-client-batch-size is refused as TOO_MANY_INPUTS before protobuf builds it.
+
+grpcio's asyncio server never answers a unary call that ends without a message (it takes
+that for a cancellation), and serves one that carries two. So methods with one request
+message are registered as client-streaming and read it themselves: none, or more than
+one, is INVALID_ARGUMENT. The wire format is the same, so clients see a unary method.
+
+Request messages are read through a gate (service/grpc/read_gate.py) that lets them in one at a
+time while large ones come, and a connection's first message always. The handlers are
+built once at startup; a call pays nothing beyond its own parse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.validation import too_many_inputs
+from service.errors import to_grpc_status
+from service.grpc.read_gate import ReadGate
+from service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit, string_at
+from service.proto import pooling_pb2 as pb
+
+SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A message refused before protobuf built it: bytes that do not parse
+    (MALFORMED_REQUEST), or an input list counted on the wire past the limit
+    (TOO_MANY_INPUTS, `path` naming it). It holds no exception, only what makes one."""
+
+    problem: str
+    reason: str = "MALFORMED_REQUEST"
+    path: str = ""
+    request_id: str = ""  # a stream message's, when it could be read: its answer carries it
+
+    def error(self, field: str | None = None) -> PoolingError:
+        """`field`: which message it was, where a call carries several (a stream)."""
+        if self.reason != "MALFORMED_REQUEST":
+            path = f"{field}.{self.path}" if field else self.path
+            violation = FieldViolation(path, self.problem, self.reason)
+            return PoolingError.invalid([violation])
+        message = f"the request message could not be parsed as protobuf: {self.problem}"
+        violations = (FieldViolation(field, message, "MALFORMED_REQUEST"),) if field else ()
+        return PoolingError(ErrorKind.INVALID_ARGUMENT, "MALFORMED_REQUEST", message, violations)
+
+
+def tolerant(
+    message_class: type[Message],
+    input_limit: Callable[[], int | None] = lambda: None,
+    saw: Callable[[int], None] = lambda size: None,
+) -> Callable[[bytes], Message | Malformed]:
+    """`input_limit`: the most entries an input list may hold (None: not known yet); a
+    large message is counted on its bytes first (service/grpc/wire_count.py). `saw` is told
+    each large message's size (the read gate's cue)."""
+    parse = message_class.FromString
+    spec = SPECS.get(message_class.__name__)
+    stream = message_class.__name__ == "PoolStreamRequest"  # request (1) .request_id (1)
+
+    def deserialize(data: bytes) -> Message | Malformed:
+        limit = None
+        if len(data) >= PRECOUNT_BYTES:
+            saw(len(data))
+            limit = None if spec is None else input_limit()
+        if limit is not None:
+            path = list_over_limit(data, spec, limit)  # type: ignore[arg-type]
+            if path is not None:
+                violation = too_many_inputs(path, None, limit)
+                request_id = string_at(data, (1, 1)) if stream else ""
+                return Malformed(violation.description, violation.reason, path, request_id)
+        try:
+            return parse(data)
+        except Exception as exc:  # any parse failure is the client's
+            return Malformed(str(exc) or type(exc).__name__)
+
+    return deserialize
+
+
+def _input_limit(servicer: Any) -> Callable[[], int | None]:
+    """The engine's --max-client-batch-size, once the engine is there."""
+
+    def limit() -> int | None:
+        engine = getattr(servicer, "engine", None)
+        if engine is None:
+            engine = getattr(getattr(servicer, "runner", None), "engine", None)
+        return None if engine is None else engine.limits.max_client_batch_size
+
+    return limit
+
+
+def add_pooling_service(servicer: Any, server: grpc.aio.Server, gate: ReadGate) -> None:
+    """Register every method of the service's descriptor on `servicer`'s same-named method,
+    its request messages read through `gate`."""
+    handlers = {}
+    limit = _input_limit(servicer)
+    for method in SERVICE.methods:
+        request_class = getattr(pb, method.input_type.name)
+        response_class = getattr(pb, method.output_type.name)
+        behaviour = getattr(servicer, method.name)
+        behaviour = (_gated if method.client_streaming else _one_message)(behaviour, gate)
+        kind = (
+            grpc.stream_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.stream_unary_rpc_method_handler
+        )
+        handlers[method.name] = kind(
+            behaviour,
+            request_deserializer=tolerant(request_class, limit, gate.saw),
+            response_serializer=response_class.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+
+
+Behaviour = Callable[[Any, grpc.aio.ServicerContext], Any]
+
+
+def _gated(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
+    """A streaming method's behaviour, fed the call's messages as the gate lets them in."""
+
+    # An async generator function itself: grpcio takes any other callable for a sync one.
+    async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
+        async for response in behaviour(gate.messages(context), context):
+            yield response
+
+    return call
+
+
+def _one_message(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
+    """A unary method's behaviour, fed the call's one request message."""
+
+    async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
+        peer = gate.caller(context)
+        request = await gate.read(context, peer)
+        if request is grpc.aio.EOF:
+            await _refuse(context, "the call ended without its request message")
+        if await gate.read(context, peer) is not grpc.aio.EOF:
+            await _refuse(context, "the call carried more than one request message")
+        return await behaviour(request, context)
+
+    return call
+
+
+async def _refuse(context: grpc.aio.ServicerContext, problem: str) -> None:
+    error = PoolingError(ErrorKind.INVALID_ARGUMENT, "ONE_MESSAGE_EXPECTED", problem)
+    await context.abort_with_status(to_grpc_status(error))

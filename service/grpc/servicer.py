@@ -1,0 +1,239 @@
+"""PoolingService: the gRPC door over the request runner (service/runner.py).
+
+Each method parses its message into engine types (service/grpc/convert.py), runs it through
+the runner, which owns readiness, telemetry, deadlines and the failure path, and renders
+the result back as protobuf, with its timings in the trailing metadata. What is gRPC's
+own stays here: rich statuses, PoolStream's flow control and its stream-id rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from engine.errors import PoolingError
+from engine.output_size import ResponseBudget
+from engine.outputs import PoolResult
+from engine.request import PoolRequest
+from engine.validation import output_too_large, stream_request_id_error
+from service.errors import to_grpc_status, to_status_proto
+from service.grpc import convert
+from service.grpc.handlers import Malformed
+from service.grpc.stream_limit import InflightLimit
+from service.ops.version import server_version
+from service.proto import pooling_pb2 as pb
+from service.proto import pooling_pb2_grpc
+from service.runner import Call, RequestRunner
+
+_Message = TypeVar("_Message", bound=Message)
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def _call(rpc: str, context: grpc.aio.ServicerContext, deadline: float | None) -> Call:
+    # The peer names the connection ("ipv4:host:port"): the queue's client, so one
+    # connection (all of its streams together) cannot take the whole queue.
+    return Call(
+        protocol="grpc",
+        rpc=rpc,
+        headers=context.invocation_metadata() or (),
+        deadline=deadline,
+        client=context.peer(),
+    )
+
+
+class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
+    def __init__(self, runner: RequestRunner, max_stream_inflight: int = 256) -> None:
+        self.runner = runner
+        self.max_stream_inflight = max_stream_inflight
+
+    def _render_pool(self, result: PoolResult) -> pb.PoolResponse:
+        """The protobuf answer, refused if too large to send: run by the runner inside the
+        recorded call, so metrics count the refusal."""
+        return _sendable(convert.response_to_proto(result), self.runner.ready().limits.response)
+
+    async def Pool(
+        self, request: pb.PoolRequest | Malformed, context: grpc.aio.ServicerContext
+    ) -> pb.PoolResponse:
+        try:
+            if type(request) is Malformed:
+                raise request.error()
+            pool = convert.request_from_proto(request)  # type: ignore[arg-type]
+            call = _call("Pool", context, _deadline(context))
+            ran = await self.runner.pool(pool, call, self._render_pool)
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise  # unreachable: abort raises
+        context.set_trailing_metadata(ran.record.trailing_metadata(ran.result.usage.prompt_tokens))
+        return ran.result
+
+    async def Rerank(
+        self, request: pb.RerankRequest | Malformed, context: grpc.aio.ServicerContext
+    ) -> pb.RerankResponse:
+        try:
+            if type(request) is Malformed:
+                raise request.error()
+            rerank = convert.rerank_request_from_proto(request)  # type: ignore[arg-type]
+            call = _call("Rerank", context, _deadline(context))
+            ran = await self.runner.rerank(
+                rerank,
+                call,
+                lambda result: convert.rerank_response_to_proto(result, request),  # type: ignore[arg-type]
+            )
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise
+        context.set_trailing_metadata(ran.record.trailing_metadata(ran.result.usage.prompt_tokens))
+        return ran.result
+
+    async def PoolStream(
+        self,
+        request_iterator: AsyncIterator[pb.PoolStreamRequest | Malformed],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.PoolStreamResponse]:
+        """Requests run concurrently; each response is sent as soon as it is ready.
+
+        The reader stops pulling requests while `max_stream_inflight` items are
+        unanswered, so a fast client cannot make the server buffer without bound. Every
+        response counts, in-band errors too: one per message, an input request's weight.
+        """
+        limit = InflightLimit(self.max_stream_inflight)
+        done: asyncio.Queue[tuple[pb.PoolStreamResponse, int] | None] = asyncio.Queue()
+        call = _call("PoolStream", context, _deadline(context))  # one client per connection
+        seen: set[str] = set()
+        running: set[asyncio.Task[None]] = set()
+
+        async def run(request: PoolRequest, weight: int) -> None:
+            try:
+                ran = await self.runner.pool(request, call, self._render_pool)
+                response = pb.PoolStreamResponse(request_id=request.request_id, response=ran.result)
+            except PoolingError as error:
+                response = pb.PoolStreamResponse(
+                    request_id=request.request_id, error=to_status_proto(error)
+                )
+            await done.put((response, weight))
+
+        def answer_error(request_id: str, error: PoolingError, weight: int) -> None:
+            done.put_nowait(
+                (pb.PoolStreamResponse(request_id=request_id, error=to_status_proto(error)), weight)
+            )
+
+        async def read() -> None:
+            """Errors about a message itself are answered in band, and the stream goes on."""
+            index = -1
+            async for message in request_iterator:
+                index += 1
+                if type(message) is Malformed:
+                    # An in-band error is a response like any other: it takes a slot, so a
+                    # client that writes garbage and never reads is held back all the same.
+                    await limit.acquire(1)
+                    # One refused on the wire for its size answers to its id, if usable.
+                    request_id = message.request_id
+                    if stream_request_id_error(request_id, seen, index) is None:
+                        seen.add(request_id)
+                    else:
+                        request_id = ""
+                    answer_error(request_id, message.error(f"messages[{index}]"), 1)
+                    continue
+                request_id = message.request.request_id
+                try:
+                    request: PoolRequest | PoolingError = convert.request_from_proto(
+                        message.request
+                    )
+                except PoolingError as error:
+                    request = error
+                weight = 1 if isinstance(request, PoolingError) else _weight(request)
+                await limit.acquire(weight)
+                id_error = stream_request_id_error(request_id, seen, index)
+                if id_error is not None:
+                    # Answered with an empty request_id (see PoolStreamResponse), so the
+                    # client never takes it for the answer to the request that first used it.
+                    answer_error("", id_error, weight)
+                    continue
+                seen.add(request_id)
+                if isinstance(request, PoolingError):
+                    answer_error(request_id, request, weight)
+                    continue
+                task = asyncio.create_task(run(request, weight))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running)
+            await done.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                if reader.done():
+                    reader.result()  # re-raise a failed read; otherwise drain what is left
+                    item = await done.get()
+                else:
+                    getter = asyncio.ensure_future(done.get())
+                    await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        continue
+                    item = getter.result()
+                if item is None:
+                    return
+                response, weight = item
+                yield response
+                limit.release(weight)
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest | Malformed, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsResponse:
+        try:
+            if type(request) is Malformed:
+                raise request.error()
+            engine = self.runner.ready()
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise
+        return pb.ListModelsResponse(
+            models=[convert.model_card(info) for info in engine.model_infos],
+            max_client_batch_size=engine.limits.max_client_batch_size,
+            max_stream_inflight=self.max_stream_inflight,
+            server_version=server_version(),
+        )
+
+    async def Tokenize(
+        self, request: pb.TokenizeRequest | Malformed, context: grpc.aio.ServicerContext
+    ) -> pb.TokenizeResponse:
+        try:
+            if type(request) is Malformed:
+                raise request.error()
+            add_special = (
+                request.add_special_tokens if request.HasField("add_special_tokens") else True
+            )
+            info, items = await self.runner.tokenize(request.model, request.texts, add_special)
+            budget = self.runner.ready().limits.response
+            return _sendable(convert.tokenize_response(info, items), budget)
+        except PoolingError as error:
+            await context.abort_with_status(to_grpc_status(error))
+            raise
+
+
+def _sendable(response: _Message, budget: ResponseBudget) -> _Message:
+    """`response`, measured: where the estimate let an answer through (sparse weights, say),
+    a clear refusal rather than gRPC's own failure at send."""
+    size = response.ByteSize()
+    if size > budget.max_bytes:
+        raise output_too_large("", size, budget)
+    return response
+
+
+def _weight(request: PoolRequest) -> int:
+    """The slots a stream request takes: its inputs (a score request's longer side)."""
+    return max(len(request.texts), len(request.text_1), len(request.text_2), 1)

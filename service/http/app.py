@@ -1,0 +1,262 @@
+"""The HTTP surface: OpenAI-, Cohere/Jina- and vLLM-shaped JSON over the same engine.
+
+The OpenAI/vLLM routes are thin adapters over service/http/openai.py's table, the one offline
+batch jobs use: read the body (service/http/json_body.py), parse it into an engine request,
+run it through the RequestRunner (readiness, telemetry, deadlines, the queue's fairness
+by client address) and render the engine's arrays as JSON, so an HTTP answer and a batch
+line's answer are made by the same code. TEI's and Cohere's doors (service/http/tei.py,
+http_cohere.py) hang off the same app. aiohttp serves it on the front end's own event
+loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import msgspec
+from aiohttp import HttpVersion11, web
+
+from engine.errors import FieldViolation, PoolingError, internal_error
+from engine.output_size import MIB, ResponseBudget
+from service.errors import HTTP_STATUS
+from service.http import door as http_doors
+from service.http.cohere import CohereRoutes
+from service.http.guard import (
+    AcceptErrors,
+    ClientFaults,
+    ConnectionGuard,
+    HttpLimits,
+    declares_too_much,
+)
+from service.http.json_body import Body, BodyError
+from service.http.openai import JSON_FLOAT_BYTES, ROUTES, Route, error_body, values_in
+from service.http.tei import TeiRoutes
+from service.ops.auth import BearerKeys
+from service.ops.memory import trimmer
+from service.runner import RequestRunner
+
+log = logging.getLogger(__name__)
+
+UNPROTECTED = frozenset({"/health"})
+_json = msgspec.json.Encoder()
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The largest response body (--max-http-response-mb); what one value costs in it is the
+# route's (service/http/openai.py).
+MAX_RESPONSE_BYTES = 64 * MIB
+# Also the most connections asyncio accepts in one go, each a descriptor before the cap
+# sees it: the cap leaves half the open-file limit, far more than this, to the rest.
+LISTEN_BACKLOG = 128
+# How long aiohttp waits for a handler it cancels at the end of the drain's grace.
+CUT_WAIT_S = 1.0
+
+
+class HttpApi:
+    def __init__(self, runner: RequestRunner, api_keys: Sequence[str] = ()) -> None:
+        self.runner = runner
+        self._keys = BearerKeys(api_keys)  # service/ops/auth.py: the check every door makes
+        self._created = int(time.time())
+        self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
+        self.guard: ConnectionGuard | None = None
+        self.serving = False  # follows the gRPC health status
+        self.max_response_bytes = MAX_RESPONSE_BYTES  # --max-http-response-mb
+        self.cohere_prompts: dict[str, tuple[str, ...]] | None = None  # None: the defaults
+
+    def app(
+        self, max_body: int = 16 * 1024 * 1024, guard: ConnectionGuard | None = None
+    ) -> web.Application:
+        """`max_body`: the largest request body, as --max-message-mb bounds a gRPC message.
+        `guard`: its header timer stops first; bodies are read at its pace after auth."""
+        middlewares = [self._guard]
+        if guard is not None:
+            middlewares = [guard.track, self._guard, guard.read_body]
+        app = web.Application(middlewares=middlewares, client_max_size=max_body)
+        # TEI's and Cohere's routes (service/http/tei.py, http_cohere.py): /rerank is
+        # both TEI's ({query, texts}) and Cohere/Jina's ({query, documents}), by body shape.
+        tei = TeiRoutes(self)
+        post = {path: self.handler(route) for path, route in ROUTES.items()}
+        post["/rerank"] = tei.rerank_or(post["/rerank"])
+        routes = [web.post(path, handler) for path, handler in post.items()]
+        routes += [web.get("/v1/models", self.models), web.get("/health", self.health)]
+        routes += tei.routes() + CohereRoutes(self, self.cohere_prompts).routes()
+        app.add_routes(
+            [
+                web.RouteDef(
+                    d.method, d.path, d.handler, {**d.kwargs, "expect_handler": self._expect}
+                )
+                for d in routes
+            ]
+        )
+        return app
+
+    async def _expect(self, request: web.Request) -> None:
+        """`Expect: 100-continue` is answered only for a body the server would read: a
+        client without a valid key, or one declaring a body over the limit, gets its
+        refusal from the middlewares instead, before it sends the body."""
+        expect = request.headers.get("Expect", "")
+        if request.version != HttpVersion11:
+            return
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"unknown Expect: {expect[:64]}")
+        if self._refused(request) or declares_too_much(request):
+            return
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the answer proper has not started
+
+    async def start(
+        self,
+        host: str,
+        port: int,
+        reuse_port: bool,
+        max_body: int,
+        limits: HttpLimits | None = None,
+    ) -> int:
+        """Listen; returns the port (the one chosen, when `port` is 0).
+
+        The listener is ours rather than a TCPSite's, so that every connection goes through
+        the guard (service/http/guard.py): capped, header-timed, bodies paced."""
+        limits = limits or HttpLimits()
+        loop = asyncio.get_running_loop()
+        AcceptErrors(loop)
+        ClientFaults.install()
+        self.guard = ConnectionGuard(limits, _error_response, after_large=trimmer())
+        # A client that goes away cancels its handler, which drops its queued items.
+        self._runner = web.AppRunner(
+            self.app(max_body, self.guard),
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=limits.keepalive_timeout_s,
+            # stop() waits out the grace itself; aiohttp's own wait (60 s) would add to it
+            shutdown_timeout=CUT_WAIT_S,
+        )
+        await self._runner.setup()
+        assert self._runner.server is not None
+        self._listener = await loop.create_server(
+            self.guard.factory(self._runner.server),
+            host,
+            port,
+            backlog=LISTEN_BACKLOG,
+            reuse_port=reuse_port or None,
+        )
+        return int(self._listener.sockets[0].getsockname()[1])
+
+    async def stop(self, grace: float) -> bool:
+        """Stop accepting, let running requests finish for up to `grace` seconds, then
+        close every connection. True when requests were still running: they are cut."""
+        if self._listener is not None:
+            self._listener.close()
+        if self._runner is not None and self._runner.server is not None:
+            self._runner.server.pre_shutdown()  # no new request on a kept-alive connection
+        cut = self.guard is not None and not await self.guard.finished(grace)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        return cut
+
+    # ----------------------------------------------------------------- middleware
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Bearer keys before anything is read; every failure as one JSON error shape."""
+        if self._refused(request):
+            return _error_response(401, "UNAUTHENTICATED", "missing or invalid credentials")
+        try:
+            return await handler(request)
+        except PoolingError as error:
+            return _pooling_error(error)
+        except BodyError as error:
+            v = error.violation
+            return _error_response(422, v.reason, f"{v.field}: {v.description}", [v])
+        except web.HTTPException as exc:
+            return _error_response(exc.status, exc.reason.upper().replace(" ", "_"), exc.text)
+        except Exception:
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            return _pooling_error(internal_error())
+
+    def _refused(self, request: web.Request) -> bool:
+        """A protected route without a valid key: answered 401 before anything is read."""
+        if not self._keys or request.path in UNPROTECTED:
+            return False
+        return not self._keys.allow(request.headers.get("Authorization"))
+
+    # --------------------------------------------------------------------- routes
+
+    def handler(self, route: Route) -> Handler:
+        """The HTTP door of one entry of service/http/openai.py: parse, run, render."""
+
+        async def handle(request: web.Request) -> web.Response:
+            body = await self._body(request)
+            parsed = route.parse(body, http_doors.request_id(request, route.prefix))
+            parsed = parsed.budgeted(self.budget(parsed.float_bytes))
+            ran = await parsed.run(self.runner, http_doors.call(request, route.rpc))
+            result = ran.result
+            return await http_doors.render(
+                lambda: parsed.render(result), values_in(result), self.max_response_bytes
+            )
+
+        return handle
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {
+                "id": info.name,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "pooling-server",
+                "max_model_len": info.max_input_tokens,
+                "tasks": [str(task) for task in info.tasks],
+                "backend": info.backend,
+                "precision": info.precision,
+            }
+            for info in self.runner.model_infos
+        ]
+        return _ok({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.serving:
+            return _ok({"status": "SERVING"})
+        return _ok({"status": "NOT_SERVING"}, status=503)
+
+    async def _body(self, request: web.Request) -> Body:
+        """The body, its input lists counted against --max-client-batch-size as read."""
+        limits = self.runner.ready().limits
+        return await http_doors.read_body(request, limits.max_client_batch_size)
+
+    def budget(self, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
+        """The engine's bound on an OpenAI/vLLM answer: values only, no compact encodings;
+        each item's envelope ({"index": ..., "object": ..., "data": [...]}) about 64 bytes."""
+        return http_doors.budget(self.max_response_bytes, float_bytes, item_bytes=64)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(body=_json.encode(payload), status=status, content_type="application/json")
+
+
+def _pooling_error(error: PoolingError) -> web.Response:
+    status = HTTP_STATUS[error.kind]
+    response = _error_response(
+        status, error.reason, error.message, error.violations, error.metadata, error.retry_after_s
+    )
+    if error.retry_after_s is not None and status in (429, 503):
+        response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return response
+
+
+def _error_response(
+    status: int,
+    reason: str,
+    message: str,
+    violations: Sequence[FieldViolation] = (),
+    metadata: dict[str, str] | None = None,
+    retry_after_s: float | None = None,
+) -> web.Response:
+    """OpenAI's error envelope, plus the gRPC details (service/http/openai.py's error_body)."""
+    body = error_body(status, reason, message, violations, metadata, retry_after_s)
+    return _ok(body, status=status)

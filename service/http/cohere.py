@@ -1,0 +1,395 @@
+"""Cohere's v2 HTTP routes, POST /v2/embed and POST /v2/rerank, as the Cohere SDK
+(`cohere.ClientV2(base_url=...)`) and vLLM speak them.
+
+/v2/embed takes `texts` (or `inputs` of text content), `input_type` mapped onto one of
+the model's prompts (INPUT_TYPE_PROMPTS; --cohere-input-type-prompt adds or overrides),
+`embedding_types` (float, int8, uint8, binary, ubinary, base64: one engine run at float,
+then each type packed by engine/encodings.py exactly as the engine packs it),
+`truncate` (NONE, START, END: Cohere's default END cuts the end of a long input),
+`max_tokens` and `output_dimension`. /v2/rerank takes `query`, `documents`, `top_n` and
+`max_tokens_per_doc`. Answers and errors ({"id", "message"}) are in Cohere's shapes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from engine.encodings import quantize, ranges_array
+from engine.errors import ErrorKind, PoolingError, internal_error
+from engine.model_info import ModelInfo
+from engine.outputs import Embedding
+from engine.params import OutputEncoding, PoolingParams, Task
+from engine.request import PoolRequest, RerankRequest
+from service.errors import HTTP_STATUS
+from service.http.door import (
+    DoorError,
+    DoorHost,
+    base64_floats,
+    budget,
+    call,
+    decode_body,
+    json_response,
+    new_request_id,
+    rename_fields,
+    render,
+    text_list,
+)
+from service.http.door import request_id as make_request_id
+from service.runner import RequestRunner
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Which of a model's prompts each input_type takes: the first name the model has. None
+# found: no prompt beyond the model's default one (as for a model without prompts).
+INPUT_TYPE_PROMPTS: dict[str, tuple[str, ...]] = {
+    "search_query": ("query", "search_query", "retrieval.query", "retrieval_query"),
+    "search_document": (
+        "document",
+        "passage",
+        "search_document",
+        "doc",
+        "retrieval.passage",
+        "retrieval_document",
+    ),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+EMBEDDING_TYPES = {
+    "float": None,  # the values themselves
+    "base64": None,  # float32 little-endian bytes, base64
+    "int8": OutputEncoding.INT8,
+    "uint8": OutputEncoding.UINT8,
+    "binary": OutputEncoding.BINARY,
+    "ubinary": OutputEncoding.UBINARY,
+}
+TRUNCATE_SIDES = {"START": "left", "END": "right"}
+API_VERSION = {"version": "2"}
+FIELD_NAMES = {
+    "embed.texts": "texts",
+    "score.text_2": "documents",
+    "score.text_1": "query",
+    "params.dimensions": "output_dimension",
+    "params.truncate_prompt_tokens (-1 truncates to the maximum)": "truncate to END or START",
+    "params.truncate_prompt_tokens": "max_tokens",
+}
+
+
+def input_type_prompts(overrides: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """INPUT_TYPE_PROMPTS with --cohere-input-type-prompt TYPE=PROMPT_NAME entries first;
+    raises ValueError for a malformed entry."""
+    table = dict(INPUT_TYPE_PROMPTS)
+    for entry in overrides:
+        input_type, sep, prompt = entry.partition("=")
+        if not sep or not input_type.strip() or not prompt.strip():
+            raise ValueError(f"--cohere-input-type-prompt {entry!r}: expected TYPE=PROMPT_NAME")
+        input_type, prompt = input_type.strip(), prompt.strip()
+        table[input_type] = (prompt, *(p for p in table.get(input_type, ()) if p != prompt))
+    return table
+
+
+# ------------------------------------------------------------------- bodies
+
+
+class _Content(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class _Input(msgspec.Struct):
+    content: list[_Content]
+
+
+class _Embed(msgspec.Struct):
+    texts: msgspec.Raw = msgspec.Raw()
+    images: msgspec.Raw = msgspec.Raw()
+    inputs: list[_Input] | None = None
+    model: str = ""
+    input_type: str | None = None
+    embedding_types: list[str] | None = None
+    truncate: str | None = None
+    max_tokens: int | None = None
+    output_dimension: int | None = None
+
+
+class _RerankDocument(msgspec.Struct):
+    text: str
+
+
+class _Rerank(msgspec.Struct):
+    query: str | None = None
+    documents: list[str | _RerankDocument] | None = None
+    model: str = ""
+    top_n: int | None = None
+    max_tokens_per_doc: int | None = None
+    return_documents: bool = False
+
+
+# ------------------------------------------------------------------- errors
+
+
+def cohere_status(error: PoolingError) -> int:
+    if error.kind is ErrorKind.FAILED_PRECONDITION:
+        return 400  # the model cannot do it: a bad request for that model
+    return HTTP_STATUS[error.kind]
+
+
+def error_response(status: int, message: str, request_id: str, reason: str = "") -> web.Response:
+    body: dict[str, Any] = {"id": request_id, "message": message}
+    if reason:
+        body["reason"] = reason
+    return json_response(body, status)
+
+
+def cohere_errors(handler: Handler, prefix: str) -> Handler:
+    """Every failure of a Cohere route in Cohere's error shape."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            rid = request["request_id"] = make_request_id(request, prefix)
+        except PoolingError as error:  # an X-Request-Id that is not UTF-8
+            message = f"invalid request: {error.message}"
+            return error_response(400, message, new_request_id(prefix), error.reason)
+        try:
+            return await handler(request)
+        except DoorError as error:
+            status = 400 if error.status == 422 else error.status
+            return error_response(status, f"invalid request: {error.message}", rid)
+        except PoolingError as error:
+            status = cohere_status(error)
+            message = rename_fields(error.message, FIELD_NAMES)
+            if status < 500:
+                message = f"invalid request: {message}" if status == 400 else message
+            response = error_response(status, message, rid, error.reason)
+            if error.retry_after_s is not None and status in (429, 503):
+                response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+            return response
+        except web.HTTPException as exc:
+            return error_response(exc.status, exc.text or exc.reason, rid)
+        except Exception:
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            error = internal_error()
+            return error_response(500, error.message, rid, error.reason)
+
+    return guarded
+
+
+# ------------------------------------------------------------------- routes
+
+
+class CohereRoutes:
+    def __init__(self, api: DoorHost, prompts: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self.api = api
+        self.prompts = dict(prompts or INPUT_TYPE_PROMPTS)
+
+    @property
+    def runner(self) -> RequestRunner:
+        return self.api.runner
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v2/embed", cohere_errors(self.embed, "embed")),
+            web.post("/v2/rerank", cohere_errors(self.rerank, "rerank")),
+        ]
+
+    def prompt_for(self, input_type: str | None, info: ModelInfo) -> str | None:
+        """The model's prompt for `input_type`, or None (the model's default applies)."""
+        if input_type is None:
+            return None
+        if input_type not in self.prompts:
+            known = ", ".join(sorted(self.prompts))
+            raise DoorError(400, "", f"input_type: must be one of {known}, got {input_type[:64]!r}")
+        return next((name for name in self.prompts[input_type] if name in info.prompts), None)
+
+    async def embed(self, request: web.Request) -> web.Response:
+        engine = self.runner.ready()
+        body = await decode_body(request, _Embed)
+        max_inputs = engine.limits.max_client_batch_size
+        if len(body.images) and bytes(body.images) != b"null":
+            raise DoorError(400, "", "images: this server embeds text only")
+        texts = _embed_texts(body, max_inputs)
+        info = engine.resolve(body.model).info
+        types = body.embedding_types or ["float"]
+        for n, name in enumerate(types):
+            if name not in EMBEDDING_TYPES:
+                known = ", ".join(EMBEDDING_TYPES)
+                raise DoorError(
+                    400, "", f"embedding_types[{n}]: must be one of {known}, got {name[:64]!r}"
+                )
+            wanted = EMBEDDING_TYPES[name]
+            if (
+                wanted in (OutputEncoding.INT8, OutputEncoding.UINT8)
+                and not info.calibration_ranges
+            ):
+                raise DoorError(
+                    400,
+                    "",
+                    f"embedding_types[{n}]: {name} needs calibration ranges, and model "
+                    f'"{info.name}" ships none (calibration_ranges.json in its folder)',
+                )
+        truncate = (body.truncate or "END").upper()
+        if truncate not in ("NONE", "START", "END"):
+            raise DoorError(400, "", "truncate: must be NONE, START or END")
+        limit = body.max_tokens
+        if limit is not None:
+            if limit < 1:
+                raise DoorError(400, "", "max_tokens: must be at least 1")
+            # A ceiling, as on rerank: past the model's maximum it is the maximum.
+            limit = max(min(limit, info.max_input_tokens), info.num_special_tokens)
+            if truncate == "NONE":  # longer inputs are refused, not cut
+                await self._refuse_longer(body.model, texts, limit)
+                limit = None
+        elif truncate != "NONE":
+            limit = -1  # the model's maximum
+        pool = PoolRequest(
+            task=Task.EMBED,
+            params=PoolingParams(dimensions=body.output_dimension, truncate_prompt_tokens=limit),
+            request_id=request["request_id"],
+            model=body.model,
+            texts=tuple(texts),
+            prompt_name=self.prompt_for(body.input_type, info),
+            truncation_side=TRUNCATE_SIDES.get(truncate),
+            response_budget=budget(self.api.max_response_bytes, 21 * len(set(types))),
+        )
+        result = (await self.runner.pool(pool, call(request, "Pool", cohere_status))).result
+        vectors = [_embedding(output).values for output in result.outputs]
+        ranges = ranges_array(info.calibration_ranges)
+
+        def build() -> dict[str, Any]:
+            stacked = np.stack(vectors) if vectors else np.zeros((0, 0), np.float32)
+            embeddings: dict[str, Any] = {}
+            for name in dict.fromkeys(types):
+                embeddings[name] = _typed(stacked, name, ranges)
+            return {
+                "id": pool.request_id,
+                "embeddings": embeddings,
+                "texts": texts,
+                "meta": {
+                    "api_version": API_VERSION,
+                    "billed_units": {"input_tokens": result.prompt_tokens},
+                },
+                "response_type": "embeddings_by_type",
+            }
+
+        values = sum(v.size for v in vectors) * len(types)
+        return await render(build, values, self.api.max_response_bytes)
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        self.runner.ready()
+        body = await decode_body(request, _Rerank)
+        if body.query is None:
+            raise DoorError(400, "", "query: missing; send a string")
+        if body.documents is None:
+            raise DoorError(400, "", "documents: missing; send a list of strings")
+        documents = [d if isinstance(d, str) else d.text for d in body.documents]
+        top_n = body.top_n
+        if top_n is not None and top_n < 1:
+            raise DoorError(400, "", "top_n: must be at least 1")
+        scored = documents
+        if body.max_tokens_per_doc is not None:
+            if body.max_tokens_per_doc < 1:
+                raise DoorError(400, "", "max_tokens_per_doc: must be at least 1")
+            scored = await self._cut_documents(body.model, documents, body.max_tokens_per_doc)
+        rerank = RerankRequest(
+            query=body.query,
+            documents=tuple(scored),
+            # Cohere truncates a long pair rather than refusing it.
+            params=PoolingParams(truncate_prompt_tokens=-1),
+            request_id=request["request_id"],
+            model=body.model,
+            top_n=top_n or 0,
+        )
+        ran = await self.runner.rerank(rerank, call(request, "Rerank", cohere_status))
+        results = []
+        for ranked in ran.result.ranking:
+            item: dict[str, Any] = {"index": ranked.index, "relevance_score": ranked.score}
+            if body.return_documents:
+                item["document"] = {"text": documents[ranked.index]}
+            results.append(item)
+        return json_response(
+            {
+                "id": rerank.request_id,
+                "results": results,
+                "meta": {
+                    "api_version": API_VERSION,
+                    "billed_units": {"search_units": 1},
+                    "tokens": {"input_tokens": ran.result.prompt_tokens},
+                },
+            }
+        )
+
+    async def _refuse_longer(self, model: str, texts: Sequence[str], limit: int) -> None:
+        """truncate NONE with max_tokens: an input over max_tokens is an error (Cohere's)."""
+        _, tokenized = await self.runner.tokenize(model, texts)
+        for n, tokens in enumerate(tokenized):
+            if len(tokens.token_ids) > limit:
+                raise DoorError(
+                    400,
+                    "",
+                    f"texts[{n}]: has {len(tokens.token_ids)} tokens, more than max_tokens "
+                    f"({limit}); shorten it, or set truncate to END or START",
+                )
+
+    async def _cut_documents(self, model: str, documents: Sequence[str], limit: int) -> list[str]:
+        """Each document cut after its first `limit` tokens (Cohere's max_tokens_per_doc),
+        at the end of that token in its text; the query and the pair are not counted."""
+        if not documents:  # the rerank refuses that itself, naming its own field
+            return list(documents)
+        _, tokenized = await self.runner.tokenize(model, documents, add_special_tokens=False)
+        cut = []
+        for text, tokens in zip(documents, tokenized, strict=True):
+            offsets = tokens.offsets
+            cut.append(text[: offsets[limit - 1][1]] if len(offsets) > limit else text)
+        return cut
+
+
+def _embed_texts(body: _Embed, max_inputs: int) -> list[str]:
+    """`texts`, or the text of each of `inputs` (its text parts, joined by newlines)."""
+    if len(body.texts) and bytes(body.texts) != b"null":
+        if body.inputs is not None:
+            raise DoorError(400, "", "texts, inputs: send one of them, not both")
+        try:
+            return text_list(body.texts, "texts", max_inputs)
+        except DoorError as error:  # Cohere answers 400 for too many texts too
+            raise DoorError(400, "", error.message) from None
+    if body.inputs is None:
+        raise DoorError(400, "", "texts: missing; send a list of strings (or inputs)")
+    if len(body.inputs) > max_inputs:
+        raise DoorError(
+            400, "", f"inputs: {len(body.inputs)} inputs exceed the limit of {max_inputs}"
+        )
+    texts = []
+    for n, item in enumerate(body.inputs):
+        if not item.content:
+            raise DoorError(400, "", f"inputs[{n}].content: must hold at least one text part")
+        parts = []
+        for k, content in enumerate(item.content):
+            if content.type != "text" or content.text is None:
+                raise DoorError(
+                    400, "", f"inputs[{n}].content[{k}]: only text content is embedded here"
+                )
+            parts.append(content.text)
+        texts.append("\n".join(parts))
+    return texts
+
+
+def _embedding(output: Any) -> Embedding:
+    if not isinstance(output, Embedding):
+        raise internal_error()
+    return output
+
+
+def _typed(vectors: np.ndarray, name: str, ranges: np.ndarray | None) -> list[Any]:
+    """One embedding type of every vector, as Cohere sends it."""
+    if name == "float":
+        return vectors.tolist()
+    if name == "base64":
+        return [base64_floats(row) for row in vectors]
+    return quantize(vectors, EMBEDDING_TYPES[name], ranges).tolist()  # type: ignore[arg-type]

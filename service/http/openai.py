@@ -1,0 +1,325 @@
+"""The JSON routes as data: each url's parse (JSON body -> engine request) and render
+(engine result -> JSON body), with no web framework in sight.
+
+The HTTP API (service/http/app.py) and offline batch jobs (service/batch_job.py) both
+look a url up in ROUTES, parse the body (read by service/http/json_body.py), run the engine
+request through the RequestRunner and render the result, so an HTTP answer and a batch
+line's answer are made by the same code, and a new route is one entry in the table.
+Rendering reads the engine's arrays directly: no protobuf round trip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.errors import FieldViolation, PoolingError
+from engine.output_size import ResponseBudget
+from engine.outputs import (
+    Classification,
+    Embedding,
+    PoolResult,
+    RerankResult,
+    Score,
+    TokenRows,
+)
+from engine.params import PoolingParams, Task
+from engine.request import PoolRequest, RerankRequest
+from engine.validation import unknown_value
+from service.http.door import base64_floats
+from service.http.json_body import Body, BodyError
+from service.runner import Call, Ran, RequestRunner
+
+# What one output value costs in a route's JSON: about 21 characters as a float, 5.33
+# in base64 (4 bytes, 4/3 of them), for the answer's budget (engine/output_size.py).
+JSON_FLOAT_BYTES = 21
+BASE64_FLOAT_BYTES = 6
+
+
+Render = Callable[[Any], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A route's body, parsed: the engine request, and how to render its result."""
+
+    request: PoolRequest | RerankRequest
+    render: Render
+    float_bytes: int = JSON_FLOAT_BYTES  # for the door's answer budget
+
+    def budgeted(self, budget: ResponseBudget) -> Parsed:
+        """The same, its answer bounded by the door's budget (a rerank's needs none)."""
+        if not isinstance(self.request, PoolRequest):
+            return self
+        request = dataclasses.replace(self.request, response_budget=budget)
+        return dataclasses.replace(self, request=request)
+
+    async def run(self, runner: RequestRunner, call: Call) -> Ran[Any]:
+        if isinstance(self.request, RerankRequest):
+            return await runner.rerank(self.request, call)
+        return await runner.pool(self.request, call)
+
+
+@dataclass(frozen=True)
+class Route:
+    """`rpc`: the operation's name in metrics; `prefix`: of generated request ids."""
+
+    rpc: str
+    prefix: str
+    parse: Callable[[Body, str], Parsed]
+
+
+# ------------------------------------------------------------------ the routes
+
+
+def parse_embeddings(body: Body, request_id: str) -> Parsed:
+    """OpenAI's POST /v1/embeddings, with vLLM's extra fields (truncate_prompt_tokens,
+    use_activation or its older name normalize), as vLLM's own route takes them."""
+    texts = body.texts("input")
+    fmt = _encoding_format(body)
+    request = PoolRequest(
+        task=Task.EMBED,
+        params=dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions")),
+        request_id=request_id,
+        model=body.string("model", ""),
+        texts=tuple(texts),
+    )
+
+    def render(result: PoolResult) -> dict[str, Any]:
+        data = []
+        for index, output in enumerate(result.outputs):
+            assert isinstance(output, Embedding)
+            values = _encoded(output.values, fmt)
+            data.append({"object": "embedding", "index": index, "embedding": values})
+        return {"object": "list", "data": data, "model": result.model, "usage": usage(result)}
+
+    return Parsed(request, render, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES)
+
+
+def parse_score(body: Body, request_id: str) -> Parsed:
+    """vLLM's POST /v1/score: text_1 and text_2, each a string or a list."""
+    request = PoolRequest(
+        task=Task.SCORE,
+        params=pooling_params(body),
+        request_id=request_id,
+        model=body.string("model", ""),
+        text_1=tuple(body.texts("text_1")),
+        text_2=tuple(body.texts("text_2")),
+    )
+
+    def render(result: PoolResult) -> dict[str, Any]:
+        data = []
+        for index, output in enumerate(result.outputs):
+            assert isinstance(output, Score)
+            data.append({"index": index, "object": "score", "score": float(output.value)})
+        return listing(request_id, result, data)
+
+    return Parsed(request, render)
+
+
+def parse_classify(body: Body, request_id: str) -> Parsed:
+    """vLLM's POST /classify."""
+    request = PoolRequest(
+        task=Task.CLASSIFY,
+        params=pooling_params(body),
+        request_id=request_id,
+        model=body.string("model", ""),
+        texts=tuple(body.texts("input")),
+    )
+
+    def render(result: PoolResult) -> dict[str, Any]:
+        data = []
+        for index, output in enumerate(result.outputs):
+            assert isinstance(output, Classification)
+            probs = output.probs.tolist()
+            data.append(
+                {"index": index, "label": output.label, "probs": probs, "num_classes": len(probs)}
+            )
+        return listing(request_id, result, data)
+
+    return Parsed(request, render)
+
+
+POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
+
+
+def parse_pooling(body: Body, request_id: str) -> Parsed:
+    """vLLM's POST /pooling: any task; `data` is a vector (or a row per token), or with
+    encoding_format base64 its little-endian float32 bytes, rows one after another."""
+    task = body.string("task", "embed")
+    if task not in POOLING_TASKS:
+        raise unknown_value("task", task)
+    fmt = _encoding_format(body)
+    params = dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions"))
+    request = PoolRequest(
+        task=Task(task),
+        params=params,
+        request_id=request_id,
+        model=body.string("model", ""),
+        texts=tuple(body.texts("input")),
+    )
+
+    def render(result: PoolResult) -> dict[str, Any]:
+        data = []
+        for index, output in enumerate(result.outputs):
+            if isinstance(output, Classification):
+                row = _encoded(output.probs, fmt)
+            else:
+                assert isinstance(output, (Embedding, TokenRows))
+                row = _encoded(output.values, fmt)
+            data.append({"index": index, "object": "pooling", "data": row})
+        return listing(request_id, result, data)
+
+    return Parsed(request, render, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES)
+
+
+def parse_rerank(body: Body, request_id: str) -> Parsed:
+    """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank."""
+    texts = body.documents()
+    if not body.has("query"):
+        raise BodyError("query", "must be a string")
+    query = body.string("query", "")
+    return_documents = bool(body.boolean("return_documents"))  # Cohere's default: false
+    request = RerankRequest(
+        query=query,
+        documents=tuple(texts),
+        params=pooling_params(body),
+        request_id=request_id,
+        model=body.string("model", ""),
+        top_n=body.integer("top_n") or 0,
+    )
+
+    def render(result: RerankResult) -> dict[str, Any]:
+        results = []
+        for ranked in result.ranking:
+            item: dict[str, Any] = {"index": ranked.index, "relevance_score": float(ranked.score)}
+            if return_documents:
+                item["document"] = {"text": texts[ranked.index]}
+            results.append(item)
+        return {"id": request_id, "model": result.model, "results": results, "usage": usage(result)}
+
+    return Parsed(request, render)
+
+
+EMBEDDINGS = Route("Pool", "embd", parse_embeddings)
+RERANK = Route("Rerank", "rerank", parse_rerank)
+SCORE = Route("Pool", "score", parse_score)
+
+# url -> route: what the HTTP API serves (POST) and what a batch line may name.
+ROUTES: dict[str, Route] = {
+    "/v1/embeddings": EMBEDDINGS,
+    "/v1/rerank": RERANK,
+    "/rerank": RERANK,
+    "/v1/score": SCORE,
+    "/score": SCORE,
+    "/pooling": Route("Pool", "pool", parse_pooling),
+    "/classify": Route("Pool", "classify", parse_classify),
+}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _encoding_format(body: Body) -> str:
+    fmt = body.string("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise unknown_value("encoding_format", fmt)
+    return fmt
+
+
+def _encoded(values: np.ndarray, fmt: str) -> Any:
+    """Floats as JSON numbers, or (base64) the little-endian float32 bytes of them all."""
+    return base64_floats(values) if fmt == "base64" else values.tolist()
+
+
+def pooling_params(body: Body) -> PoolingParams:
+    """vLLM's request-level pooling fields: use_activation (or its older name softmax /
+    normalize) and truncate_prompt_tokens. vLLM's add_special_tokens may only be true
+    (its default): the texts are always encoded as the model was trained on them, so
+    false is refused rather than ignored."""
+    if body.boolean("add_special_tokens") is False:
+        raise PoolingError.invalid(
+            [
+                FieldViolation(
+                    "add_special_tokens",
+                    "false is not supported: every text is encoded with the model's special "
+                    "tokens; leave it out or send true",
+                    "UNSUPPORTED_FIELD",
+                )
+            ]
+        )
+    use_activation = None
+    for name in ("use_activation", "softmax", "normalize", "activation"):
+        use_activation = body.boolean(name)
+        if use_activation is not None:
+            break
+    return PoolingParams(
+        use_activation=use_activation, truncate_prompt_tokens=body.integer("truncate_prompt_tokens")
+    )
+
+
+def usage(result: PoolResult | RerankResult) -> dict[str, int]:
+    return {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+
+
+def listing(request_id: str, result: PoolResult, data: list[Any]) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": result.model,
+        "data": data,
+        "usage": usage(result),
+    }
+
+
+def values_in(result: object) -> int:
+    """How many float values an answer carries: what its JSON costs to build."""
+    if not isinstance(result, PoolResult):
+        return 0
+    total = 0
+    for output in result.outputs:
+        if isinstance(output, Classification):
+            total += output.probs.size
+        elif isinstance(output, (Embedding, TokenRows)):
+            total += output.values.size
+    return total
+
+
+# OpenAI's error `type` values, which its SDK and the tools built on it read.
+# OpenAI's error types; any other 4xx is invalid_request_error, a 5xx server_error.
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def error_body(
+    status: int,
+    reason: str,
+    message: str,
+    violations: Sequence[FieldViolation] = (),
+    metadata: dict[str, str] | None = None,
+    retry_after_s: float | None = None,
+) -> dict[str, Any]:
+    """OpenAI's error envelope (message, type, param, code), plus the gRPC details:
+    the reason, every field violation and the retry delay."""
+    error: dict[str, Any] = {
+        "message": message,
+        "type": ERROR_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        ),
+        "param": violations[0].field if violations else None,
+        "code": reason,
+        "reason": reason,
+        "field_violations": [
+            {"field": v.field, "description": v.description, "reason": v.reason} for v in violations
+        ],
+    }
+    if metadata:
+        error["metadata"] = metadata
+    if retry_after_s is not None:
+        error["retry_after_s"] = retry_after_s
+    return {"error": error}

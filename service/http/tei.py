@@ -1,0 +1,715 @@
+"""TEI's HTTP routes (huggingface/text-embeddings-inference, docs/openapi.json) on the
+HTTP port, so that clients written for TEI (huggingface_hub's InferenceClient,
+LangChain's HuggingFaceEndpointEmbeddings, LlamaIndex's and Haystack's TEI embedders) can
+point at this server.
+
+Routes: POST /embed, /embed_all, /embed_sparse, /predict, /rerank, /similarity,
+/tokenize, /decode, GET /info, and POST /, which TEI routes by the model's kind (and, as
+Hugging Face's endpoints do, a sentence-similarity body on an embedding model goes to
+/similarity). TEI serves one model: here a request acts on the default model unless it
+names another in an optional `model` field. /rerank is shared with the Cohere/Jina shape:
+a body with `texts` and no `documents` is TEI's (see HttpApi.app).
+
+Each route parses its body, runs engine requests through the RequestRunner, and renders
+the engine's arrays in TEI's shapes. Errors are TEI's {"error", "error_type"} with its
+statuses: 400 Empty, 413 for too many inputs or too large a request or answer, 422
+Validation (and Tokenizer for over-long inputs), 424 Backend when the model cannot do
+the task, 429 Overloaded, 503 Unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from engine.errors import ErrorKind, PoolingError, internal_error
+from engine.heads import activate
+from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
+from engine.outputs import Classification, Embedding, Score, SparseEmbedding, TokenRows
+from engine.params import PoolingParams, Task
+from engine.request import PoolRequest, RerankRequest
+from service.http import json_body
+from service.http.door import (
+    DoorError,
+    DoorHost,
+    budget,
+    call,
+    decode_body,
+    json_response,
+    matrix,
+    present,
+    rename_fields,
+    render,
+    request_id,
+    text_list,
+    within,
+)
+from service.ops.version import server_version
+from service.runner import RequestRunner
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The engine names fields by the gRPC request's paths; TEI's errors name TEI's fields.
+FIELD_NAMES = {
+    "embed.texts": "inputs",
+    "token_embed.texts": "inputs",
+    "embed_sparse.texts": "inputs",
+    "classify.texts": "inputs",
+    "score.text_1": "inputs",
+    "score.text_2": "inputs",
+    # The engine's advice for a long input; TEI's truncate is a boolean.
+    "params.truncate_prompt_tokens (-1 truncates to the maximum)": "truncate to true",
+    "params.truncate_prompt_tokens": "truncate",
+    "params.use_activation": "normalize",
+    "params.dimensions": "dimensions",
+}
+DIRECTIONS = {"left": "left", "right": "right"}
+
+
+# ------------------------------------------------------------------- bodies
+
+
+class _Embed(msgspec.Struct):
+    inputs: msgspec.Raw = msgspec.Raw()
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: str | None = None
+    prompt_name: str | None = None
+    dimensions: int | None = None
+    model: str = ""
+
+
+class _TextClassificationParameters(msgspec.Struct):
+    """What huggingface_hub's InferenceClient.text_classification sends beside `inputs`."""
+
+    top_k: int | None = None
+    function_to_apply: str | None = None  # sigmoid, softmax or none
+
+
+class _Predict(msgspec.Struct):
+    inputs: msgspec.Raw = msgspec.Raw()
+    raw_scores: bool = False
+    truncate: bool | None = None
+    truncation_direction: str | None = None
+    model: str = ""
+    # Sent by Hugging Face's Inference API clients (TEI ignores it): then the answer for a
+    # single input is that API's [[{label, score}, ...]], which the client unwraps.
+    parameters: _TextClassificationParameters | None = None
+
+
+# The Inference API's function_to_apply, as the engine's own activations.
+FUNCTIONS = {
+    "sigmoid": Activation.SIGMOID,
+    "softmax": Activation.SOFTMAX,
+    "none": Activation.IDENTITY,
+}
+
+
+class _Rerank(msgspec.Struct):
+    query: str | None = None
+    texts: msgspec.Raw = msgspec.Raw()
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+    truncation_direction: str | None = None
+    model: str = ""
+
+
+class _SimilarityInputs(msgspec.Struct):
+    source_sentence: str
+    sentences: list[str]
+
+
+class _SimilarityParameters(msgspec.Struct):
+    prompt_name: str | None = None
+    truncate: bool | None = None
+    truncation_direction: str | None = None
+
+
+class _Similarity(msgspec.Struct):
+    inputs: _SimilarityInputs | None = None
+    parameters: _SimilarityParameters | None = None
+    model: str = ""
+
+
+class _Tokenize(msgspec.Struct):
+    inputs: msgspec.Raw = msgspec.Raw()
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+    model: str = ""
+
+
+class _Decode(msgspec.Struct):
+    ids: msgspec.Raw = msgspec.Raw()
+    skip_special_tokens: bool = True
+    model: str = ""
+
+
+class _Shape(msgspec.Struct):
+    """What picks a route from a body: TEI's rerank has `texts`, Cohere's `documents`; a
+    similarity body's `inputs` is an object."""
+
+    inputs: msgspec.Raw = msgspec.Raw()
+    texts: msgspec.Raw = msgspec.Raw()
+    documents: msgspec.Raw = msgspec.Raw()
+    model: str = ""
+
+
+_PREDICT_INPUTS = msgspec.json.Decoder(str | list[str | list[str]])
+_IDS = msgspec.json.Decoder(list[int | list[int]])
+
+
+def _count(raw: msgspec.Raw, field: str, max_inputs: int) -> None:
+    """Too many entries in a list of lists, counted on the bytes (before building them)."""
+    if len(raw) > json_body.COUNT_SCAN_BYTES and bytes(memoryview(raw)[:1]) == b"[":
+        count = json_body.count_entries(raw)
+        if count > max_inputs:
+            raise DoorError(
+                413,
+                "Validation",
+                f"batch size {count} > maximum allowed batch size {max_inputs} ({field})",
+            )
+
+
+def _batch(texts: list[str], field: str, max_inputs: int) -> None:
+    if not texts:
+        raise DoorError(400, "Empty", f"`{field}` cannot be empty")
+    if len(texts) > max_inputs:
+        raise DoorError(
+            413, "Validation", f"batch size {len(texts)} > maximum allowed batch size {max_inputs}"
+        )
+
+
+def _side(direction: str | None) -> str | None:
+    if direction is None:
+        return None
+    side = DIRECTIONS.get(direction.lower())
+    if side is None:
+        raise DoorError(422, "Validation", "truncation_direction: must be Left or Right")
+    return side
+
+
+def _truncate(truncate: bool | None) -> int | None:
+    """TEI's truncate: true cuts each input to the model's maximum; false or absent leaves
+    the model's --long-input policy (reject, by default)."""
+    return -1 if truncate else None
+
+
+# ------------------------------------------------------------------- errors
+
+
+def tei_status(error: PoolingError) -> tuple[int, str]:
+    """TEI's status and error_type for an engine error."""
+    kind, reason = error.kind, error.reason
+    if kind is ErrorKind.INVALID_ARGUMENT:
+        if reason == "EMPTY_INPUT":
+            return 400, "Empty"
+        if reason in ("TOO_MANY_INPUTS", "REQUEST_TOO_LARGE", "OUTPUT_TOO_LARGE"):
+            return 413, "Validation"
+        if reason == "INPUT_TOO_LONG":
+            return 422, "Tokenizer"
+        return 422, "Validation"
+    return {
+        ErrorKind.NOT_FOUND: (422, "Validation"),
+        ErrorKind.FAILED_PRECONDITION: (424, "Backend"),
+        ErrorKind.RESOURCE_EXHAUSTED: (429, "Overloaded"),
+        ErrorKind.UNAVAILABLE: (503, "Unhealthy"),
+        ErrorKind.DEADLINE_EXCEEDED: (504, "Backend"),
+        ErrorKind.CANCELLED: (499, "Backend"),
+    }.get(kind, (424, "Backend"))
+
+
+def tei_code(error: PoolingError) -> int:
+    """The status alone, which the runner's metrics record."""
+    return tei_status(error)[0]
+
+
+def error_response(status: int, error_type: str, message: str) -> web.Response:
+    return json_response({"error": message, "error_type": error_type}, status)
+
+
+def pooling_error_response(error: PoolingError) -> web.Response:
+    status, error_type = tei_status(error)
+    response = error_response(status, error_type, rename_fields(error.message, FIELD_NAMES))
+    if error.retry_after_s is not None and status in (429, 503):
+        response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return response
+
+
+def tei_errors(handler: Handler) -> Handler:
+    """Every failure of a TEI route in TEI's error shape."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except DoorError as error:
+            return error_response(error.status, error.kind, error.message)
+        except PoolingError as error:
+            return pooling_error_response(error)
+        except web.HTTPException as exc:
+            kind = "Validation" if exc.status in (413, 422) else "Backend"
+            return error_response(exc.status, kind, exc.text or exc.reason)
+        except Exception:
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            return pooling_error_response(internal_error())
+
+    return guarded
+
+
+# ------------------------------------------------------------------- routes
+
+
+class TeiRoutes:
+    """TEI's routes over the runner; `api` lends the response cap (--max-http-response-mb)."""
+
+    def __init__(self, api: DoorHost) -> None:
+        self.api = api
+
+    @property
+    def runner(self) -> RequestRunner:
+        return self.api.runner
+
+    def routes(self) -> list[web.RouteDef]:
+        post = {
+            "/embed": self.embed,
+            "/embed_all": self.embed_all,
+            "/embed_sparse": self.embed_sparse,
+            "/predict": self.predict,
+            "/similarity": self.similarity,
+            "/tokenize": self.tokenize,
+            "/decode": self.decode,
+            "/": self.root,
+        }
+        routes = [web.post(path, tei_errors(handler)) for path, handler in post.items()]
+        return [*routes, web.get("/info", tei_errors(self.info))]
+
+    def rerank_or(self, other: Handler) -> Handler:
+        """One /rerank for two shapes: TEI's ({query, texts}) here, anything else (Cohere's
+        and Jina's {query, documents}) to `other`."""
+        tei = tei_errors(self.rerank)
+
+        async def dispatch(request: web.Request) -> web.StreamResponse:
+            try:
+                shape = await _decode(request, _Shape)
+            except (DoorError, PoolingError):
+                return await other(request)  # its own errors, in its own shape
+            if present(shape.texts) and not present(shape.documents):
+                return await tei(request)
+            return await other(request)
+
+        return dispatch
+
+    @property
+    def _max_inputs(self) -> int:
+        return self.runner.ready().limits.max_client_batch_size
+
+    @property
+    def _max_bytes(self) -> int:
+        return self.api.max_response_bytes
+
+    async def _pool(self, request: web.Request, pool: PoolRequest) -> Any:
+        pool = _with_budget(pool, self._max_bytes)
+        return (await self.runner.pool(pool, call(request, "Pool", tei_code))).result
+
+    # POST / ----------------------------------------------------------------
+
+    async def root(self, request: web.Request) -> web.StreamResponse:
+        """TEI's POST /: the route for the model's kind."""
+        shape = await _decode(request, _Shape)
+        info = self.runner.ready().resolve(shape.model).info
+        kind = model_kind(info)
+        if kind == "reranker":
+            return await self.rerank(request)
+        if kind == "classifier":
+            return await self.predict(request)
+        if bytes(memoryview(shape.inputs)[:1]) == b"{":
+            return await self.similarity(request)  # InferenceClient.sentence_similarity
+        if info.head is HeadKind.SPARSE:
+            return await self.embed_sparse(request)
+        return await self.embed(request)
+
+    # embeddings -----------------------------------------------------------
+
+    def _embed_request(
+        self, body: _Embed, task: Task, prefix: str, request: web.Request
+    ) -> PoolRequest:
+        texts = text_list(body.inputs, "inputs", self._max_inputs)
+        _batch(texts, "inputs", self._max_inputs)
+        dimensions = body.dimensions if task is Task.EMBED else None
+        return PoolRequest(
+            task=task,
+            params=PoolingParams(
+                # TEI's embed_all returns the raw token states; embed_sparse has no switch.
+                use_activation={Task.EMBED: body.normalize, Task.TOKEN_EMBED: False}.get(task),
+                dimensions=dimensions,
+                truncate_prompt_tokens=_truncate(body.truncate),
+            ),
+            request_id=request_id(request, prefix),
+            model=body.model,
+            texts=tuple(texts),
+            prompt_name=body.prompt_name,
+            truncation_side=_side(body.truncation_direction),
+        )
+
+    async def embed(self, request: web.Request) -> web.Response:
+        """[[float]]: one vector per input."""
+        body = await _decode(request, _Embed)
+        if body.dimensions is not None and body.dimensions < 1:
+            raise DoorError(422, "Validation", "dimensions: must be at least 1")
+        result = await self._pool(request, self._embed_request(body, Task.EMBED, "embed", request))
+        rows = [_of(output, Embedding).values for output in result.outputs]
+        values = sum(row.size for row in rows)
+        return await render(lambda: matrix(rows), values, self._max_bytes)
+
+    async def embed_all(self, request: web.Request) -> web.Response:
+        """[[[float]]]: one vector per token of each input."""
+        body = await _decode(request, _Embed)
+        pool = self._embed_request(body, Task.TOKEN_EMBED, "embed_all", request)
+        result = await self._pool(request, pool)
+        rows = [_of(output, TokenRows).values for output in result.outputs]
+        values = sum(row.size for row in rows)
+        return await render(lambda: [row.tolist() for row in rows], values, self._max_bytes)
+
+    async def embed_sparse(self, request: web.Request) -> web.Response:
+        """[[{index, value}]]: each input's non-zero vocabulary weights, by index."""
+        body = await _decode(request, _Embed)
+        pool = self._embed_request(body, Task.EMBED_SPARSE, "embed_sparse", request)
+        result = await self._pool(request, pool)
+        items = [_of(output, SparseEmbedding) for output in result.outputs]
+
+        def build() -> list[list[dict[str, Any]]]:
+            rendered = []
+            for item in items:
+                order = np.argsort(item.indices, kind="stable")
+                indices, weights = item.indices[order].tolist(), item.values[order].tolist()
+                rendered.append(
+                    [{"index": i, "value": v} for i, v in zip(indices, weights, strict=True)]
+                )
+            return rendered
+
+        values = sum(item.indices.size for item in items)
+        return await render(build, 2 * values, self._max_bytes)
+
+    async def similarity(self, request: web.Request) -> web.Response:
+        """[float]: the cosine similarity of each sentence to the source sentence, from
+        their embeddings (unnormalized, as TEI computes it)."""
+        body = await _decode(request, _Similarity)
+        if body.inputs is None:
+            raise DoorError(422, "Validation", "inputs: missing; send {source_sentence, sentences}")
+        sentences = body.inputs.sentences
+        if not sentences:
+            raise DoorError(400, "Empty", "`inputs.sentences` cannot be empty")
+        _batch([body.inputs.source_sentence, *sentences], "inputs.sentences", self._max_inputs)
+        parameters = body.parameters or _SimilarityParameters()
+        pool = PoolRequest(
+            task=Task.EMBED,
+            params=PoolingParams(
+                use_activation=False, truncate_prompt_tokens=_truncate(parameters.truncate)
+            ),
+            request_id=request_id(request, "similarity"),
+            model=body.model,
+            texts=(body.inputs.source_sentence, *sentences),
+            prompt_name=parameters.prompt_name,
+            truncation_side=_side(parameters.truncation_direction),
+        )
+        result = await self._pool(request, pool)
+        vectors = np.stack([_of(output, Embedding).values for output in result.outputs])
+        return json_response(cosine_to_first(vectors).tolist())
+
+    # classifiers and rerankers --------------------------------------------
+
+    async def predict(self, request: web.Request) -> web.Response:
+        """[{score, label}] for one input (a text, or a [text, text] pair), sorted by score;
+        a batch ([[text], [text, text], ...]) gets one such list each. Pairs go through
+        the model's score (a cross-encoder's), single texts through classify."""
+        body = await _decode(request, _Predict)
+        if not present(body.inputs):
+            raise DoorError(422, "Validation", "inputs: missing")
+        _count(body.inputs, "inputs", self._max_inputs)
+        try:
+            inputs = _PREDICT_INPUTS.decode(body.inputs)
+        except msgspec.DecodeError as exc:  # a wrong type, or bytes that are not UTF-8
+            raise DoorError(422, "Validation", within("inputs", exc)) from None
+        batch, single = _sequences(inputs)
+        if not batch:
+            raise DoorError(400, "Empty", "`inputs` cannot be empty")
+        _batch([""] * len(batch), "inputs", self._max_inputs)
+        info = self.runner.ready().resolve(body.model).info
+        hub = body.parameters
+        function = None if hub is None else hub.function_to_apply
+        if function is not None and function not in FUNCTIONS:
+            known = ", ".join(FUNCTIONS)
+            raise DoorError(
+                422, "Validation", f"parameters.function_to_apply: must be one of {known}"
+            )
+        if hub is not None and hub.top_k is not None and hub.top_k < 1:
+            raise DoorError(422, "Validation", "parameters.top_k: must be at least 1")
+        params = PoolingParams(
+            # A function asked for is applied here, to the raw scores.
+            use_activation=not body.raw_scores and function is None,
+            truncate_prompt_tokens=_truncate(body.truncate),
+        )
+        side = _side(body.truncation_direction)
+        singles = [i for i, sequence in enumerate(batch) if len(sequence) == 1]
+        pairs = [i for i, sequence in enumerate(batch) if len(sequence) == 2]
+        runs = []
+        if singles:
+            runs.append(
+                PoolRequest(
+                    task=Task.CLASSIFY,
+                    params=params,
+                    request_id=request_id(request, "predict"),
+                    model=body.model,
+                    texts=tuple(batch[i][0] for i in singles),
+                    truncation_side=side,
+                )
+            )
+        if pairs:
+            runs.append(
+                PoolRequest(
+                    task=Task.SCORE,
+                    params=params,
+                    request_id=request_id(request, "predict-pairs"),
+                    model=body.model,
+                    text_1=tuple(batch[i][0] for i in pairs),
+                    text_2=tuple(batch[i][1] for i in pairs),
+                    truncation_side=side,
+                )
+            )
+        results = await asyncio.gather(*(self._pool(request, run) for run in runs))
+        outputs: list[Any] = [None] * len(batch)
+        ordered = ([singles] if singles else []) + ([pairs] if pairs else [])
+        for places, result in zip(ordered, results, strict=True):
+            for place, output in zip(places, result.outputs, strict=True):
+                outputs[place] = output
+        predictions = [_predictions(output, info, function) for output in outputs]
+        if hub is not None and hub.top_k is not None:
+            predictions = [ranked[: hub.top_k] for ranked in predictions]
+        if single and hub is None:  # TEI's shape; the Inference API's keeps the outer list
+            return json_response(predictions[0])
+        return json_response(predictions)
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        """[{index, score, text?}], best first."""
+        body = await _decode(request, _Rerank)
+        if body.query is None:
+            raise DoorError(422, "Validation", "query: missing; send a string")
+        texts = text_list(body.texts, "texts", self._max_inputs)
+        _batch(texts, "texts", self._max_inputs)
+        rerank = RerankRequest(
+            query=body.query,
+            documents=tuple(texts),
+            params=PoolingParams(
+                use_activation=not body.raw_scores, truncate_prompt_tokens=_truncate(body.truncate)
+            ),
+            request_id=request_id(request, "rerank"),
+            model=body.model,
+            truncation_side=_side(body.truncation_direction),
+        )
+        ran = await self.runner.rerank(rerank, call(request, "Rerank", tei_code))
+        ranks: list[dict[str, Any]] = []
+        for ranked in ran.result.ranking:
+            rank: dict[str, Any] = {"index": ranked.index, "score": ranked.score}
+            if body.return_text:
+                rank["text"] = texts[ranked.index]
+            ranks.append(rank)
+        return json_response(ranks)
+
+    # tokenizer --------------------------------------------------------------
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """[[{id, text, special, start, stop}]]: `text` is the input's span (character
+        offsets), or the token itself for special tokens, which have no span."""
+        body = await _decode(request, _Tokenize)
+        texts = text_list(body.inputs, "inputs", self._max_inputs)
+        _batch(texts, "inputs", self._max_inputs)
+        info = self.runner.ready().resolve(body.model).info
+        if body.prompt_name is not None:
+            prompt = info.prompts.get(body.prompt_name)
+            if prompt is None:
+                known = ", ".join(f'"{name}"' for name in info.prompts) or "none"
+                raise DoorError(
+                    422,
+                    "Validation",
+                    f'prompt_name: model "{info.name}" has no prompt named '
+                    f'"{body.prompt_name[:64]}"; its prompts: {known}',
+                )
+            texts = [prompt + text for text in texts]
+        _, tokenized = await self.runner.tokenize(body.model, texts, body.add_special_tokens)
+        rendered = []
+        for text, item in zip(texts, tokenized, strict=True):
+            tokens = []
+            for k, token_id in enumerate(item.token_ids):
+                special = bool(item.special_mask[k]) if item.special_mask else False
+                start, stop = item.offsets[k]
+                tokens.append(
+                    {
+                        "id": token_id,
+                        "text": item.tokens[k] if special else text[start:stop],
+                        "special": special,
+                        "start": None if special else start,
+                        "stop": None if special else stop,
+                    }
+                )
+            rendered.append(tokens)
+        return json_response(rendered)
+
+    async def decode(self, request: web.Request) -> web.Response:
+        """[str]: the text of each id sequence."""
+        body = await _decode(request, _Decode)
+        if not present(body.ids):
+            raise DoorError(422, "Validation", "ids: missing; send a list of token ids")
+        _count(body.ids, "ids", self._max_inputs)
+        try:
+            ids = _IDS.decode(body.ids)
+        except msgspec.DecodeError as exc:
+            raise DoorError(422, "Validation", within("ids", exc)) from None
+        if ids and all(isinstance(i, int) for i in ids):
+            sequences: list[list[int]] = [ids]  # type: ignore[list-item]
+        elif all(isinstance(i, list) for i in ids):
+            sequences = ids  # type: ignore[assignment]
+        else:
+            raise DoorError(422, "Validation", "ids: a list of ids or a list of id lists, not both")
+        if not sequences:
+            raise DoorError(400, "Empty", "`ids` cannot be empty")
+        _batch([""] * len(sequences), "ids", self._max_inputs)
+        tokenizer = self.runner.ready().resolve(body.model).tokenizer
+        vocabulary = tokenizer.vocab_size
+        for n, sequence in enumerate(sequences):
+            bad = next((i for i in sequence if not 0 <= i < vocabulary), None)
+            if bad is not None:
+                raise DoorError(
+                    422, "Tokenizer", f"ids[{n}]: {bad} is not a token id (0 to {vocabulary - 1})"
+                )
+        total = sum(len(sequence) for sequence in sequences)
+        if total > json_body.COUNT_SCAN_BYTES:
+            texts = await asyncio.to_thread(tokenizer.decode, sequences, body.skip_special_tokens)
+        else:
+            texts = tokenizer.decode(sequences, body.skip_special_tokens)
+        return json_response(texts)
+
+    # info -------------------------------------------------------------------
+
+    async def info(self, request: web.Request) -> web.Response:
+        """TEI's Info for the default model (or ?model=name)."""
+        engine = self.runner.ready()
+        info = engine.resolve(request.query.get("model", "")).info
+        batch = engine.batch_config
+        return json_response(
+            {
+                "model_id": info.name,
+                "model_sha": info.revision or None,
+                "model_dtype": info.dtype,
+                "served_model_name": info.name,
+                "model_type": model_type(info),
+                "max_concurrent_requests": batch.max_queued_items,
+                "max_input_length": info.max_input_tokens,
+                "max_batch_tokens": batch.max_batch_tokens,
+                "max_batch_requests": batch.max_batch_size or None,
+                "max_client_batch_size": engine.limits.max_client_batch_size,
+                "auto_truncate": info.long_input is LongInput.TRUNCATE,
+                "tokenization_workers": engine.tokenizer_threads,
+                "version": server_version(),
+                "sha": None,
+                "docker_label": None,
+                "prompts": info.prompts,
+            }
+        )
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def model_kind(info: ModelInfo) -> str:
+    """TEI's kinds: a cross-encoder is a reranker, another classifier head a classifier,
+    everything else an embedding model."""
+    if info.is_cross_encoder:
+        return "reranker"
+    if info.head in (HeadKind.SEQUENCE, HeadKind.TOKEN):
+        return "classifier"
+    return "embedding"
+
+
+def model_type(info: ModelInfo) -> dict[str, Any]:
+    kind = model_kind(info)
+    if kind == "embedding":
+        pooling = "splade" if info.head is HeadKind.SPARSE else str(info.pooling_type)
+        if info.pooling_type is PoolingType.LAST:
+            pooling = "last_token"
+        return {"embedding": {"pooling": pooling}}
+    labels = [info.label(i) for i in range(max(len(info.labels), 1))]
+    return {
+        kind: {
+            "id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)},
+        }
+    }
+
+
+def cosine_to_first(vectors: np.ndarray) -> np.ndarray:
+    """Cosine similarity of rows 1.. to row 0 (0 where a vector is all zeros)."""
+    norms = np.linalg.norm(vectors, axis=1)
+    norms = np.where(norms == 0, 1.0, norms)
+    unit = vectors / norms[:, None]
+    return (unit[1:] @ unit[0]).astype(np.float32)
+
+
+def _sequences(inputs: str | list[Any]) -> tuple[list[list[str]], bool]:
+    """TEI's PredictInput: a string, a pair [a, b] (or [a]), or a batch of [a] / [a, b]."""
+    if isinstance(inputs, str):
+        return [[inputs]], True
+    if all(isinstance(item, str) for item in inputs):
+        if not 1 <= len(inputs) <= 2:
+            raise DoorError(
+                422, "Validation", "inputs: a single input is a text or a pair [text, text]"
+            )
+        return [inputs], True
+    if not all(isinstance(item, list) for item in inputs):
+        raise DoorError(
+            422, "Validation", "inputs: a batch is a list of [text] or [text, text] lists"
+        )
+    for n, item in enumerate(inputs):
+        if not 1 <= len(item) <= 2:
+            raise DoorError(422, "Validation", f"inputs[{n}]: must be [text] or [text, text]")
+    return inputs, False
+
+
+async def _decode(request: web.Request, kind: type[Any]) -> Any:
+    """A TEI body; its model, where the body names none, from `?model=` in the URL, so that
+    clients that cannot put one in the body (huggingface_hub's InferenceClient, given the
+    URL as its model) can still reach any model this server serves, as /info?model= does."""
+    body = await decode_body(request, kind)
+    if not body.model:
+        body.model = request.query.get("model", "")
+    return body
+
+
+def _predictions(output: Any, info: ModelInfo, function: str | None) -> list[dict[str, Any]]:
+    """Labels by score, best first; `function` (the Inference API's function_to_apply)
+    applied to the raw scores the engine was asked for, where given."""
+    if isinstance(output, Score):
+        scores = np.array([output.value], dtype=np.float64)
+    else:
+        scores = _of(output, Classification).probs.astype(np.float64)
+    if function is not None:
+        scores = activate(scores, FUNCTIONS[function])
+    order = np.argsort(-scores, kind="stable")
+    return [{"score": float(scores[i]), "label": info.label(int(i))} for i in order]
+
+
+def _of(output: Any, kind: type) -> Any:
+    if not isinstance(output, kind):
+        raise internal_error()
+    return output
+
+
+def _with_budget(request: PoolRequest, max_bytes: int) -> PoolRequest:
+    return replace(request, response_budget=budget(max_bytes))
