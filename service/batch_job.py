@@ -17,7 +17,6 @@ one the HTTP API would give. What the job promises:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import dataclasses
@@ -27,7 +26,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -36,24 +35,16 @@ import msgspec
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
 from engine.output_size import MIB, ResponseBudget
-from service.cli import (
-    build_parser,
-    config_from_args,
-    environment_arguments,
-    positive_int,
-    resolve_layout,
-)
 from service.errors import HTTP_STATUS
 from service.http.json_body import BodyError, parse_body
 from service.http.openai import ROUTES, Parsed, error_body
-from service.ops import event_loop, logs
+from service.ops.config import BatchJobOptions, ServerConfig
 from service.ops.metrics import Metrics
 from service.ops.telemetry import Telemetry
 from service.runner import Call, RequestRunner
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WINDOW = 512  # lines in flight: enough to fill batches of the largest size
 READ_CHUNK_BYTES = 1 << 20  # input read per step, in whole lines
 WRITE_CHUNK_BYTES = 1 << 18  # output written when this much is ready, or the head waits
 MAX_LINE_BYTES = 64 * MIB  # one answer's JSON, as the HTTP API caps a response
@@ -66,15 +57,6 @@ class _Done(msgspec.Struct):
     """What --resume reads of an output line."""
 
     custom_id: Any = None
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    input: str  # a path, or "-" for stdin
-    output: str  # a path, or "-" for stdout
-    resume: bool = False
-    window: int = DEFAULT_WINDOW
-    progress: bool | None = None  # None: when stderr is a terminal
 
 
 @dataclass
@@ -280,7 +262,7 @@ def _chunks(stream: IO[bytes]) -> Iterator[list[bytes]]:
 # ------------------------------------------------------------------ the job
 
 
-async def run_job(engine: Engine, options: JobOptions) -> JobStats:
+async def run_job(engine: Engine, options: BatchJobOptions) -> JobStats:
     """Answer every line of the input; the engine is started and stopped by the caller."""
     runner = RequestRunner(Telemetry(Metrics()))
     runner.engine = engine
@@ -380,52 +362,8 @@ def _progress(path: str, show: bool, initial: int) -> Any:
     )
 
 
-# ------------------------------------------------------------------ command line
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    job = parser.add_argument_group("batch job")
-    job.add_argument("--input", required=True, help="JSONL of OpenAI batch lines; - for stdin")
-    job.add_argument("--output", required=True, help="JSONL of answers; - for stdout")
-    job.add_argument(
-        "--resume",
-        action="store_true",
-        help="append to --output, skipping the lines already answered there",
-    )
-    job.add_argument(
-        "--batch-window",
-        type=positive_int,
-        default=DEFAULT_WINDOW,
-        help="lines in flight at once: bounds memory; enough of them keep batches full",
-    )
-    bar = job.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
-    bar.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_false",
-        help="progress bar on stderr (default: when stderr is a terminal)",
-    )
-
-
-def main(argv: Sequence[str]) -> int:
-    """`pooling-server batch ...`: the server's model, device and batching flags apply."""
-    parser = build_parser()
-    parser.prog = "pooling-server batch"
-    parser.description = "Answer a JSONL file of OpenAI batch lines with the models in-process."
-    add_arguments(parser)
-    extra = environment_arguments(parser, argv, os.environ)
-    args = parser.parse_args([*extra, *argv])
-    resolve_layout(args)  # unused in one process, but the config holds numbers
-    if args.resume and args.output == "-":
-        parser.error("--resume needs --output to be a file")
-    logs.configure(args.log_level, args.log_format)
-    options = JobOptions(args.input, args.output, args.resume, args.batch_window, args.progress)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return event_loop.run(_main(config_from_args(args), options), args.event_loop)
-
-
-async def _main(config: Any, options: JobOptions) -> int:
+async def run_main(config: ServerConfig, options: BatchJobOptions) -> int:
+    """`pooling-server batch`: load the models in this process, answer the file, report."""
     from transformers.utils import logging as hf_logging
 
     from service.loading import load_engine  # torch and transformers: only here

@@ -20,6 +20,7 @@ from engine.remote_client import DEFAULT_STALL_S
 from engine.validation import Limits
 from service.ops import event_loop
 from service.ops.config import (
+    BatchJobOptions,
     HttpLimits,
     ServerConfig,
     TlsConfig,
@@ -907,6 +908,47 @@ def resolve_layout(args: argparse.Namespace) -> None:
         fixed_ports=args.port != 0 and args.http_port != 0,
     )
     args.frontends, args.engines_per_device = chosen.frontends, chosen.engines_per_device
+
+
+def parse_batch_args(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[argparse.Namespace, BatchJobOptions]:
+    """`pooling-server batch ...`: the server's model, device and batching flags, and the
+    job's own."""
+    parser = build_parser()
+    parser.prog = "pooling-server batch"
+    parser.description = "Answer a JSONL file of OpenAI batch lines with the models in-process."
+    job = parser.add_argument_group("batch job")
+    job.add_argument("--input", required=True, help="JSONL of OpenAI batch lines; - for stdin")
+    job.add_argument("--output", required=True, help="JSONL of answers; - for stdout")
+    job.add_argument(
+        "--resume",
+        action="store_true",
+        help="append to --output, skipping the lines already answered there",
+    )
+    job.add_argument(
+        "--batch-window",
+        type=positive_int,
+        default=BatchJobOptions.window,
+        help="lines in flight at once: bounds memory; enough of them keep batches full",
+    )
+    bar = job.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
+    bar.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    extra = environment_arguments(parser, argv, os.environ if environ is None else environ)
+    args = parser.parse_args([*extra, *argv])
+    resolve_layout(args)  # unused in one process, but the config holds numbers
+    if args.resume and args.output == "-":
+        parser.error("--resume needs --output to be a file")
+    options = BatchJobOptions(
+        args.input, args.output, args.resume, args.batch_window, args.progress
+    )
+    return args, options
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from service.cli import config_from_args, parse_args
+from service.cli import config_from_args, parse_args, parse_batch_args
 from service.ops import event_loop, logs
 from service.ops.config import raise_open_file_limit
 from service.split.supervisor import Supervisor
@@ -66,12 +66,20 @@ def grpc_door(requested: str) -> str:
     return "grpcio"
 
 
+def _batch_job(argv: Sequence[str]) -> int:
+    """`pooling-server batch ...`: the models load in this process; no server, no port."""
+    from service.batch_job import run_main  # torch and transformers: only for a job
+
+    args, options = parse_batch_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return event_loop.run(run_main(config_from_args(args), options), args.event_loop)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["batch"]:  # `pooling-server batch`: an offline job, no server
-        from service.batch_job import main as batch_main
-
-        return batch_main(argv[1:])
+        return _batch_job(argv[1:])
     args = parse_args(argv)
     if args.role == "engine":
         _ignore_stop_signals()

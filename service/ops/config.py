@@ -152,6 +152,17 @@ class HttpLimits:
     max_concurrent_bodies: int = 3
 
 
+@dataclass(frozen=True)
+class BatchJobOptions:
+    """`pooling-server batch`'s own settings (the server's flags apply beside them)."""
+
+    input: str  # a path, or "-" for stdin
+    output: str  # a path, or "-" for stdout
+    resume: bool = False
+    window: int = 512  # lines in flight: enough to fill batches of the largest size
+    progress: bool | None = None  # None: when stderr is a terminal
+
+
 @dataclass
 class ServerConfig:
     models: Sequence[ModelSpec] = field(default_factory=lambda: [ModelSpec(DEFAULT_MODEL)])
