@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.throughput import best_encode_rate
+from benchmarks.reference import best_encode_rate
 from benchmarks.workload import sentences
 
 REFERENCE = [sys.executable, "-m", "benchmarks.batch_job", "--role", "reference"]

@@ -88,7 +88,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # psutil is imported once the requirements are checked
+    from benchmarks.processes import ProcessCpu
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_PATH = "/pooling.v1.PoolingService/Pool"
@@ -512,12 +515,6 @@ class GpuSampler:
         }
 
 
-def role_kind(name: str) -> str:
-    """benchmarks.throughput.process_role's names, by kind: `frontend 2` -> frontend,
-    `node of frontend 0` -> node (the Node.js door), supervisor, engine, server."""
-    return "node" if name.startswith("node") else name.split()[0]
-
-
 @dataclass
 class Window:
     """An h2load probe (and the Python load's): CPU by process role and GPU samples between
@@ -526,43 +523,30 @@ class Window:
     server_pid: int
     gpu: GpuSampler | None
     load_pids: Sequence[int] = ()
-    _processes: dict[str, Any] = field(default_factory=dict)
-    _before: dict[str, float] = field(default_factory=dict)
-    _after: dict[str, float] = field(default_factory=dict)
+    _cpu: ProcessCpu | None = None
     _t: list[float] = field(default_factory=list)
 
-    def _cpu(self) -> dict[str, float]:
-        import psutil
-
-        out = {}
-        for name, process in self._processes.items():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                times = process.cpu_times()
-                out[name] = times.user + times.system
-        return out
-
     def start(self) -> None:
-        import psutil
+        from benchmarks.processes import ProcessCpu
 
-        from benchmarks.throughput import process_role, process_tree
-
-        self._processes = {process_role(p): p for p in process_tree(self.server_pid)}
-        for k, pid in enumerate(self.load_pids):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                self._processes[f"load {k}"] = psutil.Process(pid)
+        loads = {f"load {k}": pid for k, pid in enumerate(self.load_pids)}
+        self._cpu = ProcessCpu(loads, roles_of=self.server_pid)
         self._t = [time.monotonic()]
-        self._before = self._cpu()
+        self._cpu.start()
 
     def stop(self) -> None:
-        self._after = self._cpu()
+        assert self._cpu is not None
+        self._cpu.stop()
         self._t.append(time.monotonic())
 
     def report(self, requests_per_s: float = 0.0) -> dict[str, Any]:
-        seconds = self._t[1] - self._t[0]
+        from benchmarks.processes import role_kind
+
+        assert self._cpu is not None
         cores: dict[str, float] = {}
-        for name in self._after.keys() & self._before.keys():
+        for name, figures in self._cpu.usage(requests_per_s).items():
             kind = role_kind(name)
-            cores[kind] = cores.get(kind, 0.0) + (self._after[name] - self._before[name]) / seconds
+            cores[kind] = cores.get(kind, 0.0) + (figures["cores"] or 0.0)
         gpu = self.gpu.window(*self._t) if self.gpu else {"gpu_busy_pct": None, "gpu_mem_mib": None}
         return {"cores_by_role": dict(sorted(cores.items())), **gpu}
 
@@ -1141,7 +1125,7 @@ def orchestrate(
 
 def processes_by_role(pid: int) -> dict[str, int]:
     """How many processes of each role a server runs (what `auto` flags resolved to)."""
-    from benchmarks.throughput import process_role, process_tree
+    from benchmarks.processes import process_role, process_tree, role_kind
 
     counts: dict[str, int] = {}
     for process in process_tree(pid):
@@ -1378,12 +1362,12 @@ def main(argv: list[str] | None = None) -> None:
 
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device here: --quick runs the CPU smoke run instead")
-    from benchmarks.throughput import _code_version
+    from benchmarks.report import code_version
 
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "code": _code_version(),
+        "code": code_version(),
         "mode": "quick (CPU smoke run, tiny shapes)" if args.quick else "full (cuda, bfloat16)",
         "load": args.load,
         "seconds": args.seconds,

@@ -17,12 +17,12 @@ import struct
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
 from google.protobuf.message import Message
+
+from benchmarks.processes import ProcessCpu
 
 H2LOAD = "h2load"
 # Window edges kept clear of h2load's phase changes when sampling CPU.
@@ -116,72 +116,6 @@ class Probe(Protocol):
     def stop(self) -> None: ...
 
     def report(self, requests_per_s: float) -> dict[str, Any]: ...
-
-
-@dataclass
-class ProcessCpu:
-    """CPU seconds of whole processes over the window -> microseconds per request and cores."""
-
-    pids: Mapping[str, int]
-    _before: dict[str, float] = field(default_factory=dict)
-    _after: dict[str, float] = field(default_factory=dict)
-    _t: list[float] = field(default_factory=list)
-
-    def _cpu(self) -> dict[str, float]:
-        """Each process with its children (a server run with --processes N)."""
-        out = {}
-        for name, pid in self.pids.items():
-            parent = psutil.Process(pid)
-            out[name] = 0.0
-            for process in (parent, *parent.children(recursive=True)):
-                try:
-                    times = process.cpu_times()
-                except psutil.NoSuchProcess:
-                    continue
-                out[name] += times.user + times.system
-        return out
-
-    def start(self) -> None:
-        self._t = [time.perf_counter()]
-        self._before = {**self._cpu(), MACHINE: machine_busy()}
-
-    def stop(self) -> None:
-        self._after = {**self._cpu(), MACHINE: machine_busy()}
-        self._t.append(time.perf_counter())
-
-    def report(self, requests_per_s: float) -> dict[str, Any]:
-        seconds = self._t[1] - self._t[0]
-        requests = requests_per_s * seconds
-        out: dict[str, Any] = {}
-        for name in self.pids:
-            used = self._after[name] - self._before[name]
-            out[f"{name}_cpu_us_per_request"] = 1e6 * used / requests if requests else None
-            out[f"{name}_cores"] = used / seconds
-        # What the rest of the machine took meanwhile: on a shared machine, the noise.
-        busy = (self._after[MACHINE] - self._before[MACHINE]) / seconds
-        out["other_cores"] = busy - sum(out[f"{name}_cores"] for name in self.pids)
-        return out
-
-
-MACHINE = "machine"
-
-
-def machine_busy() -> float:
-    """CPU seconds the whole machine has spent not idle, over all cores."""
-    times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
-
-
-def wait_quiet(max_wait_s: float, busy_cores: float = 0.3) -> float:
-    """Wait (at most max_wait_s) for a second in which the machine is nearly idle, so a row
-    is not measured while other work has the cores; returns the busy cores seen last."""
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        before, started = machine_busy(), time.perf_counter()
-        time.sleep(1.0)
-        busy = (machine_busy() - before) / (time.perf_counter() - started)
-        if busy <= busy_cores or time.monotonic() >= deadline:
-            return busy
 
 
 def run(

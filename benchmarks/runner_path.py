@@ -93,11 +93,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    from benchmarks.throughput import build_loop_bound_model
+    from benchmarks import loop_bound
     from service.ops import event_loop
 
     with tempfile.TemporaryDirectory(prefix="runner-path-") as work:
-        folder = args.model or build_loop_bound_model(str(Path(work) / "model"))["folder"]
+        folder = args.model or loop_bound.build(str(Path(work) / "model"))["folder"]
         rounds = event_loop.run(measure(args, folder), args.event_loop)
     if args.json:
         print(json.dumps(rounds, indent=1))

@@ -150,9 +150,9 @@ def _measure(
     watch: bool = True,
 ) -> dict[str, Any]:
     """One h2load run against target, with the server's own count of answers by status."""
-    from benchmarks import h2load
+    from benchmarks import h2load, processes
 
-    busy = h2load.wait_quiet(args.wait_quiet) if args.wait_quiet else None
+    busy = processes.wait_quiet(args.wait_quiet) if args.wait_quiet else None
     before = _calls_by_code(target)
     row = h2load.run(
         f"http://{target.address}{POOL_PATH}",

@@ -168,14 +168,6 @@ def test_gpu_sampler_reads_nvidia_smi(tmp_path: Path, monkeypatch: pytest.Monkey
     assert sampler.window(0.0, 1.0) == {"gpu_busy_pct": None, "gpu_mem_mib": None}
 
 
-def test_role_kinds() -> None:
-    assert [gpu.role_kind(n) for n in ("frontend 3", "node of frontend 0", "engine 1")] == [
-        "frontend",
-        "node",
-        "engine",
-    ]
-
-
 def test_a_refused_server_is_recorded_in_its_own_words() -> None:
     usage = (
         "server exited with 2:\nusage: pooling-server [-h]\n"
