@@ -17,6 +17,7 @@ class ErrorKind(StrEnum):
     CANCELLED = "CANCELLED"
     UNAVAILABLE = "UNAVAILABLE"
     INTERNAL = "INTERNAL"
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # a door's refusal: no valid API key
 
 
 @dataclass(frozen=True)

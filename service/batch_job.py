@@ -34,10 +34,10 @@ import msgspec
 
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
-from engine.output_size import MIB, ResponseBudget
-from service.errors import HTTP_STATUS
-from service.http.json_body import BodyError, parse_body
-from service.http.openai import ROUTES, Parsed, error_body
+from service.error_table import http_error
+from service.http.door import MAX_RESPONSE_BYTES, budget
+from service.http.json_body import BodyError, malformed, parse_body
+from service.http.openai import ROUTES, Parsed
 from service.ops.config import BatchJobOptions, ServerConfig
 from service.ops.metrics import Metrics
 from service.ops.telemetry import Telemetry
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 READ_CHUNK_BYTES = 1 << 20  # input read per step, in whole lines
 WRITE_CHUNK_BYTES = 1 << 18  # output written when this much is ready, or the head waits
-MAX_LINE_BYTES = 64 * MIB  # one answer's JSON, as the HTTP API caps a response
+MAX_LINE_BYTES = MAX_RESPONSE_BYTES  # one answer's JSON, as the HTTP API caps a response
 QUEUE_FULL_RETRY_S = 0.05
 
 _encode = msgspec.json.Encoder()
@@ -68,14 +68,6 @@ class JobStats:
 
 
 # ------------------------------------------------------------------ one line
-
-
-class LineError(Exception):
-    """A line refused before any route ran: its HTTP status and reason."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
 
 
 # Ids: one random part per job and a counter (a uuid4 per line costs a system call).
@@ -104,16 +96,9 @@ def _output(custom_id: Any, status: int, request_id: str, body: dict[str, Any]) 
 
 
 def _pooling_error_line(custom_id: Any, request_id: str, error: PoolingError) -> bytes:
-    status = HTTP_STATUS[error.kind]
-    body = error_body(
-        status, error.reason, error.message, error.violations, error.metadata, error.retry_after_s
-    )
-    return _output(custom_id, status, request_id, body)
-
-
-def _line_error(custom_id: Any, error: LineError) -> bytes:
-    body = error_body(error.status, error.reason, error.message)
-    return _output(custom_id, error.status, "", body)
+    """An error line, as the HTTP API's OpenAI/vLLM routes answer it (service/error_table.py)."""
+    answer = http_error(error)
+    return _output(custom_id, answer.status, request_id, answer.body)
 
 
 class _Line(msgspec.Struct):
@@ -129,31 +114,35 @@ _decode_line = msgspec.json.Decoder(_Line)
 
 
 def read_line(raw: bytes, number: int) -> _Line:
-    """The decoded line, or LineError; a custom_id that is not a scalar reads as None."""
+    """The decoded line, or PoolingError; a custom_id that is not a scalar reads as None."""
     try:
         line = _decode_line.decode(raw)
     except msgspec.ValidationError:
-        raise LineError(400, "MALFORMED_REQUEST", f"line {number} is not a JSON object") from None
+        raise malformed(f"line {number} is not a JSON object") from None
     except (msgspec.DecodeError, RecursionError) as exc:
-        message = f"line {number} is not valid JSON: {exc}"
-        raise LineError(400, "MALFORMED_REQUEST", message) from None
+        raise malformed(f"line {number} is not valid JSON: {exc}") from None
     if not isinstance(line.custom_id, (str, int, float, bool)):
         line.custom_id = None  # echoed as null: it must be a string
     return line
 
 
 def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
-    """The route's rpc and its parsed body; LineError, BodyError or PoolingError. The body
+    """The route's rpc and its parsed body, or PoolingError (BodyError among them). The body
     is read as the HTTP route reads it (service/http/json_body.py), with the same bounds."""
     if not isinstance(line.custom_id, str):
-        raise LineError(400, "INVALID_LINE", f"line {number}: custom_id must be a string")
+        raise PoolingError(
+            ErrorKind.INVALID_ARGUMENT, "INVALID_LINE", f"line {number}: custom_id must be a string"
+        )
     method = line.method
     if not isinstance(method, str) or method.upper() != "POST":
-        raise LineError(405, "METHOD_NOT_ALLOWED", f"line {number}: method must be POST")
+        raise PoolingError(
+            ErrorKind.INVALID_ARGUMENT, "METHOD_NOT_ALLOWED", f"line {number}: method must be POST"
+        )
     route = ROUTES.get(line.url) if isinstance(line.url, str) else None
     if route is None:
         known = ", ".join(sorted(ROUTES))
-        raise LineError(404, "UNKNOWN_URL", f"line {number}: url must be one of {known}")
+        message = f"line {number}: url must be one of {known}"
+        raise PoolingError(ErrorKind.NOT_FOUND, "UNKNOWN_URL", message)
     if not len(line.body):
         raise BodyError("body", "must be a JSON object")
     body = parse_body(bytes(line.body), max_inputs)
@@ -166,12 +155,8 @@ class LineRunner:
 
     def __init__(self, runner: RequestRunner) -> None:
         self.runner = runner
-        self.budget = ResponseBudget(
-            max_bytes=MAX_LINE_BYTES,
-            setting="the batch job's line limit (64 MiB)",
-            item_bytes=64,
-            row_bytes=3,
-            encodings=False,
+        self.budget = budget(
+            MAX_LINE_BYTES, item_bytes=64, setting="the batch job's line limit (64 MiB)"
         )
 
     def start(self, line: _Line, number: int) -> bytes | asyncio.Task[bytes]:
@@ -180,13 +165,7 @@ class LineRunner:
         try:
             max_inputs = self.runner.ready().limits.max_client_batch_size
             rpc, parsed = parse_line(line, number, max_inputs)
-        except LineError as error:
-            return _line_error(custom_id, error)
-        except BodyError as error:
-            v = error.violation
-            message = f"{v.field}: {v.description}"
-            return _output(custom_id, 422, "", error_body(422, v.reason, message, [v]))
-        except PoolingError as error:
+        except PoolingError as error:  # a line or body refused before any route ran
             return _pooling_error_line(custom_id, "", error)
         return asyncio.ensure_future(self._run(custom_id, rpc, parsed))
 
@@ -323,8 +302,8 @@ async def run_job(engine: Engine, options: BatchJobOptions) -> JobStats:
                 try:
                     line = read_line(raw, number)
                     custom_id, answer = line.custom_id, None
-                except LineError as error:
-                    custom_id, answer = None, _line_error(None, error)
+                except PoolingError as error:
+                    custom_id, answer = None, _pooling_error_line(None, "", error)
                 if done and done[custom_id] > 0:
                     done[custom_id] -= 1
                     stats.skipped += 1

@@ -1,5 +1,5 @@
-"""The one place engine errors become protocol statuses: gRPC codes with google.rpc details,
-and HTTP statuses. Each door renders its own envelope from these."""
+"""Engine errors as gRPC statuses (codes with google.rpc details), and the status a metric
+or log line carries; the codes and statuses themselves are service/error_table.py's."""
 
 from __future__ import annotations
 
@@ -10,33 +10,21 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from engine.errors import ErrorKind, PoolingError
+from service.error_table import TABLE, grpc_code
 
 DOMAIN = "pooling.v1"
 # A unary status travels in trailers, which clients cap (8 KiB by default): the details
 # carry this many field violations at most, and ErrorInfo says how many there were.
 MAX_FIELD_VIOLATIONS = 16
 
-# Each error kind's gRPC code and HTTP status, side by side.
-STATUSES: dict[ErrorKind, tuple[grpc.StatusCode, int]] = {
-    ErrorKind.INVALID_ARGUMENT: (grpc.StatusCode.INVALID_ARGUMENT, 400),
-    ErrorKind.NOT_FOUND: (grpc.StatusCode.NOT_FOUND, 404),
-    ErrorKind.FAILED_PRECONDITION: (grpc.StatusCode.FAILED_PRECONDITION, 412),
-    ErrorKind.RESOURCE_EXHAUSTED: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
-    ErrorKind.DEADLINE_EXCEEDED: (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
-    ErrorKind.CANCELLED: (grpc.StatusCode.CANCELLED, 499),
-    ErrorKind.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE, 503),
-    ErrorKind.INTERNAL: (grpc.StatusCode.INTERNAL, 500),
-}
-GRPC_CODES: dict[ErrorKind, grpc.StatusCode] = {k: v[0] for k, v in STATUSES.items()}
-HTTP_STATUS: dict[ErrorKind, int] = {k: v[1] for k, v in STATUSES.items()}
-
 
 def status_label(protocol: str, kind: ErrorKind | None) -> str:
     """The status a metric or log line carries: the protocol's own (a gRPC code name, or
-    an HTTP status for the HTTP doors and batch jobs); None is success."""
+    the OpenAI/vLLM HTTP status for the HTTP doors and batch jobs); None is success. A
+    door whose status depends on the reason gives the runner its own (service/http/door.py)."""
     if protocol == "grpc":
-        return "OK" if kind is None else GRPC_CODES[kind].name
-    return "200" if kind is None else str(HTTP_STATUS[kind])
+        return "OK" if kind is None else TABLE[(kind, "")].grpc.name
+    return "200" if kind is None else str(TABLE[(kind, "")].http)
 
 
 def unavailable(message: str) -> PoolingError:
@@ -50,7 +38,7 @@ def _pack(message: Message) -> any_pb2.Any:
 
 
 def to_status_proto(error: PoolingError) -> status_pb2.Status:
-    code = GRPC_CODES[error.kind]
+    code: grpc.StatusCode = grpc_code(error)
     metadata = dict(error.metadata)
     if len(error.violations) > MAX_FIELD_VIOLATIONS:
         metadata["field_violations"] = str(len(error.violations))

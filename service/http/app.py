@@ -5,8 +5,12 @@ batch jobs use: read the body (service/http/json_body.py), parse it into an engi
 run it through the RequestRunner (readiness, telemetry, deadlines, the queue's fairness
 by client address) and render the engine's arrays as JSON, so an HTTP answer and a batch
 line's answer are made by the same code. TEI's and Cohere's doors (service/http/tei.py,
-http_cohere.py) hang off the same app. aiohttp serves it on the front end's own event
-loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
+service/http/cohere.py) hang off the same app. aiohttp serves it on the front end's own
+event loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
+
+Every failure, whichever route family it came through, leaves by one middleware (`_guard`),
+which renders it from service/error_table.py in the family's envelope, and counts in the
+metrics the refusals the door made itself (the runner counts the rest).
 """
 
 from __future__ import annotations
@@ -20,11 +24,19 @@ from typing import Any
 import msgspec
 from aiohttp import HttpVersion11, web
 
-from engine.errors import FieldViolation, PoolingError, internal_error
-from engine.output_size import MIB, ResponseBudget
-from service.errors import HTTP_STATUS
+from engine.errors import ErrorKind, PoolingError, internal_error
+from engine.output_size import ResponseBudget
+from service.error_table import Family, FieldMap, from_http, http_error
 from service.http import door as http_doors
-from service.http.cohere import CohereRoutes
+from service.http import tei
+from service.http.cohere import COHERE_FIELDS, COHERE_RPCS, CohereRoutes
+from service.http.door import (
+    COUNTED,
+    FAMILY,
+    JSON_FLOAT_BYTES,
+    MAX_RESPONSE_BYTES,
+    REQUEST_ID,
+)
 from service.http.guard import (
     AcceptErrors,
     ClientFaults,
@@ -32,9 +44,8 @@ from service.http.guard import (
     HttpLimits,
     declares_too_much,
 )
-from service.http.json_body import Body, BodyError
-from service.http.openai import JSON_FLOAT_BYTES, ROUTES, Route, error_body, values_in
-from service.http.tei import TeiRoutes
+from service.http.json_body import Body
+from service.http.openai import ROUTES, Route, values_in
 from service.ops.auth import BearerKeys
 from service.ops.memory import trimmer
 from service.runner import RequestRunner
@@ -45,9 +56,11 @@ UNPROTECTED = frozenset({"/health"})
 _json = msgspec.json.Encoder()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# The largest response body (--max-http-response-mb); what one value costs in it is the
-# route's (service/http/openai.py).
-MAX_RESPONSE_BYTES = 64 * MIB
+# Each family's names for the engine's fields (the OpenAI/vLLM routes show the engine's).
+FIELD_MAPS = {Family.TEI: tei.TEI_FIELDS, Family.COHERE: COHERE_FIELDS}
+UNAUTHENTICATED = PoolingError(
+    ErrorKind.UNAUTHENTICATED, "UNAUTHENTICATED", "missing or invalid credentials"
+)
 # Also the most connections asyncio accepts in one go, each a descriptor before the cap
 # sees it: the cap leaves half the open-file limit, far more than this, to the rest.
 LISTEN_BACKLOG = 128
@@ -66,6 +79,10 @@ class HttpApi:
         self.serving = False  # follows the gRPC health status
         self.max_response_bytes = MAX_RESPONSE_BYTES  # --max-http-response-mb
         self.cohere_prompts: dict[str, tuple[str, ...]] | None = None  # None: the defaults
+        # Each route's family (its errors' envelope) and operation (its metrics' rpc).
+        self._families: dict[str, Family] = {}
+        self._rpcs: dict[str, str] = {path: route.rpc for path, route in ROUTES.items()}
+        self._rpcs["/v1/models"] = "ListModels"
 
     def app(
         self, max_body: int = 16 * 1024 * 1024, guard: ConnectionGuard | None = None
@@ -78,12 +95,19 @@ class HttpApi:
         app = web.Application(middlewares=middlewares, client_max_size=max_body)
         # TEI's and Cohere's routes (service/http/tei.py, http_cohere.py): /rerank is
         # both TEI's ({query, texts}) and Cohere/Jina's ({query, documents}), by body shape.
-        tei = TeiRoutes(self)
+        tei_routes = tei.TeiRoutes(self)
         post = {path: self.handler(route) for path, route in ROUTES.items()}
-        post["/rerank"] = tei.rerank_or(post["/rerank"])
+        post["/rerank"] = tei_routes.rerank_or(post["/rerank"])
         routes = [web.post(path, handler) for path, handler in post.items()]
         routes += [web.get("/v1/models", self.models), web.get("/health", self.health)]
-        routes += tei.routes() + CohereRoutes(self, self.cohere_prompts).routes()
+        for family, family_routes, rpcs in (
+            (Family.TEI, tei_routes.routes(), tei.TEI_RPCS),
+            (Family.COHERE, CohereRoutes(self, self.cohere_prompts).routes(), COHERE_RPCS),
+        ):
+            routes += family_routes
+            for route in family_routes:
+                self._families[route.path] = family
+                self._rpcs[route.path] = rpcs.get(route.path, "unknown")
         app.add_routes(
             [
                 web.RouteDef(
@@ -161,21 +185,33 @@ class HttpApi:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Bearer keys before anything is read; every failure as one JSON error shape."""
-        if self._refused(request):
-            return _error_response(401, "UNAUTHENTICATED", "missing or invalid credentials")
+        """Bearer keys before anything is read; every failure, from any route family, in
+        that family's envelope (service/error_table.py), and counted once."""
+        request[FAMILY] = self._families.get(request.path, Family.OPENAI)
         try:
+            if self._refused(request):
+                raise UNAUTHENTICATED
             return await handler(request)
         except PoolingError as error:
-            return _pooling_error(error)
-        except BodyError as error:
-            v = error.violation
-            return _error_response(422, v.reason, f"{v.field}: {v.description}", [v])
-        except web.HTTPException as exc:
-            return _error_response(exc.status, exc.reason.upper().replace(" ", "_"), exc.text)
+            failed = error
+        except web.HTTPException as exc:  # no route, a wrong method, a body over the limit
+            failed = from_http(exc.status, exc.reason, exc.text or exc.reason)
         except Exception:
             log.exception("HTTP %s %s failed", request.method, request.path)
-            return _pooling_error(internal_error())
+            failed = internal_error()
+        response = _error_response(request, failed)
+        self._count_refusal(request, failed, response.status)
+        return response
+
+    def _count_refusal(self, request: web.Request, error: PoolingError, status: int) -> None:
+        """An error the runner did not count (a door's refusal: a body it could not read, a
+        field it refused, a missing key) is counted and logged here, as the runner would:
+        labelled with the route's operation and protocol, the status sent, model unknown."""
+        if any(counted is error for counted in request.get(COUNTED, ())):
+            return
+        rpc = self._rpcs.get(request.path, "unknown")
+        record = self.runner.telemetry.open(rpc, request.get(REQUEST_ID, ""), "none", (), "http")
+        record.finish(str(status), "unknown", reason=error.reason, ok=False)
 
     def _refused(self, request: web.Request) -> bool:
         """A protected route without a valid key: answered 401 before anything is read."""
@@ -227,8 +263,7 @@ class HttpApi:
         return await http_doors.read_body(request, limits.max_client_batch_size)
 
     def budget(self, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
-        """The engine's bound on an OpenAI/vLLM answer: values only, no compact encodings;
-        each item's envelope ({"index": ..., "object": ..., "data": [...]}) about 64 bytes."""
+        """The engine's bound on an OpenAI/vLLM answer (service/http/door.py's budget)."""
         return http_doors.budget(self.max_response_bytes, float_bytes, item_bytes=64)
 
 
@@ -239,24 +274,20 @@ def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:
     return web.Response(body=_json.encode(payload), status=status, content_type="application/json")
 
 
-def _pooling_error(error: PoolingError) -> web.Response:
-    status = HTTP_STATUS[error.kind]
-    response = _error_response(
-        status, error.reason, error.message, error.violations, error.metadata, error.retry_after_s
-    )
-    if error.retry_after_s is not None and status in (429, 503):
-        response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-    return response
+def _error_response(request: web.Request, error: PoolingError) -> web.Response:
+    """`error` in the envelope of the request's route family (OpenAI's where none matched),
+    from service/error_table.py; also the guard's refusals (service/http/guard.py)."""
+    family = request.get(FAMILY, Family.OPENAI)
+    return _pooling_error(error, family, FIELD_MAPS.get(family), request.get(REQUEST_ID, ""))
 
 
-def _error_response(
-    status: int,
-    reason: str,
-    message: str,
-    violations: Sequence[FieldViolation] = (),
-    metadata: dict[str, str] | None = None,
-    retry_after_s: float | None = None,
+def _pooling_error(
+    error: PoolingError,
+    family: Family = Family.OPENAI,
+    names: FieldMap | None = None,
+    request_id: str = "",
 ) -> web.Response:
-    """OpenAI's error envelope, plus the gRPC details (service/http/openai.py's error_body)."""
-    body = error_body(status, reason, message, violations, metadata, retry_after_s)
-    return _ok(body, status=status)
+    answer = http_error(error, family, names, request_id)
+    response = _ok(answer.body, status=answer.status)
+    response.headers.update(answer.headers)
+    return response

@@ -7,12 +7,12 @@ the model's prompts (INPUT_TYPE_PROMPTS; --cohere-input-type-prompt adds or over
 then each type packed by engine/encodings.py exactly as the engine packs it),
 `truncate` (NONE, START, END: Cohere's default END cuts the end of a long input),
 `max_tokens` and `output_dimension`. /v2/rerank takes `query`, `documents`, `top_n` and
-`max_tokens_per_doc`. Answers and errors ({"id", "message"}) are in Cohere's shapes.
+`max_tokens_per_doc`. Answers and errors ({"id", "message"}) are in Cohere's shapes; the
+app renders errors from service/error_table.py, COHERE_FIELDS naming the engine's fields.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,14 +21,15 @@ import numpy as np
 from aiohttp import web
 
 from engine.encodings import quantize, ranges_array
-from engine.errors import ErrorKind, PoolingError, internal_error
+from engine.errors import PoolingError, internal_error
 from engine.model_info import ModelInfo
 from engine.outputs import Embedding
 from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
-from service.errors import HTTP_STATUS
+from service.error_table import FieldMap
 from service.http.door import (
-    DoorError,
+    JSON_FLOAT_BYTES,
+    REQUEST_ID,
     DoorHost,
     base64_floats,
     budget,
@@ -36,14 +37,12 @@ from service.http.door import (
     decode_body,
     json_response,
     new_request_id,
-    rename_fields,
+    refused,
     render,
     text_list,
 )
 from service.http.door import request_id as make_request_id
 from service.runner import RequestRunner
-
-log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -72,14 +71,18 @@ EMBEDDING_TYPES = {
 }
 TRUNCATE_SIDES = {"START": "left", "END": "right"}
 API_VERSION = {"version": "2"}
-FIELD_NAMES = {
-    "embed.texts": "texts",
-    "score.text_2": "documents",
-    "score.text_1": "query",
-    "params.dimensions": "output_dimension",
-    "params.truncate_prompt_tokens (-1 truncates to the maximum)": "truncate to END or START",
-    "params.truncate_prompt_tokens": "max_tokens",
-}
+# The engine's fields as Cohere's, and Cohere's advice for a long input.
+COHERE_FIELDS = FieldMap(
+    fields={
+        "embed.texts": "texts",
+        "score.text_2": "documents",
+        "score.text_1": "query",
+        "params.dimensions": "output_dimension",
+        "params.truncate_prompt_tokens": "max_tokens",
+    },
+    advice={"INPUT_TOO_LONG": "shorten it or set truncate to END or START"},
+)
+COHERE_RPCS = {"/v2/embed": "Pool", "/v2/rerank": "Rerank"}  # for a refusal's metrics
 
 
 def input_type_prompts(overrides: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -132,53 +135,23 @@ class _Rerank(msgspec.Struct):
     return_documents: bool = False
 
 
-# ------------------------------------------------------------------- errors
+# ------------------------------------------------------------------- ids
 
 
-def cohere_status(error: PoolingError) -> int:
-    if error.kind is ErrorKind.FAILED_PRECONDITION:
-        return 400  # the model cannot do it: a bad request for that model
-    return HTTP_STATUS[error.kind]
+def with_request_id(handler: Handler, prefix: str) -> Handler:
+    """The request's id (the caller's X-Request-Id, or a new one) set before the route
+    runs, so that its errors carry it as Cohere's do; one that is not UTF-8 is refused,
+    answered with a new id."""
 
-
-def error_response(status: int, message: str, request_id: str, reason: str = "") -> web.Response:
-    body: dict[str, Any] = {"id": request_id, "message": message}
-    if reason:
-        body["reason"] = reason
-    return json_response(body, status)
-
-
-def cohere_errors(handler: Handler, prefix: str) -> Handler:
-    """Every failure of a Cohere route in Cohere's error shape."""
-
-    async def guarded(request: web.Request) -> web.StreamResponse:
+    async def identified(request: web.Request) -> web.StreamResponse:
         try:
-            rid = request["request_id"] = make_request_id(request, prefix)
-        except PoolingError as error:  # an X-Request-Id that is not UTF-8
-            message = f"invalid request: {error.message}"
-            return error_response(400, message, new_request_id(prefix), error.reason)
-        try:
-            return await handler(request)
-        except DoorError as error:
-            status = 400 if error.status == 422 else error.status
-            return error_response(status, f"invalid request: {error.message}", rid)
-        except PoolingError as error:
-            status = cohere_status(error)
-            message = rename_fields(error.message, FIELD_NAMES)
-            if status < 500:
-                message = f"invalid request: {message}" if status == 400 else message
-            response = error_response(status, message, rid, error.reason)
-            if error.retry_after_s is not None and status in (429, 503):
-                response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-            return response
-        except web.HTTPException as exc:
-            return error_response(exc.status, exc.text or exc.reason, rid)
-        except Exception:
-            log.exception("HTTP %s %s failed", request.method, request.path)
-            error = internal_error()
-            return error_response(500, error.message, rid, error.reason)
+            request[REQUEST_ID] = make_request_id(request, prefix)
+        except PoolingError:
+            request[REQUEST_ID] = new_request_id(prefix)
+            raise
+        return await handler(request)
 
-    return guarded
+    return identified
 
 
 # ------------------------------------------------------------------- routes
@@ -195,8 +168,8 @@ class CohereRoutes:
 
     def routes(self) -> list[web.RouteDef]:
         return [
-            web.post("/v2/embed", cohere_errors(self.embed, "embed")),
-            web.post("/v2/rerank", cohere_errors(self.rerank, "rerank")),
+            web.post("/v2/embed", with_request_id(self.embed, "embed")),
+            web.post("/v2/rerank", with_request_id(self.rerank, "rerank")),
         ]
 
     def prompt_for(self, input_type: str | None, info: ModelInfo) -> str | None:
@@ -205,7 +178,7 @@ class CohereRoutes:
             return None
         if input_type not in self.prompts:
             known = ", ".join(sorted(self.prompts))
-            raise DoorError(400, "", f"input_type: must be one of {known}, got {input_type[:64]!r}")
+            raise refused("input_type", f"must be one of {known}, got {input_type[:64]!r}")
         return next((name for name in self.prompts[input_type] if name in info.prompts), None)
 
     async def embed(self, request: web.Request) -> web.Response:
@@ -213,34 +186,32 @@ class CohereRoutes:
         body = await decode_body(request, _Embed)
         max_inputs = engine.limits.max_client_batch_size
         if len(body.images) and bytes(body.images) != b"null":
-            raise DoorError(400, "", "images: this server embeds text only")
+            raise refused("images", "this server embeds text only")
         texts = _embed_texts(body, max_inputs)
         info = engine.resolve(body.model).info
         types = body.embedding_types or ["float"]
         for n, name in enumerate(types):
             if name not in EMBEDDING_TYPES:
                 known = ", ".join(EMBEDDING_TYPES)
-                raise DoorError(
-                    400, "", f"embedding_types[{n}]: must be one of {known}, got {name[:64]!r}"
-                )
+                raise refused(f"embedding_types[{n}]", f"must be one of {known}, got {name[:64]!r}")
             wanted = EMBEDDING_TYPES[name]
             if (
                 wanted in (OutputEncoding.INT8, OutputEncoding.UINT8)
                 and not info.calibration_ranges
             ):
-                raise DoorError(
-                    400,
-                    "",
-                    f"embedding_types[{n}]: {name} needs calibration ranges, and model "
-                    f'"{info.name}" ships none (calibration_ranges.json in its folder)',
+                raise refused(
+                    f"embedding_types[{n}]",
+                    f'{name} needs calibration ranges, and model "{info.name}" ships none '
+                    "(calibration_ranges.json in its folder)",
+                    "CALIBRATION_RANGES_MISSING",
                 )
         truncate = (body.truncate or "END").upper()
         if truncate not in ("NONE", "START", "END"):
-            raise DoorError(400, "", "truncate: must be NONE, START or END")
+            raise refused("truncate", "must be NONE, START or END")
         limit = body.max_tokens
         if limit is not None:
             if limit < 1:
-                raise DoorError(400, "", "max_tokens: must be at least 1")
+                raise refused("max_tokens", "must be at least 1")
             # A ceiling, as on rerank: past the model's maximum it is the maximum.
             limit = max(min(limit, info.max_input_tokens), info.num_special_tokens)
             if truncate == "NONE":  # longer inputs are refused, not cut
@@ -251,14 +222,14 @@ class CohereRoutes:
         pool = PoolRequest(
             task=Task.EMBED,
             params=PoolingParams(dimensions=body.output_dimension, truncate_prompt_tokens=limit),
-            request_id=request["request_id"],
+            request_id=request[REQUEST_ID],
             model=body.model,
             texts=tuple(texts),
             prompt_name=self.prompt_for(body.input_type, info),
             truncation_side=TRUNCATE_SIDES.get(truncate),
-            response_budget=budget(self.api.max_response_bytes, 21 * len(set(types))),
+            response_budget=budget(self.api.max_response_bytes, JSON_FLOAT_BYTES * len(set(types))),
         )
-        result = (await self.runner.pool(pool, call(request, "Pool", cohere_status))).result
+        result = (await self.runner.pool(pool, call(request, "Pool"))).result
         vectors = [_embedding(output).values for output in result.outputs]
         ranges = ranges_array(info.calibration_ranges)
 
@@ -285,28 +256,28 @@ class CohereRoutes:
         self.runner.ready()
         body = await decode_body(request, _Rerank)
         if body.query is None:
-            raise DoorError(400, "", "query: missing; send a string")
+            raise refused("query", "missing; send a string")
         if body.documents is None:
-            raise DoorError(400, "", "documents: missing; send a list of strings")
+            raise refused("documents", "missing; send a list of strings")
         documents = [d if isinstance(d, str) else d.text for d in body.documents]
         top_n = body.top_n
         if top_n is not None and top_n < 1:
-            raise DoorError(400, "", "top_n: must be at least 1")
+            raise refused("top_n", "must be at least 1")
         scored = documents
         if body.max_tokens_per_doc is not None:
             if body.max_tokens_per_doc < 1:
-                raise DoorError(400, "", "max_tokens_per_doc: must be at least 1")
+                raise refused("max_tokens_per_doc", "must be at least 1")
             scored = await self._cut_documents(body.model, documents, body.max_tokens_per_doc)
         rerank = RerankRequest(
             query=body.query,
             documents=tuple(scored),
             # Cohere truncates a long pair rather than refusing it.
             params=PoolingParams(truncate_prompt_tokens=-1),
-            request_id=request["request_id"],
+            request_id=request[REQUEST_ID],
             model=body.model,
             top_n=top_n or 0,
         )
-        ran = await self.runner.rerank(rerank, call(request, "Rerank", cohere_status))
+        ran = await self.runner.rerank(rerank, call(request, "Rerank"))
         results = []
         for ranked in ran.result.ranking:
             item: dict[str, Any] = {"index": ranked.index, "relevance_score": ranked.score}
@@ -330,11 +301,11 @@ class CohereRoutes:
         _, tokenized = await self.runner.tokenize(model, texts)
         for n, tokens in enumerate(tokenized):
             if len(tokens.token_ids) > limit:
-                raise DoorError(
-                    400,
-                    "",
-                    f"texts[{n}]: has {len(tokens.token_ids)} tokens, more than max_tokens "
-                    f"({limit}); shorten it, or set truncate to END or START",
+                raise refused(
+                    f"texts[{n}]",
+                    f"has {len(tokens.token_ids)} tokens, more than max_tokens ({limit}); "
+                    "shorten it, or set truncate to END or START",
+                    "INPUT_TOO_LONG",
                 )
 
     async def _cut_documents(self, model: str, documents: Sequence[str], limit: int) -> list[str]:
@@ -354,27 +325,24 @@ def _embed_texts(body: _Embed, max_inputs: int) -> list[str]:
     """`texts`, or the text of each of `inputs` (its text parts, joined by newlines)."""
     if len(body.texts) and bytes(body.texts) != b"null":
         if body.inputs is not None:
-            raise DoorError(400, "", "texts, inputs: send one of them, not both")
-        try:
-            return text_list(body.texts, "texts", max_inputs)
-        except DoorError as error:  # Cohere answers 400 for too many texts too
-            raise DoorError(400, "", error.message) from None
+            raise refused("texts, inputs", "send one of them, not both")
+        return text_list(body.texts, "texts", max_inputs)
     if body.inputs is None:
-        raise DoorError(400, "", "texts: missing; send a list of strings (or inputs)")
+        raise refused("texts", "missing; send a list of strings (or inputs)")
     if len(body.inputs) > max_inputs:
-        raise DoorError(
-            400, "", f"inputs: {len(body.inputs)} inputs exceed the limit of {max_inputs}"
+        raise refused(
+            "inputs",
+            f"{len(body.inputs)} inputs exceed the limit of {max_inputs}",
+            "TOO_MANY_INPUTS",
         )
     texts = []
     for n, item in enumerate(body.inputs):
         if not item.content:
-            raise DoorError(400, "", f"inputs[{n}].content: must hold at least one text part")
+            raise refused(f"inputs[{n}].content", "must hold at least one text part")
         parts = []
         for k, content in enumerate(item.content):
             if content.type != "text" or content.text is None:
-                raise DoorError(
-                    400, "", f"inputs[{n}].content[{k}]: only text content is embedded here"
-                )
+                raise refused(f"inputs[{n}].content[{k}]", "only text content is embedded here")
             parts.append(content.text)
         texts.append("\n".join(parts))
     return texts

@@ -1,6 +1,8 @@
 """What the HTTP doors share (OpenAI/vLLM's in service/http/app.py, TEI's, Cohere's):
-reading their bodies' common fields, the runner's view of a call, and rendering engine
-arrays as JSON (`render`: encoded off the loop when large, refused over the cap).
+reading their bodies' common fields, their refusals (PoolingErrors, rendered by the app's
+middleware from service/error_table.py in the route family's envelope), the runner's view
+of a call, and rendering engine arrays as JSON (`render`: encoded off the loop when large,
+refused over the cap).
 
 The doors answer straight from the engine's numpy arrays (no protobuf on the way): a
 whole batch of vectors becomes nested lists in one `tolist()`, and msgspec encodes them.
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -24,8 +25,9 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.model_info import ModelInfo
-from engine.output_size import ResponseBudget
+from engine.output_size import MIB, ResponseBudget
 from engine.validation import output_too_large
+from service.error_table import Family, http_status
 from service.http import json_body
 from service.http.guard import body_parsed, body_read, client_problem
 from service.runner import Call, RequestRunner
@@ -34,7 +36,18 @@ from service.runner import Call, RequestRunner
 OFF_LOOP_VALUES = 100_000
 OFF_LOOP_BODY = 1024 * 1024  # bodies larger than this are checked and decoded off the loop
 T = TypeVar("T")
-JSON_FLOAT_BYTES = 21  # a float32 as the shortest double that reads back, with its comma
+# What one output value costs in an answer's JSON, for its budget (engine/output_size.py):
+# a float32 as the shortest double that reads back, with its comma; in base64, 5.33 bytes
+# (4 bytes, 4/3 of them).
+JSON_FLOAT_BYTES = 21
+BASE64_FLOAT_BYTES = 6
+# The largest answer (--max-http-response-mb), and a batch job's line.
+MAX_RESPONSE_BYTES = 64 * MIB
+# Where the app's middleware finds a request's route family (for its errors' envelope)
+# and the errors the runner has counted (so that it counts the others, the door's own).
+FAMILY = web.RequestKey("family", Family)
+COUNTED = web.RequestKey("counted", list)
+REQUEST_ID = web.RequestKey("request_id", str)  # a route's request id, where it has one
 
 _encoder = msgspec.json.Encoder()
 
@@ -49,30 +62,46 @@ class DoorHost(Protocol):
     max_response_bytes: int
 
 
-class DoorError(Exception):
-    """A body a door refuses before the engine sees it, in the door's own terms: the HTTP
-    status, the door's error type, and the message (naming the field at fault)."""
-
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
+def refused(field: str, description: str, reason: str = "INVALID_BODY") -> PoolingError:
+    """A door's refusal of one field, named as the door's clients send it."""
+    return PoolingError.invalid([FieldViolation(field, description, reason)])
 
 
-def call(
-    request: web.Request, rpc: str, statuses: Callable[[PoolingError], int] | None = None
-) -> Call:
+def empty(field: str) -> PoolingError:
+    """An empty input list, in TEI's words (TEI's 400 Empty)."""
+    violation = FieldViolation(field, "cannot be empty", "EMPTY_INPUT")
+    message = f"`{field}` cannot be empty"
+    return PoolingError(ErrorKind.INVALID_ARGUMENT, "EMPTY_INPUT", message, (violation,))
+
+
+def too_many(count: int, max_inputs: int, field: str, named: bool = False) -> PoolingError:
+    """More inputs than --max-client-batch-size, in TEI's words (`named`: and the field)."""
+    violation = FieldViolation(field, f"holds {count} inputs, over {max_inputs}", "TOO_MANY_INPUTS")
+    message = f"batch size {count} > maximum allowed batch size {max_inputs}"
+    if named:
+        message += f" ({field})"
+    return PoolingError(ErrorKind.INVALID_ARGUMENT, "TOO_MANY_INPUTS", message, (violation,))
+
+
+def call(request: web.Request, rpc: str) -> Call:
     """The runner's view of an HTTP call: its headers (for the caller's trace context), its
-    peer address (the queue's fairness between clients), and the door's status for an
-    error where it is not the generic HTTP one (TEI's 422), for the metrics."""
+    peer address (the queue's fairness between clients), and the status the route's family
+    answers an error with (TEI's 422 for a bad field), which the metrics record; each
+    error the runner counts is noted, so that the middleware counts only the door's own."""
     headers = [(key.lower(), value) for key, value in request.headers.items()]
+    family = request.get(FAMILY, Family.OPENAI)
+    counted = request.setdefault(COUNTED, [])
+
+    def status(error: PoolingError) -> int:
+        counted.append(error)
+        return http_status(error, family)
+
     return Call(
         protocol="http",
         rpc=rpc,
         headers=headers,
         client=request.remote or "unknown",
-        statuses=statuses,
+        statuses=status,
     )
 
 
@@ -102,13 +131,18 @@ def served_model(runner: RequestRunner, name: str) -> ModelInfo:
 
 
 def budget(
-    max_bytes: int, float_bytes: int = JSON_FLOAT_BYTES, item_bytes: int = 16
+    max_bytes: int,
+    float_bytes: int = JSON_FLOAT_BYTES,
+    item_bytes: int = 16,
+    setting: str = "--max-http-response-mb",
 ) -> ResponseBudget:
-    """The engine's bound on an answer an HTTP door sends as JSON (values only);
-    `item_bytes`: each item's envelope around its values."""
+    """The engine's bound on an answer sent as JSON (values only, no compact encodings),
+    the one every HTTP door and batch line builds; `item_bytes`: each item's envelope
+    around its values (TEI's `[...]`; OpenAI's {"index": ..., "object": ..., "data": [...]}
+    about 64 bytes)."""
     return ResponseBudget(
         max_bytes=max_bytes,
-        setting="--max-http-response-mb",
+        setting=setting,
         float_bytes=float_bytes,
         item_bytes=item_bytes,
         row_bytes=3,
@@ -168,9 +202,10 @@ def _decode(raw: bytes | bytearray, kind: type[Any]) -> Any:
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise DoorError(422, "Validation", where(str(exc))) from None
+        message, at = _at(str(exc))
+        raise refused(at.lstrip(".") or "body", message) from None
     except msgspec.DecodeError as exc:
-        raise DoorError(422, "Validation", f"the body is not valid JSON: {exc}") from None
+        raise json_body.malformed(f"the body is not valid JSON: {exc}") from None
 
 
 def _at(problem: str) -> tuple[str, str]:
@@ -179,28 +214,21 @@ def _at(problem: str) -> tuple[str, str]:
     return message, at.rstrip("`")
 
 
-def where(problem: str) -> str:
-    """A body's decode error as "normalize: Expected `bool`, got `str`"."""
-    message, at = _at(problem)
-    return f"{at.lstrip('.') or 'body'}: {message}"
-
-
-def within(field: str, exc: msgspec.DecodeError) -> str:
+def within(field: str, exc: msgspec.DecodeError) -> PoolingError:
     """A raw field's decode error, its path inside the field kept: "inputs[0][1]: Expected
     `str`, got `int`", or "inputs: Invalid UTF-8 encoded string"."""
     message, at = _at(str(exc))
-    return f"{field}{at}: {message}"
+    return refused(f"{field}{at}", message)
 
 
 def text_list(raw: msgspec.Raw, field: str, max_inputs: int) -> list[str]:
     """A string or a list of strings, counted on the bytes before it is built."""
     if not present(raw):
-        raise DoorError(422, "Validation", f"{field}: missing; send a string or a list of strings")
-    value = json_body._decode_list(field, raw, max_inputs)
+        raise refused(field, "missing; send a string or a list of strings")
+    value = json_body.decode_list(field, raw, max_inputs)
     if isinstance(value, tuple):
         _, violation = value
-        status = 413 if violation.reason == "TOO_MANY_INPUTS" else 422
-        raise DoorError(status, "Validation", f"{violation.field}: {violation.description}")
+        raise PoolingError.invalid([violation])
     return value
 
 
@@ -238,22 +266,3 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(
         body=_encoder.encode(payload), status=status, content_type="application/json"
     )
-
-
-def rename_fields(message: str, names: dict[str, str]) -> str:
-    """The engine names fields by the gRPC request's paths (`embed.texts[2]`); a door's
-    errors name its own (`inputs[2]`). A name is matched whole, never inside a longer one
-    (`embed.texts` within `token_embed.texts`)."""
-    pattern = re.compile(
-        r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + ")"
-    )
-    return pattern.sub(lambda found: names[found.group(1)], message)
-
-
-def unprocessable(field: str, description: str) -> PoolingError:
-    """An engine-style refusal for a field the door checks itself."""
-    return PoolingError.invalid([FieldViolation(field, description, "INVALID_BODY")])
-
-
-def is_kind(error: PoolingError, kind: ErrorKind, *reasons: str) -> bool:
-    return error.kind is kind and (not reasons or error.reason in reasons)

@@ -25,16 +25,20 @@ A connection closed for time gets 408 and Connection: close, then the socket goe
 from __future__ import annotations
 
 import asyncio
+import http
 import logging
 import resource
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from engine.errors import ErrorKind, PoolingError
+from service.error_table import http_error
 from service.ops.config import (
     HTTP_DESCRIPTOR_SHARE,
     LARGE_MESSAGE_BYTES,
@@ -48,19 +52,35 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BODY = web.RequestKey("body", bytearray)  # a body the guard read (see _read_whole)
 # A large body's read turns, held until its route has parsed it (see _read_paced)
 HELD_TURNS = web.RequestKey("held_turns", list[asyncio.Semaphore])
-ErrorFactory = Callable[[int, str, str], web.Response]
+# The app's rendering of a refusal in the request's route family (service/http/app.py).
+ErrorFactory = Callable[[web.Request, PoolingError], web.Response]
 
-# A refused connection's answer, sent before its request is read.
-_OVER_CAP = (
-    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
-    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+
+def _raw_answer(error: PoolingError, with_body: bool = True) -> bytes:
+    """An answer written on the socket before aiohttp reads the request (so before any
+    route, in OpenAI's envelope), its status from the errors table; `with_body`: with its
+    headers (Retry-After) and JSON body, else the status alone."""
+    answer = http_error(error)
+    phrase = http.HTTPStatus(answer.status).phrase
+    head = f"HTTP/1.1 {answer.status} {phrase}\r\nConnection: close\r\n"
+    if not with_body:
+        return f"{head}Content-Length: 0\r\n\r\n".encode()
+    head += "".join(f"{name}: {value}\r\n" for name, value in answer.headers.items())
+    body = msgspec.json.encode(answer.body)
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+# A refused connection's answer, sent before its request is read; a connection whose
+# headers come too slowly gets the status alone.
+_OVER_CAP = _raw_answer(
+    PoolingError(
+        ErrorKind.UNAVAILABLE, "TOO_MANY_CONNECTIONS", "too many open connections", retry_after_s=1
+    )
 )
-_OVER_CAP_BODY = (
-    b'{"error":{"message":"too many open connections","type":"server_error",'
-    b'"param":null,"code":"TOO_MANY_CONNECTIONS","reason":"TOO_MANY_CONNECTIONS",'
-    b'"field_violations":[]}}'
+_HEADER_TIMEOUT = _raw_answer(
+    PoolingError(ErrorKind.DEADLINE_EXCEEDED, "BODY_TIMEOUT", "headers too slow"), False
 )
-_HEADER_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 ABORT_AFTER_S = 1.0  # a closed socket whose answer the client does not read is reset then
 LOG_EVERY_S = 10.0  # one line per this many seconds for refusals that come in floods
 
@@ -94,7 +114,7 @@ class _OverCap(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses: a cast, not a check.
         stream = cast(asyncio.Transport, transport)
-        stream.write(_OVER_CAP % (len(_OVER_CAP_BODY), _OVER_CAP_BODY))
+        stream.write(_OVER_CAP)
         _close(stream)
 
     def data_received(self, data: bytes) -> None:
@@ -269,10 +289,12 @@ class ConnectionGuard:
             if declares_too_much(request):
                 return await self._refuse(
                     request,
-                    413,
-                    "REQUEST_ENTITY_TOO_LARGE",
-                    f"the body declares {request.content_length} bytes; the limit is "
-                    f"{request.client_max_size}",
+                    PoolingError(
+                        ErrorKind.RESOURCE_EXHAUSTED,
+                        "REQUEST_ENTITY_TOO_LARGE",
+                        f"the body declares {request.content_length} bytes; the limit is "
+                        f"{request.client_max_size}",
+                    ),
                 )
             if not request.content.is_eof():  # a body already whole needs no turn
                 refusal = await self._read_paced(request)
@@ -312,9 +334,12 @@ class ConnectionGuard:
             )
             return await self._refuse(
                 request,
-                503,
-                "TOO_MANY_BODIES",
-                f"{waiting}; none finished within {limits.body_timeout_s:g}s",
+                PoolingError(
+                    ErrorKind.UNAVAILABLE,
+                    "TOO_MANY_BODIES",
+                    f"{waiting}; none finished within {limits.body_timeout_s:g}s",
+                    retry_after_s=1.0,
+                ),
             )
         try:
             if await self._read_at_rate(request):
@@ -329,10 +354,12 @@ class ConnectionGuard:
         self.body_timeouts += 1
         return await self._refuse(
             request,
-            408,
-            "BODY_TIMEOUT",
-            f"the body arrived slower than {limits.body_min_bytes_per_s} bytes/s over "
-            f"{limits.body_timeout_s:g}s",
+            PoolingError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                "BODY_TIMEOUT",
+                f"the body arrived slower than {limits.body_min_bytes_per_s} bytes/s over "
+                f"{limits.body_timeout_s:g}s",
+            ),
         )
 
     async def _read_at_rate(self, request: web.Request) -> bool:
@@ -368,14 +395,10 @@ class ConnectionGuard:
             else:
                 reading.cancel()
 
-    async def _refuse(
-        self, request: web.Request, status: int, reason: str, message: str
-    ) -> web.StreamResponse:
+    async def _refuse(self, request: web.Request, error: PoolingError) -> web.StreamResponse:
         """Answer, then close: the rest of the body is not worth reading."""
-        response = self._error(status, reason, message)
+        response = self._error(request, error)
         response.force_close()
-        if status == 503:
-            response.headers["Retry-After"] = "1"
         await response.prepare(request)
         await response.write_eof()
         if request.transport is not None:

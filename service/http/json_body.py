@@ -32,12 +32,18 @@ _NUMBER_OR_LIST = re.compile(rb"\[\s*[-0-9\[]")
 _AT = re.compile(r" - at `\$(.*)`$")
 
 
-class BodyError(Exception):
-    """A body that is JSON but not of the route's shape: 422, with the field at fault."""
+class BodyError(PoolingError):
+    """A body that is JSON but not of the route's shape (INVALID_BODY: OpenAI's 422), with
+    the field at fault: a PoolingError, rendered, counted and logged as any other."""
 
     def __init__(self, field: str, description: str) -> None:
-        super().__init__(description)
-        self.violation = FieldViolation(field, description, "INVALID_BODY")
+        violation = FieldViolation(field, description, "INVALID_BODY")
+        error = PoolingError.invalid([violation])
+        super().__init__(error.kind, error.reason, error.message, error.violations)
+
+    @property
+    def violation(self) -> FieldViolation:
+        return self.violations[0]
 
 
 class _Fields(msgspec.Struct):

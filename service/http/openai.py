@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +31,9 @@ from engine.outputs import (
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from engine.validation import unknown_value
-from service.http.door import base64_floats
+from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats
 from service.http.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
-
-# What one output value costs in a route's JSON: about 21 characters as a float, 5.33
-# in base64 (4 bytes, 4/3 of them), for the answer's budget (engine/output_size.py).
-JSON_FLOAT_BYTES = 21
-BASE64_FLOAT_BYTES = 6
-
 
 Render = Callable[[Any], dict[str, Any]]
 
@@ -289,37 +283,3 @@ def values_in(result: object) -> int:
         elif isinstance(output, (Embedding, TokenRows)):
             total += output.values.size
     return total
-
-
-# OpenAI's error `type` values, which its SDK and the tools built on it read.
-# OpenAI's error types; any other 4xx is invalid_request_error, a 5xx server_error.
-ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
-
-
-def error_body(
-    status: int,
-    reason: str,
-    message: str,
-    violations: Sequence[FieldViolation] = (),
-    metadata: dict[str, str] | None = None,
-    retry_after_s: float | None = None,
-) -> dict[str, Any]:
-    """OpenAI's error envelope (message, type, param, code), plus the gRPC details:
-    the reason, every field violation and the retry delay."""
-    error: dict[str, Any] = {
-        "message": message,
-        "type": ERROR_TYPES.get(
-            status, "server_error" if status >= 500 else "invalid_request_error"
-        ),
-        "param": violations[0].field if violations else None,
-        "code": reason,
-        "reason": reason,
-        "field_violations": [
-            {"field": v.field, "description": v.description, "reason": v.reason} for v in violations
-        ],
-    }
-    if metadata:
-        error["metadata"] = metadata
-    if retry_after_s is not None:
-        error["retry_after_s"] = retry_after_s
-    return {"error": error}

@@ -12,9 +12,10 @@ a body with `texts` and no `documents` is TEI's (see HttpApi.app).
 
 Each route parses its body, runs engine requests through the RequestRunner, and renders
 the engine's arrays in TEI's shapes. Errors are TEI's {"error", "error_type"} with its
-statuses: 400 Empty, 413 for too many inputs or too large a request or answer, 422
-Validation (and Tokenizer for over-long inputs), 424 Backend when the model cannot do
-the task, 429 Overloaded, 503 Unhealthy.
+statuses (400 Empty, 413 for too many inputs or too large a request or answer, 422
+Validation, and Tokenizer for over-long inputs, 424 Backend when the model cannot do the
+task, 429 Overloaded, 503 Unhealthy), rendered by the app from service/error_table.py;
+TEI_FIELDS names the engine's fields as TEI's.
 """
 
 from __future__ import annotations
@@ -29,26 +30,29 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from engine.errors import ErrorKind, PoolingError, internal_error
+from engine.errors import PoolingError, internal_error
 from engine.heads import activate
 from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
 from engine.outputs import Classification, Embedding, Score, SparseEmbedding, TokenRows
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
+from service.error_table import Family, FieldMap
 from service.http import json_body
 from service.http.door import (
-    DoorError,
+    FAMILY,
     DoorHost,
     budget,
     call,
     decode_body,
+    empty,
     json_response,
     matrix,
     present,
-    rename_fields,
+    refused,
     render,
     request_id,
     text_list,
+    too_many,
     within,
 )
 from service.ops.version import server_version
@@ -57,19 +61,34 @@ from service.runner import RequestRunner
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# The engine names fields by the gRPC request's paths; TEI's errors name TEI's fields.
-FIELD_NAMES = {
-    "embed.texts": "inputs",
-    "token_embed.texts": "inputs",
-    "embed_sparse.texts": "inputs",
-    "classify.texts": "inputs",
-    "score.text_1": "inputs",
-    "score.text_2": "inputs",
-    # The engine's advice for a long input; TEI's truncate is a boolean.
-    "params.truncate_prompt_tokens (-1 truncates to the maximum)": "truncate to true",
-    "params.truncate_prompt_tokens": "truncate",
-    "params.use_activation": "normalize",
-    "params.dimensions": "dimensions",
+# The engine names fields by the gRPC request's paths; TEI's errors name TEI's fields,
+# and advise TEI's truncate (a boolean) for a long input.
+TEI_FIELDS = FieldMap(
+    fields={
+        "embed.texts": "inputs",
+        "token_embed.texts": "inputs",
+        "embed_sparse.texts": "inputs",
+        "classify.texts": "inputs",
+        "score.text_1": "inputs",
+        "score.text_2": "inputs",
+        "params.truncate_prompt_tokens": "truncate",
+        "params.use_activation": "normalize",
+        "params.dimensions": "dimensions",
+    },
+    advice={"INPUT_TOO_LONG": "shorten it or set truncate to true"},
+)
+# Each route's operation, as the metrics label a refusal made before the runner.
+TEI_RPCS = {
+    "/embed": "Pool",
+    "/embed_all": "Pool",
+    "/embed_sparse": "Pool",
+    "/predict": "Pool",
+    "/similarity": "Pool",
+    "/rerank": "Rerank",
+    "/tokenize": "Tokenize",
+    "/decode": "Decode",
+    "/": "Pool",
+    "/info": "Info",
 }
 DIRECTIONS = {"left": "left", "right": "right"}
 
@@ -172,20 +191,14 @@ def _count(raw: msgspec.Raw, field: str, max_inputs: int) -> None:
     if len(raw) > json_body.COUNT_SCAN_BYTES and bytes(memoryview(raw)[:1]) == b"[":
         count = json_body.count_entries(raw)
         if count > max_inputs:
-            raise DoorError(
-                413,
-                "Validation",
-                f"batch size {count} > maximum allowed batch size {max_inputs} ({field})",
-            )
+            raise too_many(count, max_inputs, field, named=True)
 
 
 def _batch(texts: list[str], field: str, max_inputs: int) -> None:
     if not texts:
-        raise DoorError(400, "Empty", f"`{field}` cannot be empty")
+        raise empty(field)
     if len(texts) > max_inputs:
-        raise DoorError(
-            413, "Validation", f"batch size {len(texts)} > maximum allowed batch size {max_inputs}"
-        )
+        raise too_many(len(texts), max_inputs, field)
 
 
 def _side(direction: str | None) -> str | None:
@@ -193,7 +206,7 @@ def _side(direction: str | None) -> str | None:
         return None
     side = DIRECTIONS.get(direction.lower())
     if side is None:
-        raise DoorError(422, "Validation", "truncation_direction: must be Left or Right")
+        raise refused("truncation_direction", "must be Left or Right")
     return side
 
 
@@ -201,67 +214,6 @@ def _truncate(truncate: bool | None) -> int | None:
     """TEI's truncate: true cuts each input to the model's maximum; false or absent leaves
     the model's --long-input policy (reject, by default)."""
     return -1 if truncate else None
-
-
-# ------------------------------------------------------------------- errors
-
-
-def tei_status(error: PoolingError) -> tuple[int, str]:
-    """TEI's status and error_type for an engine error."""
-    kind, reason = error.kind, error.reason
-    if kind is ErrorKind.INVALID_ARGUMENT:
-        if reason == "EMPTY_INPUT":
-            return 400, "Empty"
-        if reason in ("TOO_MANY_INPUTS", "REQUEST_TOO_LARGE", "OUTPUT_TOO_LARGE"):
-            return 413, "Validation"
-        if reason == "INPUT_TOO_LONG":
-            return 422, "Tokenizer"
-        return 422, "Validation"
-    return {
-        ErrorKind.NOT_FOUND: (422, "Validation"),
-        ErrorKind.FAILED_PRECONDITION: (424, "Backend"),
-        ErrorKind.RESOURCE_EXHAUSTED: (429, "Overloaded"),
-        ErrorKind.UNAVAILABLE: (503, "Unhealthy"),
-        ErrorKind.DEADLINE_EXCEEDED: (504, "Backend"),
-        ErrorKind.CANCELLED: (499, "Backend"),
-    }.get(kind, (424, "Backend"))
-
-
-def tei_code(error: PoolingError) -> int:
-    """The status alone, which the runner's metrics record."""
-    return tei_status(error)[0]
-
-
-def error_response(status: int, error_type: str, message: str) -> web.Response:
-    return json_response({"error": message, "error_type": error_type}, status)
-
-
-def pooling_error_response(error: PoolingError) -> web.Response:
-    status, error_type = tei_status(error)
-    response = error_response(status, error_type, rename_fields(error.message, FIELD_NAMES))
-    if error.retry_after_s is not None and status in (429, 503):
-        response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-    return response
-
-
-def tei_errors(handler: Handler) -> Handler:
-    """Every failure of a TEI route in TEI's error shape."""
-
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except DoorError as error:
-            return error_response(error.status, error.kind, error.message)
-        except PoolingError as error:
-            return pooling_error_response(error)
-        except web.HTTPException as exc:
-            kind = "Validation" if exc.status in (413, 422) else "Backend"
-            return error_response(exc.status, kind, exc.text or exc.reason)
-        except Exception:
-            log.exception("HTTP %s %s failed", request.method, request.path)
-            return pooling_error_response(internal_error())
-
-    return guarded
 
 
 # ------------------------------------------------------------------- routes
@@ -288,21 +240,21 @@ class TeiRoutes:
             "/decode": self.decode,
             "/": self.root,
         }
-        routes = [web.post(path, tei_errors(handler)) for path, handler in post.items()]
-        return [*routes, web.get("/info", tei_errors(self.info))]
+        routes = [web.post(path, handler) for path, handler in post.items()]
+        return [*routes, web.get("/info", self.info)]
 
     def rerank_or(self, other: Handler) -> Handler:
-        """One /rerank for two shapes: TEI's ({query, texts}) here, anything else (Cohere's
-        and Jina's {query, documents}) to `other`."""
-        tei = tei_errors(self.rerank)
+        """One /rerank for two shapes: TEI's ({query, texts}) here, its errors in TEI's
+        envelope; anything else (Cohere's and Jina's {query, documents}) to `other`."""
 
         async def dispatch(request: web.Request) -> web.StreamResponse:
             try:
                 shape = await _decode(request, _Shape)
-            except (DoorError, PoolingError):
+            except PoolingError:
                 return await other(request)  # its own errors, in its own shape
             if present(shape.texts) and not present(shape.documents):
-                return await tei(request)
+                request[FAMILY] = Family.TEI
+                return await self.rerank(request)
             return await other(request)
 
         return dispatch
@@ -317,7 +269,7 @@ class TeiRoutes:
 
     async def _pool(self, request: web.Request, pool: PoolRequest) -> Any:
         pool = _with_budget(pool, self._max_bytes)
-        return (await self.runner.pool(pool, call(request, "Pool", tei_code))).result
+        return (await self.runner.pool(pool, call(request, "Pool"))).result
 
     # POST / ----------------------------------------------------------------
 
@@ -363,7 +315,7 @@ class TeiRoutes:
         """[[float]]: one vector per input."""
         body = await _decode(request, _Embed)
         if body.dimensions is not None and body.dimensions < 1:
-            raise DoorError(422, "Validation", "dimensions: must be at least 1")
+            raise refused("dimensions", "must be at least 1")
         result = await self._pool(request, self._embed_request(body, Task.EMBED, "embed", request))
         rows = [_of(output, Embedding).values for output in result.outputs]
         values = sum(row.size for row in rows)
@@ -403,10 +355,10 @@ class TeiRoutes:
         their embeddings (unnormalized, as TEI computes it)."""
         body = await _decode(request, _Similarity)
         if body.inputs is None:
-            raise DoorError(422, "Validation", "inputs: missing; send {source_sentence, sentences}")
+            raise refused("inputs", "missing; send {source_sentence, sentences}")
         sentences = body.inputs.sentences
         if not sentences:
-            raise DoorError(400, "Empty", "`inputs.sentences` cannot be empty")
+            raise empty("inputs.sentences")
         _batch([body.inputs.source_sentence, *sentences], "inputs.sentences", self._max_inputs)
         parameters = body.parameters or _SimilarityParameters()
         pool = PoolRequest(
@@ -432,26 +384,24 @@ class TeiRoutes:
         the model's score (a cross-encoder's), single texts through classify."""
         body = await _decode(request, _Predict)
         if not present(body.inputs):
-            raise DoorError(422, "Validation", "inputs: missing")
+            raise refused("inputs", "missing")
         _count(body.inputs, "inputs", self._max_inputs)
         try:
             inputs = _PREDICT_INPUTS.decode(body.inputs)
         except msgspec.DecodeError as exc:  # a wrong type, or bytes that are not UTF-8
-            raise DoorError(422, "Validation", within("inputs", exc)) from None
+            raise within("inputs", exc) from None
         batch, single = _sequences(inputs)
         if not batch:
-            raise DoorError(400, "Empty", "`inputs` cannot be empty")
+            raise empty("inputs")
         _batch([""] * len(batch), "inputs", self._max_inputs)
         info = self.runner.ready().resolve(body.model).info
         hub = body.parameters
         function = None if hub is None else hub.function_to_apply
         if function is not None and function not in FUNCTIONS:
             known = ", ".join(FUNCTIONS)
-            raise DoorError(
-                422, "Validation", f"parameters.function_to_apply: must be one of {known}"
-            )
+            raise refused("parameters.function_to_apply", f"must be one of {known}")
         if hub is not None and hub.top_k is not None and hub.top_k < 1:
-            raise DoorError(422, "Validation", "parameters.top_k: must be at least 1")
+            raise refused("parameters.top_k", "must be at least 1")
         params = PoolingParams(
             # A function asked for is applied here, to the raw scores.
             use_activation=not body.raw_scores and function is None,
@@ -501,7 +451,7 @@ class TeiRoutes:
         """[{index, score, text?}], best first."""
         body = await _decode(request, _Rerank)
         if body.query is None:
-            raise DoorError(422, "Validation", "query: missing; send a string")
+            raise refused("query", "missing; send a string")
         texts = text_list(body.texts, "texts", self._max_inputs)
         _batch(texts, "texts", self._max_inputs)
         rerank = RerankRequest(
@@ -514,7 +464,7 @@ class TeiRoutes:
             model=body.model,
             truncation_side=_side(body.truncation_direction),
         )
-        ran = await self.runner.rerank(rerank, call(request, "Rerank", tei_code))
+        ran = await self.runner.rerank(rerank, call(request, "Rerank"))
         ranks: list[dict[str, Any]] = []
         for ranked in ran.result.ranking:
             rank: dict[str, Any] = {"index": ranked.index, "score": ranked.score}
@@ -536,11 +486,11 @@ class TeiRoutes:
             prompt = info.prompts.get(body.prompt_name)
             if prompt is None:
                 known = ", ".join(f'"{name}"' for name in info.prompts) or "none"
-                raise DoorError(
-                    422,
-                    "Validation",
-                    f'prompt_name: model "{info.name}" has no prompt named '
+                raise refused(
+                    "prompt_name",
+                    f'model "{info.name}" has no prompt named '
                     f'"{body.prompt_name[:64]}"; its prompts: {known}',
+                    "PROMPT_NAME_UNKNOWN",
                 )
             texts = [prompt + text for text in texts]
         _, tokenized = await self.runner.tokenize(body.model, texts, body.add_special_tokens)
@@ -566,28 +516,30 @@ class TeiRoutes:
         """[str]: the text of each id sequence."""
         body = await _decode(request, _Decode)
         if not present(body.ids):
-            raise DoorError(422, "Validation", "ids: missing; send a list of token ids")
+            raise refused("ids", "missing; send a list of token ids")
         _count(body.ids, "ids", self._max_inputs)
         try:
             ids = _IDS.decode(body.ids)
         except msgspec.DecodeError as exc:
-            raise DoorError(422, "Validation", within("ids", exc)) from None
+            raise within("ids", exc) from None
         if ids and all(isinstance(i, int) for i in ids):
             sequences: list[list[int]] = [ids]  # type: ignore[list-item]
         elif all(isinstance(i, list) for i in ids):
             sequences = ids  # type: ignore[assignment]
         else:
-            raise DoorError(422, "Validation", "ids: a list of ids or a list of id lists, not both")
+            raise refused("ids", "a list of ids or a list of id lists, not both")
         if not sequences:
-            raise DoorError(400, "Empty", "`ids` cannot be empty")
+            raise empty("ids")
         _batch([""] * len(sequences), "ids", self._max_inputs)
         tokenizer = self.runner.ready().resolve(body.model).tokenizer
         vocabulary = tokenizer.vocab_size
         for n, sequence in enumerate(sequences):
             bad = next((i for i in sequence if not 0 <= i < vocabulary), None)
             if bad is not None:
-                raise DoorError(
-                    422, "Tokenizer", f"ids[{n}]: {bad} is not a token id (0 to {vocabulary - 1})"
+                raise refused(
+                    f"ids[{n}]",
+                    f"{bad} is not a token id (0 to {vocabulary - 1})",
+                    "TOKEN_ID_INVALID",
                 )
         total = sum(len(sequence) for sequence in sequences)
         if total > json_body.COUNT_SCAN_BYTES:
@@ -668,17 +620,13 @@ def _sequences(inputs: str | list[Any]) -> tuple[list[list[str]], bool]:
         return [[inputs]], True
     if all(isinstance(item, str) for item in inputs):
         if not 1 <= len(inputs) <= 2:
-            raise DoorError(
-                422, "Validation", "inputs: a single input is a text or a pair [text, text]"
-            )
+            raise refused("inputs", "a single input is a text or a pair [text, text]")
         return [inputs], True
     if not all(isinstance(item, list) for item in inputs):
-        raise DoorError(
-            422, "Validation", "inputs: a batch is a list of [text] or [text, text] lists"
-        )
+        raise refused("inputs", "a batch is a list of [text] or [text, text] lists")
     for n, item in enumerate(inputs):
         if not 1 <= len(item) <= 2:
-            raise DoorError(422, "Validation", f"inputs[{n}]: must be [text] or [text, text]")
+            raise refused(f"inputs[{n}]", "must be [text] or [text, text]")
     return inputs, False
 
 

@@ -39,10 +39,10 @@ def _refusal(raw: bytes, field: str = "input") -> tuple[str, str, str]:
     """(kind, reason, field) of how reading `field` of `raw` fails."""
     try:
         parse_body(raw, LIMIT).texts(field)
+    except BodyError as error:  # a PoolingError too: the more specific first
+        return "422", error.violation.reason, error.violation.field
     except PoolingError as error:
         return "400", error.reason, error.violations[0].field if error.violations else ""
-    except BodyError as error:
-        return "422", error.violation.reason, error.violation.field
     raise AssertionError("accepted")
 
 
@@ -144,13 +144,13 @@ def test_integers_fit_the_wire_type(field: str, value: str, outcome: str | None)
     body: Body = parse_body(f'{{"{field}": {value}}}'.encode(), LIMIT)
     try:
         body.integer(field)
+    except BodyError as error:  # a PoolingError too: the more specific first
+        assert (error.violation.reason, error.violation.field) == (outcome, field)
+        return
     except PoolingError as error:
         assert error.reason == outcome
         assert error.violations[0].field == field
         assert "from -2147483648 to 2147483647" in error.message
-        return
-    except BodyError as error:
-        assert (error.violation.reason, error.violation.field) == (outcome, field)
         return
     assert outcome is None
 
