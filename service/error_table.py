@@ -151,6 +151,8 @@ class FieldMap:
         if error.message != _message(error.violations):
             return error
         violations = tuple(self.violation(v) for v in error.violations)
+        if all(new is old for new, old in zip(violations, error.violations, strict=True)):
+            return error  # nothing of the engine's to rename
         return PoolingError(
             error.kind,
             error.reason,

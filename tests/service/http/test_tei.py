@@ -342,3 +342,28 @@ def test_metrics_count_the_status_tei_answered(doors: DoorsServer) -> None:
     assert after["422"] - before["422"] == 1
     assert after["424"] - before["424"] == 1
     assert after["400"] == before["400"] and after["412"] == before["412"]
+
+
+def test_door_refusals_are_counted_with_their_status(doors: DoorsServer) -> None:
+    """A refusal the door makes before the engine sees the request (a body that is not
+    JSON, a bad field, no key) is a PoolingError like any other: counted with the status
+    the family answered, the route's operation, task "none" and model "unknown"."""
+
+    def count(code: str) -> float:
+        samples = scrape(doors.metrics_port)
+        return metric_sum(
+            samples, "pooling_requests_total", protocol="http", task="none", rpc="Pool", code=code
+        )
+
+    before = {code: count(code) for code in ("400", "401", "422")}
+    status, _, body = doors.call("/v1/embeddings", raw=b"{not json")
+    assert (status, body["error"]["reason"]) == (400, "MALFORMED_REQUEST")
+    assert_tei_error(doors.call("/embed", raw=b"{not json"), 422, "Validation")
+    status, _, body = doors.call("/v2/embed", {"texts": ["x"], "truncate": "MIDDLE"})
+    assert status == 400 and body["message"].startswith("invalid request: truncate"), body
+    status, _, body = doors.call("/embed", {"inputs": "x"}, key=None)
+    assert status == 401 and body["error_type"] == "Validation", body
+    after = {code: count(code) for code in before}
+    assert after["400"] - before["400"] == 2
+    assert after["422"] - before["422"] == 1
+    assert after["401"] - before["401"] == 1
