@@ -23,17 +23,21 @@ from engine.engine_client import EngineClient, LocalEngineClient
 from engine.errors import PoolingError
 from engine.jobs import Job, RequestTiming, settle
 from engine.model_info import ModelInfo
+from engine.output_size import ResponseBudget
 from engine.outputs import PoolResult, Ranked, RerankResult, Score
 from engine.plans import Plan, plan_request
 from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
+from engine.tokenization import TokenSequence, Vocabulary
 from engine.validation import (
     Limits,
     Resolved,
     check_model_name,
     check_tokenize_output,
+    named_prompt,
     rerank_error,
     unknown_model,
+    unknown_token_id,
     validate_request,
     validate_rerank,
     validate_tokenize,
@@ -43,12 +47,35 @@ from engine.validation import (
 INTAKE_BATCH = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TokenizedText:
-    token_ids: list[int]
-    tokens: list[str]
-    offsets: list[tuple[int, int]]
-    special_mask: list[int] = field(default_factory=list)  # 1 for special tokens
+    """One text's tokens as arrays: a text of a million tokens is three arrays, not millions
+    of Python ints, strings and tuples. Token strings are the vocabulary's
+    (ModelTokenizer.vocabulary), looked up by id where an answer is built."""
+
+    token_ids: np.ndarray  # int64, one per token
+    offsets: np.ndarray  # int64, (tokens, 2): each token's [start, end) characters
+    special_mask: np.ndarray  # bool, True for special tokens
+
+    @classmethod
+    def of(cls, sequence: TokenSequence) -> TokenizedText:
+        ids = np.array(sequence.input_ids, dtype=np.int64)
+        offsets = np.array(sequence.offsets, dtype=np.int64).reshape(len(ids), 2)
+        mask = np.array(sequence.special_mask, dtype=bool) if sequence.special_mask else None
+        return cls(ids, offsets, np.zeros(len(ids), bool) if mask is None else mask)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Tokenize's result: the model's texts as tokens, with the vocabulary that names them."""
+
+    info: ModelInfo
+    inputs: Sequence[str]  # the texts as tokenized (a prompt prepended)
+    items: list[TokenizedText]
+    vocabulary: Vocabulary
 
 
 @dataclass
@@ -250,26 +277,44 @@ class Engine:
                 break
         return entries
 
-    async def tokenize(
-        self, model_name: str, texts: Sequence[str], add_special_tokens: bool = True
-    ) -> tuple[ModelInfo, list[TokenizedText]]:
-        model = self.resolve(model_name)
-        validate_tokenize(texts, model.info, self.limits)
+    def tokenize(
+        self,
+        model: ServedModel,
+        texts: Sequence[str],
+        add_special_tokens: bool = True,
+        budget: ResponseBudget | None = None,
+        prompt_name: str | None = None,
+    ) -> Tokenized:
+        """Tokenize's work, blocking: the runner calls it on a worker thread. `budget`: the
+        answer's door (its cap, its cost per token), bounded before tokenizing and again,
+        exactly as counted, before the answer is built. `prompt_name`: the model's prompt
+        put before each text (TEI's)."""
+        budget = budget or self.limits.response
+        if prompt_name is not None:
+            prompt = named_prompt(prompt_name, model.info)
+            texts = [prompt + text for text in texts]
+        validate_tokenize(texts, model.info, self.limits, budget)
+        tokenizer = model.tokenizer
+        items = [
+            TokenizedText.of(sequence)
+            for sequence in tokenizer.tokenize(texts, add_special_tokens=add_special_tokens)
+        ]
+        lengths = [(len(item), len(text)) for item, text in zip(items, texts, strict=True)]
+        check_tokenize_output(lengths, self.limits, budget)
+        return Tokenized(model.info, texts, items, tokenizer.vocabulary())
 
-        def run() -> list[TokenizedText]:
-            sequences = model.tokenizer.tokenize(texts, add_special_tokens=add_special_tokens)
-            check_tokenize_output(
-                [(len(e), len(text)) for e, text in zip(sequences, texts, strict=True)],
-                self.limits,
-            )
-            return [
-                TokenizedText(
-                    e.input_ids, model.tokenizer.tokens(e.input_ids), e.offsets, e.special_mask
-                )
-                for e in sequences
-            ]
-
-        return model.info, await asyncio.to_thread(run)
+    def decode(
+        self, model: ServedModel, sequences: Sequence[Sequence[int]], skip_special_tokens: bool
+    ) -> list[str]:
+        """Token id sequences back to texts (TEI's /decode), blocking like `tokenize`; an id
+        outside the vocabulary is refused, naming its sequence."""
+        tokenizer = model.tokenizer
+        vocabulary = tokenizer.vocab_size
+        for n, sequence in enumerate(sequences):
+            bad = next((i for i in sequence if not 0 <= i < vocabulary), None)
+            if bad is not None:
+                raise unknown_token_id(f"ids[{n}]", bad, vocabulary)
+        return tokenizer.decode(sequences, skip_special_tokens)
 
 
 @dataclass(slots=True)

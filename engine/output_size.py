@@ -103,15 +103,26 @@ def fewest_tokens(texts: Iterable[str], specials: int, cap: int | None) -> list[
     return floors if cap is None else [min(floor, cap) for floor in floors]
 
 
-def tokenize_bytes(tokens_and_lengths: Iterable[tuple[int, int]]) -> int:
-    """A TokenizeResponse for texts of (tokens, characters) each: per token its id, its
-    token string (of one character at least) and its offsets, whose varints grow with the
-    text's length."""
+def tokenize_bytes(
+    tokens_and_lengths: Iterable[tuple[int, int]], budget: ResponseBudget = GRPC_BUDGET
+) -> int:
+    """A Tokenize answer for texts of (tokens, characters) each. In protobuf (a budget with
+    the compact encodings: gRPC's), per token its id, its token string (of one character at
+    least) and its offsets, whose varints grow with the text's length. As JSON (TEI's
+    /tokenize), per token an object of five fields, at least JSON_TOKEN_BYTES."""
     total = 0
     for tokens, chars in tokens_and_lengths:
+        if not budget.encodings:
+            total += 2 + tokens * JSON_TOKEN_BYTES
+            continue
         offset = _varint_len(chars)
         total += 8 + tokens * (2 + 3 + 2 + 2 * (1 + offset))
     return total
+
+
+# The least one token costs in TEI's /tokenize answer:
+# {"id":1,"text":"a","special":false,"start":0,"stop":1}, and its comma.
+JSON_TOKEN_BYTES = 55
 
 
 def _varint_len(value: int) -> int:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+import numpy as np
 from tokenizers import Tokenizer
 
 if TYPE_CHECKING:
@@ -78,6 +80,7 @@ class ModelTokenizer:
         self.max_input_tokens = max_input_tokens
         self.uses_token_type_ids = spec.uses_token_type_ids
         self.pad_token_id = spec.pad_token_id
+        self._vocabulary: Vocabulary | None = None
 
     def _backend(self, max_length: int | None, side: str) -> Tokenizer:
         """This thread's tokenizer, set to truncate at `max_length` (None: never)."""
@@ -173,6 +176,14 @@ class ModelTokenizer:
         to_token = self._shared.id_to_token
         return [to_token(i) for i in ids]
 
+    def vocabulary(self) -> Vocabulary:
+        """Every token's string as bytes, built once: the doors copy a long text's token
+        strings out of it with numpy, where a string per token costs ~60 bytes of Python."""
+        table = self._vocabulary
+        if table is None:  # two threads may both build it: the same table either way
+            table = self._vocabulary = Vocabulary.of(self.tokens(range(self.vocab_size)))
+        return table
+
     @property
     def vocab_size(self) -> int:
         """Ids below this are tokens (added tokens included)."""
@@ -193,6 +204,32 @@ class ModelTokenizer:
             sequence.window(head + list(range(start, min(start + window, end))) + tail)
             for start in range(prefix, end, window)
         ]
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Token strings by id, packed: `utf8[starts[i]:starts[i] + lengths[i]]` is token i's
+    UTF-8, and the `json_` arrays hold it escaped as inside a JSON string."""
+
+    utf8: np.ndarray  # uint8
+    starts: np.ndarray  # int64, one per id
+    lengths: np.ndarray  # int64
+    json_utf8: np.ndarray
+    json_starts: np.ndarray
+    json_lengths: np.ndarray
+
+    @classmethod
+    def of(cls, tokens: Sequence[str | None]) -> Vocabulary:
+        raw = [(token or "").encode("utf-8", "replace") for token in tokens]
+        escaped = [msgspec.json.encode(token or "")[1:-1] for token in tokens]
+        return cls(*_packed(raw), *_packed(escaped))
+
+
+def _packed(pieces: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+    starts = np.zeros(len(pieces), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return np.frombuffer(b"".join(pieces), dtype=np.uint8), starts, lengths
 
 
 # See ModelTokenizer._cut_pairs: tokens kept past the truncation length when a pair's side

@@ -370,15 +370,27 @@ def _prompt_name(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     name = request.prompt_name
     if name is None or request.task not in PROMPT_TASKS or name in info.prompts:
         return
+    yield _unknown_prompt(name, info)
+
+
+def _unknown_prompt(name: str, info: ModelInfo) -> FieldViolation:
     if info.prompts:
         known = "its prompts: " + ", ".join(f'"{clip(p)}"' for p in info.prompts)
     else:
         known = "it has none (they come from config_sentence_transformers.json)"
-    yield FieldViolation(
+    return FieldViolation(
         "prompt_name",
         f'model "{info.name}" has no prompt named "{clip(name)}"; {known}',
         "PROMPT_NAME_UNKNOWN",
     )
+
+
+def named_prompt(name: str, info: ModelInfo) -> str:
+    """The model's prompt of that name (TEI's /tokenize prompt_name), or its refusal."""
+    prompt = info.prompts.get(name)
+    if prompt is None:
+        raise PoolingError.invalid([_unknown_prompt(name, info)])
+    return prompt
 
 
 def _sparse_top_k(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
@@ -568,11 +580,17 @@ def check_tokenized(r: Resolved, limits: Limits, path: str, counts: Sequence[int
             raise error
 
 
-def check_tokenize_output(tokens_and_lengths: Sequence[tuple[int, int]], limits: Limits) -> None:
-    """Once tokenized, before the ids become token strings and messages."""
-    estimate = tokenize_bytes(tokens_and_lengths)
-    if estimate > limits.response.max_bytes:
-        raise output_too_large("texts", estimate, limits.response)
+def check_tokenize_output(
+    tokens_and_lengths: Sequence[tuple[int, int]],
+    limits: Limits,
+    budget: ResponseBudget | None = None,
+) -> None:
+    """Once tokenized, before the ids become token strings and messages; `budget`: the
+    answering door's (gRPC's by default)."""
+    budget = budget or limits.response
+    estimate = tokenize_bytes(tokens_and_lengths, budget)
+    if estimate > budget.max_bytes:
+        raise output_too_large("texts", estimate, budget)
 
 
 @dataclass(frozen=True)
@@ -736,6 +754,12 @@ def check_model_name(name: str) -> None:
         )
 
 
+def unknown_token_id(path: str, value: int, vocabulary: int) -> PoolingError:
+    """An id to decode that names no token of the model's vocabulary."""
+    description = f"{clip(str(value), 32)} is not a token id (0 to {vocabulary - 1})"
+    return PoolingError.invalid([FieldViolation(path, description, "TOKEN_ID_INVALID")])
+
+
 def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
     listed = ", ".join(f'"{s}"' for s in served)
     return PoolingError(
@@ -747,7 +771,9 @@ def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
     )
 
 
-def validate_tokenize(texts: Sequence[str], info: ModelInfo, limits: Limits) -> None:
+def validate_tokenize(
+    texts: Sequence[str], info: ModelInfo, limits: Limits, budget: ResponseBudget | None = None
+) -> None:
     """Tokenize's bounds: as many texts as a request, each up to the long-text character
     limit (Tokenize counts tokens of texts that may be truncated or chunked later). No
     text at all is EMPTY_INPUT, as for every other request."""
@@ -773,10 +799,11 @@ def validate_tokenize(texts: Sequence[str], info: ModelInfo, limits: Limits) -> 
         raise PoolingError.invalid(violations)
     # Tokenizing is the work here, so the answer is bounded before it: at least one token
     # per word. Texts that fit even at one token per character need no counting.
-    specials, budget = info.num_special_tokens, limits.response
-    if tokenize_bytes([(len(text) + specials, len(text)) for text in texts]) <= budget.max_bytes:
+    specials, budget = info.num_special_tokens, budget or limits.response
+    most = [(len(text) + specials, len(text)) for text in texts]
+    if tokenize_bytes(most, budget) <= budget.max_bytes:
         return
     floor = fewest_tokens(texts, specials, None)
-    estimate = tokenize_bytes(zip(floor, map(len, texts), strict=True))
+    estimate = tokenize_bytes(zip(floor, map(len, texts), strict=True), budget)
     if estimate > budget.max_bytes:
         raise output_too_large("texts", estimate, budget)

@@ -6,22 +6,30 @@ themselves. The runner owns what they share: readiness, telemetry (metrics label
 the door's protocol and its own status), deadlines, cancellation and the failure path, so
 a door never sees an exception other than PoolingError. The timings travel back with the
 result, each field written once.
+
+Every operation takes that one path (`_run`): Pool, Rerank, Tokenize, decode and the model
+list alike. The model a call names is resolved there, once; a door neither checks
+readiness nor resolves the model itself, and reads what it needs of the model from what
+the runner hands its `render`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
-from engine.engine import Engine, Timings, TokenizedText
-from engine.errors import PoolingError, clip, internal_error
+from engine.engine import Engine, Timings, Tokenized, TokenizedText
+from engine.errors import ErrorKind, PoolingError, clip, internal_error
 from engine.model_info import ModelInfo
+from engine.output_size import ResponseBudget
 from engine.outputs import PoolResult, RerankResult
 from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
+from engine.validation import Limits
 from service.errors import status_label, unavailable
 from service.ops.telemetry import RequestRecord, Telemetry
 
@@ -77,6 +85,13 @@ class RequestRunner:
         return self.engine
 
     @property
+    def limits(self) -> Limits:
+        """The engine's limits, for a door parsing a body before its call; the defaults
+        while the models load (that call is then answered UNAVAILABLE by `_run`)."""
+        engine = self.engine
+        return _DEFAULT_LIMITS if engine is None else engine.limits
+
+    @property
     def model_infos(self) -> list[ModelInfo]:
         return self.ready().model_infos
 
@@ -95,7 +110,9 @@ class RequestRunner:
         """`render`: the door's answer built from the result inside the recorded call, so
         that a refusal while rendering (an answer too large to send) is what metrics count."""
 
-        def run(engine: Engine, model: ServedModel, timings: Timings) -> Awaitable[PoolResult]:
+        def run(
+            engine: Engine, model: ServedModel | None, timings: Timings
+        ) -> Awaitable[PoolResult]:
             return engine.pool(
                 request, deadline=call.deadline, timings=timings, client=call.client, model=model
             )
@@ -117,7 +134,9 @@ class RequestRunner:
         call: Call,
         render: Callable[[RerankResult], Any] | None = None,
     ) -> Ran[Any]:
-        def run(engine: Engine, model: ServedModel, timings: Timings) -> Awaitable[RerankResult]:
+        def run(
+            engine: Engine, model: ServedModel | None, timings: Timings
+        ) -> Awaitable[RerankResult]:
             return engine.rerank(
                 request, deadline=call.deadline, timings=timings, client=call.client, model=model
             )
@@ -137,17 +156,75 @@ class RequestRunner:
         )
 
     async def tokenize(
+        self,
+        model: str,
+        texts: Sequence[str],
+        call: Call,
+        render: Callable[[Tokenized], R],
+        add_special_tokens: bool = True,
+        budget: ResponseBudget | None = None,
+        prompt_name: str | None = None,
+    ) -> Ran[R]:
+        """Tokenize (gRPC's, TEI's /tokenize). Tokens and the door's answer (`render`) are
+        both made on a worker thread: a text of a million tokens never holds the loop.
+        `budget`: the door's cap and cost per token (gRPC's by default); `prompt_name`: the
+        model's prompt before each text."""
+
+        async def run(engine: Engine, model: ServedModel | None, timings: Timings) -> R:
+            assert model is not None
+
+            def work() -> R:
+                started = time.monotonic()
+                tokenized = engine.tokenize(model, texts, add_special_tokens, budget, prompt_name)
+                timings.tokenize_s = time.monotonic() - started
+                return render(tokenized)
+
+            return await _within(call.deadline, asyncio.to_thread(work))
+
+        return await self._run(
+            call, "", "tokenize", model, run, lambda: {"texts": list(texts)}, None, len(texts)
+        )
+
+    async def decode(
+        self, model: str, sequences: Sequence[Sequence[int]], skip_special: bool, call: Call
+    ) -> Ran[list[str]]:
+        """Token ids back to texts (TEI's /decode): many ids are decoded on a worker thread."""
+
+        async def run(engine: Engine, model: ServedModel | None, timings: Timings) -> list[str]:
+            assert model is not None
+            if sum(map(len, sequences)) > OFF_LOOP_IDS:
+                decoding = asyncio.to_thread(engine.decode, model, sequences, skip_special)
+                return await _within(call.deadline, decoding)
+            return engine.decode(model, sequences, skip_special)
+
+        return await self._run(call, "", "decode", model, run, lambda: {}, None, len(sequences))
+
+    async def models(self, call: Call, render: Callable[[Engine], R]) -> Ran[R]:
+        """The served models (ListModels, /v1/models): `render` reads them, and the limits a
+        client plans by, from the engine. No model is named, so none is resolved."""
+
+        async def run(engine: Engine, model: ServedModel | None, timings: Timings) -> Engine:
+            return engine
+
+        return await self._run(call, "", "none", None, run, lambda: {}, render, 0)
+
+    async def tokens(
         self, model: str, texts: Sequence[str], add_special_tokens: bool = True
-    ) -> tuple[ModelInfo, list[TokenizedText]]:
-        return await self.ready().tokenize(model, texts, add_special_tokens)
+    ) -> list[TokenizedText]:
+        """Token counts and spans for a door's rule ahead of its call (Cohere's max_tokens),
+        not an operation of its own: not recorded."""
+        engine = self.ready()
+        served = engine.resolve(model)
+        tokenized = await asyncio.to_thread(engine.tokenize, served, texts, add_special_tokens)
+        return tokenized.items
 
     async def _run(
         self,
         call: Call,
         request_id: str,
         task: str,
-        model: str,
-        run: Callable[[Engine, ServedModel, Timings], Awaitable[T]],
+        model: str | None,
+        run: Callable[[Engine, ServedModel | None, Timings], Awaitable[T]],
         inputs: Callable[[], dict[str, Any]],
         render: Callable[[T], Any] | None = None,
         items: int | None = None,
@@ -155,15 +232,16 @@ class RequestRunner:
         """`items`: what a success counts, when not the result's outputs (a rerank's
         documents). The model is resolved once, here: the engine runs what it names, and
         metrics label every outcome with it (names not served share the label "unknown",
-        so clients cannot grow the series)."""
+        so clients cannot grow the series). `model` None: the call names none (the model
+        list), labelled "none"."""
         record = self.telemetry.open(
             call.rpc, request_id, task, call.headers, call.protocol, inputs
         )
         code, reason, ok, counted, tokens, label = "", "", False, 0, 0, ""
         try:
             engine = self.ready()
-            served = engine.resolve(model)
-            label = served.info.name
+            served = None if model is None else engine.resolve(model)
+            label = "none" if served is None else served.info.name
             result = await run(engine, served, record.timings)
             counted, tokens = _size(result)
             counted = counted if items is None else items
@@ -183,6 +261,28 @@ class RequestRunner:
             raise error from exc
         finally:
             record.finish(code, label or "unknown", counted, tokens, reason, ok)
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+async def _within(deadline: float | None, work: Awaitable[T]) -> T:
+    """`work`, refused as DEADLINE_EXCEEDED once the call's deadline passes (the worker
+    thread finishes on its own; its answer is dropped)."""
+    if deadline is None:
+        return await work
+    try:
+        return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        raise PoolingError(
+            ErrorKind.DEADLINE_EXCEEDED,
+            "DEADLINE_EXCEEDED",
+            "the deadline passed while the texts were tokenized",
+        ) from None
+
+
+# Decodes of more ids than this run on a worker thread.
+OFF_LOOP_IDS = 100_000
 
 
 def _size(result: object) -> tuple[int, int]:

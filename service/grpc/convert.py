@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
 
 import numpy as np
 
-from engine.engine import TokenizedText
+from engine.engine import Tokenized, TokenizedText
 from engine.model_info import ModelInfo, PoolingType
+from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
     Embedding,
@@ -19,7 +20,8 @@ from engine.outputs import (
 )
 from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
-from engine.validation import unknown_value
+from engine.validation import output_too_large, unknown_value
+from service.byte_layout import Layout, varint, varint_lengths
 from service.proto import pooling_pb2 as pb
 
 TASK_FROM_PROTO: dict[int, Task] = {
@@ -138,16 +140,7 @@ def _packed_floats(field_number: int, values: np.ndarray) -> bytes:
     `tolist()` and `extend` build and convert one Python float per value.
     """
     raw = np.ascontiguousarray(values, dtype="<f4").tobytes()
-    return _varint((field_number << 3) | 2) + _varint(len(raw)) + raw
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return varint((field_number << 3) | 2) + varint(len(raw)) + raw
 
 
 def _token_matrix(rows: TokenRows) -> pb.TokenMatrix:
@@ -240,16 +233,68 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
     )
 
 
-def tokenize_response(info: ModelInfo, items: Sequence[TokenizedText]) -> pb.TokenizeResponse:
-    return pb.TokenizeResponse(
-        model=info.name,
-        max_input_tokens=info.max_input_tokens,
-        items=[
-            pb.TokenizedText(
-                token_ids=item.token_ids,
-                tokens=item.tokens,
-                offsets=[pb.TokenSpan(start=s, end=e) for s, e in item.offsets],
-            )
-            for item in items
-        ],
-    )
+def tokenize_response(tokenized: Tokenized, budget: ResponseBudget) -> bytes:
+    """A TokenizeResponse's wire bytes, laid out from the token arrays (service/byte_layout.py)
+    rather than a message per token; its exact size is checked against `budget` first.
+
+    Each TokenizedText holds its ids packed, then per token its string (`tokens`) and its
+    span (`offsets`) side by side: repeated fields may interleave on the wire, and a parser
+    reads the same lists as from protobuf's own field-by-field order. A long text is laid
+    out TOKEN_BLOCK tokens at a time, which bounds the arrays the layout needs."""
+    info = tokenized.info
+    model = info.name.encode()
+    head = b"\n" + varint(len(model)) + model
+    tail = b"\x18" + varint(info.max_input_tokens) if info.max_input_tokens else b""
+    sizes = [_item_sizes(item, tokenized) for item in tokenized.items]
+    size = len(head) + len(tail) + sum(1 + len(varint(body)) + body for _, body in sizes)
+    if size > budget.max_bytes:
+        raise output_too_large("texts", size, budget)
+    out = [head]
+    for item, (payload, body) in zip(tokenized.items, sizes, strict=True):
+        out.append(b"\x12" + varint(body))
+        if payload:
+            out.append(b"\n" + varint(payload))
+            out += (ids.build() for ids, _ in _token_blocks(item, tokenized))
+        out += (rows.build() for _, rows in _token_blocks(item, tokenized))
+    out.append(tail)
+    return b"".join(out)
+
+
+TOKEN_BLOCK = 16384
+
+
+def _item_sizes(item: TokenizedText, tokenized: Tokenized) -> tuple[int, int]:
+    """The packed ids' payload and the whole TokenizedText message, in bytes."""
+    payload = rows = 0
+    for ids, block in _token_blocks(item, tokenized):
+        payload += ids.size()
+        rows += block.size()
+    return payload, (1 + len(varint(payload)) + payload if payload else 0) + rows
+
+
+def _token_blocks(item: TokenizedText, tokenized: Tokenized) -> Iterator[tuple[Layout, Layout]]:
+    """One text's packed ids (field 1's payload), and its tokens (2) and offsets (3), a
+    block of tokens at a time."""
+    vocabulary = tokenized.vocabulary
+    for first in range(0, len(item), TOKEN_BLOCK):
+        ids = item.token_ids[first : first + TOKEN_BLOCK]
+        inside = (ids >= 0) & (ids < len(vocabulary.lengths))
+        known = np.where(inside, ids, 0)
+        lengths = np.where(inside, vocabulary.lengths[known], 0)
+        offsets = item.offsets[first : first + TOKEN_BLOCK]
+        start, end = offsets[:, 0], offsets[:, 1]
+        has_start, has_end = start != 0, end != 0  # proto3 leaves a zero out
+        span = (varint_lengths(start) + 1) * has_start + (varint_lengths(end) + 1) * has_end
+        rows = (
+            Layout(len(ids))
+            .fixed(b"\x12")
+            .varints(lengths)
+            .spans(vocabulary.utf8, vocabulary.starts[known], lengths)
+            .fixed(b"\x1a")
+            .varints(span)
+            .fixed(b"\x08", has_start)
+            .varints(start, has_start)
+            .fixed(b"\x10", has_end)
+            .varints(end, has_end)
+        )
+        yield Layout(len(ids)).varints(ids), rows

@@ -119,7 +119,7 @@ def add_pooling_service(servicer: Any, server: grpc.aio.Server, gate: ReadGate) 
         handlers[method.name] = kind(
             behaviour,
             request_deserializer=tolerant(request_class, limit, gate.saw),
-            response_serializer=response_class.SerializeToString,
+            response_serializer=_serializer(response_class),
         )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
@@ -128,6 +128,17 @@ def add_pooling_service(servicer: Any, server: grpc.aio.Server, gate: ReadGate) 
 
 
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Any]
+
+
+def _serializer(message_class: type[Message]) -> Callable[[Message | bytes], bytes]:
+    """A message serialized; an answer a method already laid out as wire bytes (Tokenize's,
+    built from arrays rather than a message per token) passed through as it is."""
+    serialize = message_class.SerializeToString
+
+    def serialized(response: Message | bytes) -> bytes:
+        return response if type(response) is bytes else serialize(response)  # type: ignore[arg-type,return-value]
+
+    return serialized
 
 
 def _gated(behaviour: Behaviour, gate: ReadGate) -> Behaviour:

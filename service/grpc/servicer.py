@@ -16,6 +16,7 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from engine.engine import Engine
 from engine.errors import PoolingError
 from engine.output_size import ResponseBudget
 from engine.outputs import PoolResult
@@ -58,7 +59,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
     def _render_pool(self, result: PoolResult) -> pb.PoolResponse:
         """The protobuf answer, refused if too large to send: run by the runner inside the
         recorded call, so metrics count the refusal."""
-        return _sendable(convert.response_to_proto(result), self.runner.ready().limits.response)
+        return _sendable(convert.response_to_proto(result), self.runner.limits.response)
 
     async def Pool(
         self, request: pb.PoolRequest | Malformed, context: grpc.aio.ServicerContext
@@ -197,10 +198,13 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         try:
             if type(request) is Malformed:
                 raise request.error()
-            engine = self.runner.ready()
+            call = _call("ListModels", context, _deadline(context))
+            return (await self.runner.models(call, self._render_models)).result
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise
+
+    def _render_models(self, engine: Engine) -> pb.ListModelsResponse:
         return pb.ListModelsResponse(
             models=[convert.model_card(info) for info in engine.model_infos],
             max_client_batch_size=engine.limits.max_client_batch_size,
@@ -210,16 +214,26 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
 
     async def Tokenize(
         self, request: pb.TokenizeRequest | Malformed, context: grpc.aio.ServicerContext
-    ) -> pb.TokenizeResponse:
+    ) -> bytes:
+        """The answer as wire bytes, laid out from the token arrays (convert.tokenize_response):
+        the registered serializer passes bytes through (service/grpc/handlers.py)."""
         try:
             if type(request) is Malformed:
                 raise request.error()
             add_special = (
                 request.add_special_tokens if request.HasField("add_special_tokens") else True
             )
-            info, items = await self.runner.tokenize(request.model, request.texts, add_special)
-            budget = self.runner.ready().limits.response
-            return _sendable(convert.tokenize_response(info, items), budget)
+            call = _call("Tokenize", context, _deadline(context))
+            budget = self.runner.limits.response
+            ran = await self.runner.tokenize(
+                request.model,
+                request.texts,
+                call,
+                lambda tokenized: convert.tokenize_response(tokenized, budget),
+                add_special,
+                budget,
+            )
+            return ran.result
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import HttpVersion11, web
 
+from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError, internal_error
 from engine.output_size import ResponseBudget
 from service.error_table import Family, FieldMap, from_http, http_error
@@ -237,20 +238,26 @@ class HttpApi:
         return handle
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [
-            {
-                "id": info.name,
-                "object": "model",
-                "created": self._created,
-                "owned_by": "pooling-server",
-                "max_model_len": info.max_input_tokens,
-                "tasks": [str(task) for task in info.tasks],
-                "backend": info.backend,
-                "precision": info.precision,
-            }
-            for info in self.runner.model_infos
-        ]
-        return _ok({"object": "list", "data": data})
+        """OpenAI's model list, through the runner like every other call."""
+
+        def render(engine: Engine) -> dict[str, Any]:
+            data = [
+                {
+                    "id": info.name,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "pooling-server",
+                    "max_model_len": info.max_input_tokens,
+                    "tasks": [str(task) for task in info.tasks],
+                    "backend": info.backend,
+                    "precision": info.precision,
+                }
+                for info in engine.model_infos
+            ]
+            return {"object": "list", "data": data}
+
+        ran = await self.runner.models(http_doors.call(request, "ListModels"), render)
+        return _ok(ran.result)
 
     async def health(self, request: web.Request) -> web.Response:
         if self.serving:
@@ -259,7 +266,7 @@ class HttpApi:
 
     async def _body(self, request: web.Request) -> Body:
         """The body, its input lists counted against --max-client-batch-size as read."""
-        limits = self.runner.ready().limits
+        limits = self.runner.limits  # readiness is the runner's, at the call
         return await http_doors.read_body(request, limits.max_client_batch_size)
 
     def budget(self, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:

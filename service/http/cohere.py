@@ -298,7 +298,7 @@ class CohereRoutes:
 
     async def _refuse_longer(self, model: str, texts: Sequence[str], limit: int) -> None:
         """truncate NONE with max_tokens: an input over max_tokens is an error (Cohere's)."""
-        _, tokenized = await self.runner.tokenize(model, texts)
+        tokenized = await self.runner.tokens(model, texts)
         for n, tokens in enumerate(tokenized):
             if len(tokens.token_ids) > limit:
                 raise refused(
@@ -313,7 +313,7 @@ class CohereRoutes:
         at the end of that token in its text; the query and the pair are not counted."""
         if not documents:  # the rerank refuses that itself, naming its own field
             return list(documents)
-        _, tokenized = await self.runner.tokenize(model, documents, add_special_tokens=False)
+        tokenized = await self.runner.tokens(model, documents, add_special_tokens=False)
         cut = []
         for text, tokens in zip(documents, tokenized, strict=True):
             offsets = tokens.offsets

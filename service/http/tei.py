@@ -55,6 +55,7 @@ from service.http.door import (
     too_many,
     within,
 )
+from service.http.token_json import tokenize_json
 from service.ops.version import server_version
 from service.runner import RequestRunner
 
@@ -477,47 +478,32 @@ class TeiRoutes:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """[[{id, text, special, start, stop}]]: `text` is the input's span (character
-        offsets), or the token itself for special tokens, which have no span."""
+        offsets), or the token itself for special tokens, which have no span. Laid out
+        from the token arrays on the runner's worker thread (service/http/token_json.py),
+        its exact size checked against the response cap first."""
         body = await _decode(request, _Tokenize)
-        texts = text_list(body.inputs, "inputs", self._max_inputs)
-        _batch(texts, "inputs", self._max_inputs)
-        info = self.runner.ready().resolve(body.model).info
-        if body.prompt_name is not None:
-            prompt = info.prompts.get(body.prompt_name)
-            if prompt is None:
-                known = ", ".join(f'"{name}"' for name in info.prompts) or "none"
-                raise refused(
-                    "prompt_name",
-                    f'model "{info.name}" has no prompt named '
-                    f'"{body.prompt_name[:64]}"; its prompts: {known}',
-                    "PROMPT_NAME_UNKNOWN",
-                )
-            texts = [prompt + text for text in texts]
-        _, tokenized = await self.runner.tokenize(body.model, texts, body.add_special_tokens)
-        rendered = []
-        for text, item in zip(texts, tokenized, strict=True):
-            tokens = []
-            for k, token_id in enumerate(item.token_ids):
-                special = bool(item.special_mask[k]) if item.special_mask else False
-                start, stop = item.offsets[k]
-                tokens.append(
-                    {
-                        "id": token_id,
-                        "text": item.tokens[k] if special else text[start:stop],
-                        "special": special,
-                        "start": None if special else start,
-                        "stop": None if special else stop,
-                    }
-                )
-            rendered.append(tokens)
-        return json_response(rendered)
+        max_inputs = self.runner.limits.max_client_batch_size
+        texts = text_list(body.inputs, "inputs", max_inputs)
+        _batch(texts, "inputs", max_inputs)
+        cap = budget(self._max_bytes)
+        ran = await self.runner.tokenize(
+            body.model,
+            texts,
+            call(request, "Tokenize"),
+            lambda tokenized: tokenize_json(tokenized, cap),
+            body.add_special_tokens,
+            cap,
+            body.prompt_name,
+        )
+        return web.Response(body=ran.result, content_type="application/json")
 
     async def decode(self, request: web.Request) -> web.Response:
         """[str]: the text of each id sequence."""
         body = await _decode(request, _Decode)
         if not present(body.ids):
             raise refused("ids", "missing; send a list of token ids")
-        _count(body.ids, "ids", self._max_inputs)
+        max_inputs = self.runner.limits.max_client_batch_size
+        _count(body.ids, "ids", max_inputs)
         try:
             ids = _IDS.decode(body.ids)
         except msgspec.DecodeError as exc:
@@ -530,23 +516,10 @@ class TeiRoutes:
             raise refused("ids", "a list of ids or a list of id lists, not both")
         if not sequences:
             raise empty("ids")
-        _batch([""] * len(sequences), "ids", self._max_inputs)
-        tokenizer = self.runner.ready().resolve(body.model).tokenizer
-        vocabulary = tokenizer.vocab_size
-        for n, sequence in enumerate(sequences):
-            bad = next((i for i in sequence if not 0 <= i < vocabulary), None)
-            if bad is not None:
-                raise refused(
-                    f"ids[{n}]",
-                    f"{bad} is not a token id (0 to {vocabulary - 1})",
-                    "TOKEN_ID_INVALID",
-                )
-        total = sum(len(sequence) for sequence in sequences)
-        if total > json_body.COUNT_SCAN_BYTES:
-            texts = await asyncio.to_thread(tokenizer.decode, sequences, body.skip_special_tokens)
-        else:
-            texts = tokenizer.decode(sequences, body.skip_special_tokens)
-        return json_response(texts)
+        _batch([""] * len(sequences), "ids", max_inputs)
+        decoding = call(request, "Decode")
+        ran = await self.runner.decode(body.model, sequences, body.skip_special_tokens, decoding)
+        return json_response(ran.result)
 
     # info -------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from engine.engine import TokenizedText
+from engine.engine import Tokenized, TokenizedText
 from engine.errors import ErrorKind, PoolingError
 from engine.output_size import (
     GRPC_BUDGET,
@@ -21,6 +21,7 @@ from engine.output_size import (
 from engine.outputs import Embedding, PoolResult, TokenRows
 from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest
+from engine.tokenization import Vocabulary
 from engine.validation import (
     Limits,
     check_token_output,
@@ -71,13 +72,15 @@ def test_tokenize_estimate_is_near_the_message_size() -> None:
     """Short English-like tokens over a long text: the estimate is not above the real size."""
     items = [
         TokenizedText(
-            [2000 + i % 5000 for i in range(n)],
-            ["word"] * n,
-            [(5 * i, 5 * i + 4) for i in range(n)],
+            2000 + np.arange(n) % 5000,
+            np.stack([5 * np.arange(n), 5 * np.arange(n) + 4], axis=1),
+            np.zeros(n, dtype=bool),
         )
         for n in (100, 5000, 60000)
     ]
-    real = convert.tokenize_response(info(), items).ByteSize()
+    vocabulary = Vocabulary.of(["word"] * 8000)
+    tokenized = Tokenized(info(), ["x"] * len(items), items, vocabulary)
+    real = len(convert.tokenize_response(tokenized, GRPC_BUDGET))
     estimate = tokenize_bytes([(len(item.token_ids), 5 * len(item.token_ids)) for item in items])
     assert 0.7 * real <= estimate <= real, (estimate, real)
 
