@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # left uncompiled (scripts/prime_bytecode.py) if PYTHONDONTWRITEBYTECODE kept it unwritten.
 TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
-.PHONY: all venv serve test lint format proto clients buf-lint clean
+.PHONY: all venv node-door serve test lint format proto clients buf-lint clean
 
 all: test
 
@@ -31,11 +31,22 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml clients/python/pyproje
 
 venv: $(STAMP)
 
+# The Node.js gRPC door's one dependency, @grpc/grpc-js, as service/grpc/package-lock.json
+# pins it. Without npm nothing is installed, and --grpc-door auto serves gRPC with grpcio.
+NODE_DOOR := service/grpc/node_modules/.package-lock.json
+
+$(NODE_DOOR): service/grpc/package.json service/grpc/package-lock.json
+	@if command -v npm > /dev/null 2>&1; then \
+		cd service/grpc && npm ci --omit=dev --silent --no-audit --no-fund && touch node_modules/.package-lock.json; \
+	else echo "npm not found: the gRPC door will be grpcio's"; fi
+
+node-door: $(NODE_DOOR)
+
 $(BUF): tools/package.json
 	cd tools && npm install --silent --no-audit --no-fund
 	touch $(BUF)
 
-serve: $(STAMP)
+serve: $(STAMP) node-door
 	$(BIN)/pooling-server --host $(HOST) --port $(PORT)
 
 proto: $(STAMP)
@@ -56,7 +67,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: $(STAMP) lint
+test: $(STAMP) node-door lint
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not quiet" $(PYTEST_ARGS)
 	$(TEST_ENV) $(BIN)/python -m pytest tests/reliability -m quiet $(PYTEST_ARGS)
 

@@ -1,14 +1,15 @@
-// The gRPC door's HTTP/2 half in Node.js (--grpc-door node): service/grpc/node_door.py starts it.
+// The gRPC door's Node.js half (--grpc-door node): service/grpc/node_door.py starts it.
 //
-// grpcio's asyncio server spends about 0.3 ms of the Python GIL on every call (its callbacks
-// and reads), more than the whole call costs elsewhere. Here Node's HTTP/2 server (nghttp2,
-// in C) holds the connections, frames and unframes gRPC messages, inflates them, enforces
-// the transport's limits and deadlines, and hands each call to Python over one Unix stream
-// socket (the "link") as a few binary frames, many calls per read. Python runs the same
-// method handlers as on grpcio and answers with one frame per response message or status.
+// grpcio's asyncio server spends about 0.3 ms of the Python GIL on every call, more than the
+// whole call costs elsewhere. Here @grpc/grpc-js (the official gRPC for Node.js, pinned in
+// package.json) serves gRPC: framing, compression, deadlines, status and trailers, metadata,
+// keepalive, connection age and idle limits, message-size limits and TLS are its. This file
+// adds what grpc-js has no option for (the open-call caps, the client ping policy, bounds on
+// what is held in memory) and carries each call to Python over one Unix stream socket (the
+// "link"), as raw bytes: Node never parses protobuf.
 //
-// Frames, both ways: u32 length of what follows, u8 type, u32 call id, payload. Calls of a
-// unary-request method are sent whole, once the client has ended its stream; a streaming
+// Link frames, both ways: u32 length of what follows, u8 type, u32 call id, payload. A call
+// of a one-request method is sent whole once the client has ended its stream; a streaming
 // call's messages are sent one at a time, each when Python pulls it.
 //
 // Started with: node node_door.mjs '<json settings>'; the settings name two inherited file
@@ -16,10 +17,14 @@
 // with SO_REUSEPORT) and the link.
 
 import crypto from 'node:crypto';
-import http2 from 'node:http2';
-import net from 'node:net';
 import fs from 'node:fs';
-import zlib from 'node:zlib';
+import http2 from 'node:http2';
+import { createRequire } from 'node:module';
+import net from 'node:net';
+
+const require = createRequire(import.meta.url);
+const grpc = require('@grpc/grpc-js');
+const { BaseServerInterceptingCall } = require('@grpc/grpc-js/build/src/server-interceptors.js');
 
 const settings = JSON.parse(process.argv[2]);
 // A signal to the server's process group (systemd, `timeout`, Ctrl-C) reaches this process
@@ -39,15 +44,139 @@ const READY = 9; // N->P: listening
 const DRAINED = 10; // N->P: draining, and no call is open any more
 const KEYS = 11; // P->N, first: the API keys (u16 count, then u32 length and bytes each)
 const NO_TIMEOUT = 0xffffffff;
+const MAX_TIMER_MS = 2 ** 31 - 1; // setTimeout's range: a longer delay fires at once
 
-const STATUS = { OK: 0, CANCELLED: 1, UNKNOWN: 2, INVALID_ARGUMENT: 3, DEADLINE_EXCEEDED: 4,
-  RESOURCE_EXHAUSTED: 8, INTERNAL: 13, UNIMPLEMENTED: 12, UNAVAILABLE: 14, UNAUTHENTICATED: 16 };
+const Status = grpc.status;
 // Request headers that are HTTP/2's or gRPC's own, not the call's metadata.
 const RESERVED = new Set(['content-type', 'te', 'grpc-timeout', 'grpc-encoding',
-  'grpc-accept-encoding', 'content-length', 'user-agent']);
-const unary = new Set(settings.unary_paths);
+  'grpc-accept-encoding', 'accept-encoding', 'content-length', 'user-agent']);
+const whole = new Set(settings.unary_paths);
 
-// ---- the link ----------------------------------------------------------------------------
+// ---- where grpc-js is wrapped ------------------------------------------------------------
+//
+// The issue's rule is that client input never gets INTERNAL, and that what requests hold in
+// memory is bounded over the whole process. grpc-js answers a malformed grpc-timeout and
+// corrupt compression with INTERNAL, reads a timeout such as "1.5S" or nine digits as a
+// shorter one, ignores a message cut short by the end of the stream, and inflates as many
+// messages at once as clients send. No interceptor sees these (they happen inside the call
+// object, before any listener), so four methods of BaseServerInterceptingCall are wrapped
+// here, for the pinned version only: its code was read for this.
+const PINNED = '1.14.7';
+const found = require('@grpc/grpc-js/package.json').version;
+if (found !== PINNED) {
+  process.stderr.write(`grpc door (node): @grpc/grpc-js ${found} is installed, the door is `
+    + `written for ${PINNED}: run \`npm ci --omit=dev\` in ${import.meta.dirname}\n`);
+  process.exit(1);
+}
+const Base = BaseServerInterceptingCall.prototype;
+const TIMEOUT_UNITS = { H: 3600e3, M: 60e3, S: 1e3, m: 1, u: 1e-3, n: 1e-6 };
+const originalTimeout = Base.handleTimeoutHeader;
+// grpc-timeout: 1 to 8 digits and a unit, nothing else. A malformed one is marked for the
+// door to answer INVALID_ARGUMENT; one past the timer's range (24.8 days) is as good as none.
+Base.handleTimeoutHeader = function handleTimeoutHeader(value) {
+  const text = String(value);
+  const match = /^(\d{1,8})([HMSmun])$/.exec(text);
+  if (match === null) { this.malformedTimeout = text.slice(0, 40); return; }
+  if (Number(match[1]) * TIMEOUT_UNITS[match[2]] > MAX_TIMER_MS) return;
+  originalTimeout.call(this, text);
+};
+const originalEnd = Base.handleEndEvent;
+// The stream ended inside a message (grpc-js's decoder holds part of one): INVALID_ARGUMENT.
+Base.handleEndEvent = function handleEndEvent() {
+  flushTiny(this);
+  if (this.decoder.readState !== 0) {
+    this.sendStatus({ code: Status.INVALID_ARGUMENT, details: 'the stream ended inside a message' });
+    return;
+  }
+  originalEnd.call(this);
+};
+const originalData = Base.handleDataFrame;
+// A client may send a message a byte a DATA frame, and grpc-js's decoder keeps each frame as
+// a Buffer of its own (~160 bytes of heap a byte: 300 KB so sent grew Node by 50 MB). Tiny
+// frames in the middle of a message are joined, one buffer per turn of the event loop.
+Base.handleDataFrame = function handleDataFrame(data) {
+  if (this.tiny === undefined && (data.length >= TINY_FRAME || this.decoder.readState === 0)) {
+    originalData.call(this, data);
+    return;
+  }
+  if (this.tiny === undefined) {
+    this.tiny = [];
+    setImmediate(() => flushTiny(this));
+  }
+  this.tiny.push(data);
+};
+const TINY_FRAME = 1024;
+
+function flushTiny(call) {
+  const tiny = call.tiny;
+  if (tiny === undefined) return;
+  call.tiny = undefined;
+  originalData.call(call, tiny.length === 1 ? tiny[0] : Buffer.concat(tiny));
+}
+const originalDecompress = Base.decompressMessage;
+// Each message waits for its share of the process's reading budget before it is inflated,
+// and corrupt compression is the client's INVALID_ARGUMENT.
+Base.decompressMessage = async function decompressMessage(framed, encoding) {
+  const cost = readCost(framed.length - 5, encoding);
+  if (cost > 0 && !(await reading.take(this, cost))) {
+    throw { code: Status.CANCELLED, details: 'Cancelled' };
+  }
+  try {
+    return await originalDecompress.call(this, framed, encoding);
+  } catch (error) {
+    reading.give(this);
+    if (error?.code === Status.INTERNAL) {
+      throw { code: Status.INVALID_ARGUMENT, details: `${error.details} (${encoding})` };
+    }
+    throw error;
+  }
+};
+
+// ---- the reading budget --------------------------------------------------------------------
+
+// Bytes of request messages being inflated or held here, over every call: a message takes
+// its share before it is inflated and gives it back once it is on the link (or its call
+// ends). A compressed message's share is what it could inflate to (deflate's ratio is at
+// most 1032, capped at the message limit); an identity message below LARGE bytes takes none.
+// Past the budget, messages wait their turn, paused in the client's socket.
+const DEFLATE_RATIO = 1032;
+const reading = {
+  total: settings.read_budget_bytes, // 0: no limit
+  free: settings.read_budget_bytes,
+  waiting: [],
+  take(call, cost) {
+    if (this.total === 0) return true;
+    if (cost <= this.free || this.free === this.total) {
+      this.free -= cost;
+      call.readHeld = (call.readHeld ?? 0) + cost;
+      return true;
+    }
+    return new Promise((resolve) => this.waiting.push({ call, cost, resolve }));
+  },
+  give(call) {
+    const held = call.readHeld ?? 0;
+    if (held === 0) return;
+    call.readHeld = 0;
+    this.free += held;
+    while (this.waiting.length) {
+      const next = this.waiting[0];
+      if (next.call.cancelled) { this.waiting.shift(); next.resolve(false); continue; }
+      if (next.cost > this.free && this.free !== this.total) break;
+      this.waiting.shift();
+      this.free -= next.cost;
+      next.call.readHeld = (next.call.readHeld ?? 0) + next.cost;
+      next.resolve(true);
+    }
+  },
+};
+
+function readCost(length, encoding) {
+  if (reading.total === 0) return 0;
+  if (encoding === 'identity') return length >= settings.large_message_bytes ? length : 0;
+  return Math.min(settings.max_message_bytes, Math.max(length, 1) * DEFLATE_RATIO);
+}
+
+// ---- the link ------------------------------------------------------------------------------
 
 const link = new net.Socket({ fd: settings.link_fd, readable: true, writable: true });
 let corked = false;
@@ -72,25 +201,26 @@ function header(type, id, payloadLength) {
 function sendEmpty(type, id) { send(header(type, id, 0)); }
 
 // V8 frees a large message's buffers only at its next collection, which a flood of 16 MB
-// messages outpaces (three clients grew this process by ~150 MB). Once a large message has
-// been written to the link, collect (started with --expose-gc), as service/ops/memory.py trims.
+// messages outpaces: once a large one has left, collect (started with --expose-gc).
 const collect = globalThis.gc ?? (() => {});
 let collecting = false;
 
-function sendLarge(message, call) {
-  // A large message keeps its call's read turn until it is on the link: the next large one
-  // is not read while this one still waits here.
-  if (message.length < settings.large_message_bytes) { send(message); return; }
+function collectSoon() {
+  if (collecting) return;
+  collecting = true;
+  setImmediate(() => { collecting = false; collect(); });
+}
+
+function sendMessage(message, call) {
+  // A message keeps its share of the reading budget until it is on the link.
+  if (call.base.readHeld === undefined || call.base.readHeld === 0) { send(message); return; }
   link.write(message, () => {
-    release(call);
-    if (collecting) return;
-    collecting = true;
-    setImmediate(() => { collecting = false; collect(); });
+    reading.give(call.base);
+    if (message.length >= settings.large_message_bytes) collectSoon();
   });
 }
 
-// What Python sent that is not yet a whole frame, as received: joined once a frame is whole
-// (a large response would otherwise be copied once per read).
+// What Python sent that is not yet a whole frame, as received: joined once a frame is whole.
 let pending = [];
 let pendingBytes = 0;
 
@@ -119,165 +249,11 @@ link.on('error', quit);
 
 function quit() {
   drain();
-  for (const call of calls.values()) answer(call, STATUS.UNAVAILABLE, 'the server stopped');
+  for (const call of calls.values()) refuse(call, Status.UNAVAILABLE, 'the server stopped');
   const exit = () => { if (sessions.size === 0) process.exit(0); };
   setInterval(exit, 20);
   setTimeout(() => process.exit(0), 2000);
   exit();
-}
-
-// ---- calls -------------------------------------------------------------------------------
-
-const calls = new Map(); // id -> Call
-let nextId = 1;
-
-class Call {
-  constructor(stream, session, path, timeoutMs, metadata, encoding, acceptsGzip) {
-    this.id = nextId++;
-    if (nextId > 0xfffffff0) nextId = 1;
-    this.stream = stream;
-    this.session = session;
-    this.path = path;
-    this.timeoutMs = timeoutMs;
-    this.metadata = metadata;
-    this.encoding = encoding; // the client's grpc-encoding
-    this.gzipOut = settings.gzip_responses && acceptsGzip;
-    this.whole = unary.has(path);
-    this.messages = []; // unframed, inflated messages not yet sent to Python
-    this.credits = 0; // messages Python asked for (streaming calls)
-    this.ended = false; // the client's END_STREAM came
-    this.opened = false; // OPEN sent
-    this.done = false;
-    this.headersSent = false;
-    this.chunks = []; // bytes of a message not yet complete, as received
-    this.buffered = 0;
-    this.block = null; // where tiny frames are copied (append)
-    this.target = null; // a large message's own buffer, filled as its bytes come
-    this.targetFlag = 0;
-    this.filled = 0;
-    this.halfClosed = false;
-    this.turn = null;
-    this.timer = null;
-  }
-}
-
-function gone(call) {
-  // The client or the connection went away, or the deadline passed: Python stops the handler.
-  if (call.done) return;
-  finish(call);
-  if (call.opened) sendEmpty(CANCEL, call.id);
-}
-
-function finish(call) {
-  call.done = true;
-  release(call);
-  calls.delete(call.id);
-  if (draining && calls.size === 0) drained();
-}
-
-let toldDrained = false;
-
-function drained() {
-  // Every call open when the drain began (and any begun since on those connections) is over.
-  if (toldDrained) return;
-  toldDrained = true;
-  sendEmpty(DRAINED, 0);
-}
-
-function answer(call, code, details, trailers = {}) {
-  // A status without a message from this side (a limit, a deadline, a bad frame).
-  if (call.done) return;
-  gone(call);
-  respondStatus(call, code, details, trailers);
-}
-
-function statusOf(code, details, trailers) {
-  const status = { 'grpc-status': String(code), ...trailers };
-  if (details) status['grpc-message'] = encodeURIComponent(details);
-  return status;
-}
-
-function respondStatus(call, code, details, trailers) {
-  const stream = call.stream;
-  if (stream.destroyed || stream.closed) return;
-  const status = statusOf(code, details, trailers);
-  try {
-    if (!call.headersSent) { // trailers only
-      call.headersSent = true;
-      stream.respond({ ':status': 200, 'content-type': 'application/grpc', ...status },
-        { endStream: true });
-      // Answered before the client finished sending: RST_STREAM(NO_ERROR) tells it to stop,
-      // as gRPC core does, rather than have the rest of its message read for nothing.
-      if (!call.ended) stream.close(http2.constants.NGHTTP2_NO_ERROR);
-    } else {
-      endWith(stream, status);
-    }
-  } catch { stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR); }
-}
-
-function endWith(stream, status, last = undefined) {
-  // After the response headers (sent with waitForTrailers): the last data, then the status.
-  stream.once('wantTrailers', () => {
-    try { stream.sendTrailers(status); } catch { /* the stream closed meanwhile */ }
-  });
-  stream.end(last);
-}
-
-function respondHeaders(call) {
-  if (call.headersSent) return;
-  call.headersSent = true;
-  const headers = { ':status': 200, 'content-type': 'application/grpc' };
-  if (call.gzipOut) headers['grpc-encoding'] = 'gzip';
-  call.stream.respond(headers, { waitForTrailers: true });
-}
-
-function framed(call, message) {
-  let flag = 0;
-  if (call.gzipOut) { message = zlib.gzipSync(message); flag = 1; }
-  const prefix = Buffer.allocUnsafe(5);
-  prefix[0] = flag;
-  prefix.writeUInt32BE(message.length, 1);
-  return [prefix, message];
-}
-
-// ---- API keys ----------------------------------------------------------------------------
-
-// The same rule as service/ops/auth.py's BearerKeys, checked here too so that a keyless call is
-// refused from its headers, before a byte of its message is read or inflated: PoolingService
-// only; the first authorization entry whose scheme is Bearer (in any case) decides; its token
-// is compared in constant time with every key. Python checks again on every call it gets.
-const PROTECTED_PREFIX = '/pooling.v1.PoolingService/';
-let keys = [];
-
-function readKeys(payload) {
-  const found = [];
-  let at = 2;
-  for (let i = 0; i < payload.readUInt16BE(0); i++) {
-    const length = payload.readUInt32BE(at);
-    found.push(Buffer.from(payload.subarray(at + 4, at + 4 + length)));
-    at += 4 + length;
-  }
-  keys = found;
-}
-
-function keyed(path, headers) {
-  if (keys.length === 0 || !path.startsWith(PROTECTED_PREFIX)) return true;
-  const values = headers.authorization === undefined ? [] : [].concat(headers.authorization);
-  for (const value of values) {
-    const raw = Buffer.from(value, 'latin1');
-    const space = raw.indexOf(0x20);
-    const scheme = (space < 0 ? raw : raw.subarray(0, space)).toString('latin1');
-    if (scheme.toLowerCase() !== 'bearer') continue;
-    const token = space < 0 ? Buffer.alloc(0) : raw.subarray(space + 1);
-    let matched = false;
-    for (const key of keys) {
-      const same = key.length === token.length
-        && crypto.timingSafeEqual(key, token);
-      matched = matched || same;
-    }
-    return matched;
-  }
-  return false;
 }
 
 function fromPython(type, id, payload) {
@@ -286,18 +262,180 @@ function fromPython(type, id, payload) {
   const call = calls.get(id);
   if (call === undefined) return; // already gone; its CANCEL is on its way to Python
   if (type === PULL) {
-    call.credits += 1;
-    flush(call);
+    pull(call);
   } else if (type === MESSAGE) {
-    const stream = call.stream;
-    if (stream.destroyed) return;
-    respondHeaders(call);
-    const [prefix, message] = framed(call, payload);
-    stream.write(prefix);
-    stream.write(message, () => { if (!call.done) sendEmpty(WRITTEN, id); });
+    respond(call, Buffer.from(payload), () => sendEmpty(WRITTEN, id));
   } else if (type === FINISH) {
     finishFromPython(call, payload);
   }
+}
+
+// ---- calls ---------------------------------------------------------------------------------
+
+const calls = new Map(); // id -> Call
+let nextId = 1;
+const clients = new Map(); // peer address -> calls open
+let draining = false;
+
+class Call {
+  constructor(base, session, path) {
+    this.id = nextId++;
+    if (nextId > 0xfffffff0) nextId = 1;
+    this.base = base; // grpc-js's call
+    this.session = session;
+    this.path = path;
+    this.whole = whole.has(path);
+    this.messages = []; // a whole call's request messages
+    this.opened = false; // OPEN sent
+    this.done = false; // answered, or gone
+    this.reading = false; // a startRead is outstanding
+    this.halfClosed = false;
+    this.unsent = 0; // response bytes handed to HTTP/2 and not yet sent
+    this.timer = null; // the request's arrival (whole calls)
+  }
+}
+
+// The interceptor answers every call itself, through grpc-js's call object (the interface
+// interceptors are given), and never starts the registered handlers: those only tell grpc-js
+// each method's path and kind. So a call costs no Node stream objects.
+function interceptor(method, base) {
+  const stream = base.stream;
+  const session = stream.session;
+  const call = new Call(base, session, method.path);
+  const refusal = admit(call, stream);
+  if (refusal !== null) {
+    base.sendStatus(refusal);
+  } else {
+    calls.set(call.id, call);
+    session.calls += 1;
+    session.strikes = 0;
+    const address = session.address;
+    clients.set(address, (clients.get(address) ?? 0) + 1);
+    base.start({
+      onReceiveMetadata: () => {},
+      onReceiveMessage: (message) => received(call, message),
+      onReceiveHalfClose: () => halfClosed(call),
+      onCancel: () => ended(call),
+    });
+    if (call.whole) {
+      // A call must bring its request within the handshake time, so that streams opened
+      // and never sent on cannot hold the caps' slots.
+      call.timer = setTimeout(() => refuse(call, Status.DEADLINE_EXCEEDED,
+        `the request did not arrive within ${settings.handshake_timeout_s} s`),
+      settings.handshake_timeout_s * 1000);
+      call.timer.unref();
+      call.reading = true;
+      base.startRead();
+    } else {
+      open(call);
+    }
+  }
+  return new grpc.ServerInterceptingCall(base, { start() {} });
+}
+
+function admit(call, stream) {
+  // The refusal a new call gets before a byte of its message is read, or null.
+  const base = call.base;
+  const session = call.session;
+  if (base.malformedTimeout !== undefined) {
+    return { code: Status.INVALID_ARGUMENT,
+      details: `malformed grpc-timeout: ${base.malformedTimeout}` };
+  }
+  const caps = settings.open_calls;
+  if (caps.total && calls.size >= caps.total) {
+    return { code: Status.RESOURCE_EXHAUSTED, details: `too many calls open (${caps.total})` };
+  }
+  if (caps.per_connection && session.calls >= caps.per_connection) {
+    return { code: Status.RESOURCE_EXHAUSTED,
+      details: `too many calls open on this connection (${caps.per_connection})` };
+  }
+  if (caps.per_client && (clients.get(session.address) ?? 0) >= caps.per_client) {
+    return { code: Status.RESOURCE_EXHAUSTED,
+      details: `too many calls open from this client (${caps.per_client})` };
+  }
+  if (!keyed(call.path, stream.rawHeaders)) {
+    return { code: Status.UNAUTHENTICATED, details: 'missing or invalid credentials' };
+  }
+  return null;
+}
+
+function received(call, message) {
+  call.reading = false;
+  if (call.done) return;
+  if (call.whole) {
+    call.messages.push(message);
+    // A second message breaks the one-message rule: Python refuses it now.
+    if (call.messages.length > 1) { open(call); return; }
+    call.reading = true;
+    call.base.startRead();
+    return;
+  }
+  const frame = header(MESSAGE, call.id, 0);
+  frame.writeUInt32BE(5 + message.length, 0);
+  send(frame);
+  sendMessage(message, call);
+}
+
+function halfClosed(call) {
+  call.reading = false;
+  if (call.done) return;
+  if (call.whole) { open(call); return; }
+  call.halfClosed = true;
+  sendEmpty(HALF_CLOSE, call.id);
+}
+
+function pull(call) {
+  // Python wants a streaming call's next message (or its end).
+  if (call.reading || call.halfClosed) return;
+  call.reading = true;
+  call.base.startRead();
+}
+
+function ended(call) {
+  // grpc-js says the call is over: answered, reset, past its deadline, connection gone.
+  if (!calls.delete(call.id)) return;
+  clearTimeout(call.timer);
+  const session = call.session;
+  session.calls -= 1;
+  session.unsent -= call.unsent;
+  call.unsent = 0;
+  const left = clients.get(session.address) - 1;
+  if (left > 0) clients.set(session.address, left);
+  else clients.delete(session.address);
+  reading.give(call.base);
+  if (!call.done) {
+    call.done = true;
+    if (call.opened) sendEmpty(CANCEL, call.id);
+  }
+  if (draining && calls.size === 0) drained();
+}
+
+function refuse(call, code, details) {
+  // A status from this side (a limit, a timeout, the server stopping).
+  if (call.done) return;
+  call.done = true;
+  if (call.opened) sendEmpty(CANCEL, call.id);
+  call.base.sendStatus({ code, details });
+}
+
+function respond(call, message, written) {
+  // A response message to HTTP/2, counted against its connection until it is sent: a client
+  // that does not read its answers gets RESOURCE_EXHAUSTED rather than this process's memory.
+  const session = call.session;
+  if (session.unsent > 0 && session.unsent + message.length > settings.max_unsent_bytes) {
+    refuse(call, Status.RESOURCE_EXHAUSTED, `the client has not read ${session.unsent} bytes `
+      + 'of earlier answers on this connection');
+    return;
+  }
+  const size = message.length;
+  call.unsent += size;
+  session.unsent += size;
+  session.strikes = 0;
+  call.base.sendMessage(message, () => {
+    if (call.unsent >= size) { call.unsent -= size; session.unsent -= size; }
+    if (size >= settings.large_message_bytes) collectSoon();
+    if (written !== undefined && !call.done) written();
+  });
 }
 
 function finishFromPython(call, payload) {
@@ -306,13 +444,13 @@ function finishFromPython(call, payload) {
   let message = null;
   if (payload[1]) {
     const length = payload.readUInt32BE(at);
-    message = payload.subarray(at + 4, at + 4 + length);
+    message = Buffer.from(payload.subarray(at + 4, at + 4 + length));
     at += 4 + length;
   }
   const detailsLength = payload.readUInt32BE(at);
   const details = payload.toString('utf8', at + 4, at + 4 + detailsLength);
   at += 4 + detailsLength;
-  const trailers = {};
+  const trailers = new grpc.Metadata();
   const count = payload.readUInt16BE(at);
   at += 2;
   for (let i = 0; i < count; i++) {
@@ -322,231 +460,51 @@ function finishFromPython(call, payload) {
     const valueLength = payload.readUInt32BE(at);
     const value = payload.subarray(at + 4, at + 4 + valueLength);
     at += 4 + valueLength;
-    trailers[key] = key.endsWith('-bin') ? value.toString('base64') : value.toString('latin1');
+    try {
+      trailers.add(key, key.endsWith('-bin') ? Buffer.from(value) : value.toString('latin1'));
+    } catch { /* a key or value HTTP/2 cannot carry */ }
   }
-  const stream = call.stream;
-  finish(call);
-  if (stream.destroyed || stream.closed) return;
-  if (message === null) { respondStatus(call, code, details, trailers); return; }
-  respondHeaders(call);
-  const [prefix, body] = framed(call, message);
-  stream.write(prefix);
-  endWith(stream, statusOf(code, details, trailers), body);
-}
-
-// ---- reading requests --------------------------------------------------------------------
-
-// Large messages are read one at a time (settings.max_concurrent_reads turns), each turn held
-// at most read_turn_s, as service/grpc/read_gate.py does on grpcio: a stream whose next message is
-// declared large waits, paused, for a turn, its bytes left in the client's socket (HTTP/2
-// flow control), so what a flood of large messages holds here is about one message.
-const turns = { free: settings.max_concurrent_reads, waiting: [] };
-
-function takeTurn(call) {
-  if (settings.max_concurrent_reads === 0 || call.turn !== null) return true;
-  if (turns.free > 0) {
-    turns.free -= 1;
-    call.turn = setTimeout(() => release(call), settings.read_turn_s * 1000);
-    return true;
-  }
-  if (!turns.waiting.includes(call)) turns.waiting.push(call);
-  call.stream.pause();
-  return false;
-}
-
-function release(call) {
-  // The turn ends with the message, the call or the hold time; a call takes one turn at
-  // most, so a slow sender reads on without one.
-  if (call.turn === null || call.turn === 'released') return;
-  clearTimeout(call.turn);
-  call.turn = 'released';
-  turns.free += 1;
-  while (turns.free > 0 && turns.waiting.length) {
-    const next = turns.waiting.shift();
-    if (next.done) continue;
-    takeTurn(next);
-    resume(next);
-    onData(next, null); // what it holds already may be a whole message
-  }
-}
-
-function resume(call) {
-  // Paused for a turn, or (streaming) while Python has not pulled what is read: go on when
-  // neither holds.
-  if (call.done || turns.waiting.includes(call)) return;
-  if (!call.whole && call.messages.length > 1) return;
-  if (call.stream.isPaused()) call.stream.resume();
-}
-
-function inflate(call, compressed, body) {
-  if (!compressed) return body;
-  const options = { maxOutputLength: settings.max_message_bytes };
-  if (call.encoding === 'gzip') return zlib.gunzipSync(body, options);
-  if (call.encoding === 'deflate') return zlib.inflateSync(body, options);
-  throw new Error(`a compressed message without a supported grpc-encoding (${call.encoding})`);
-}
-
-function joined(call) {
-  // The bytes received so far as one buffer: copied once per message, not once per chunk.
-  if (call.chunks.length > 1) call.chunks = [Buffer.concat(call.chunks, call.buffered)];
-  return call.chunks[0];
-}
-
-// A client may send a message a byte a DATA frame, and each frame is a Buffer of ~160 bytes
-// of heap: a 1 MB message sent so held 165 MB. Past a few chunks, tiny ones are copied into
-// blocks instead.
-const TINY_CHUNK = 1024;
-const BLOCK_BYTES = 16 * 1024;
-
-function append(call, chunk) {
-  call.buffered += chunk.length;
-  if (chunk.length >= TINY_CHUNK || call.chunks.length < 8) {
-    call.chunks.push(chunk);
+  const status = { code, details, metadata: trailers };
+  if (message === null) {
+    call.done = true;
+    call.base.sendStatus(status);
     return;
   }
-  // The block is written on while the last chunk is its filled start (chunks that were
-  // joined or cut since are other buffers, or start further in).
-  const last = call.chunks[call.chunks.length - 1];
-  const block = call.block;
-  const open = block !== null && last.buffer === block.buffer
-    && last.byteOffset === block.byteOffset && last.length + chunk.length <= block.length;
-  const used = open ? last.length : 0;
-  if (!open) {
-    call.block = Buffer.allocUnsafe(BLOCK_BYTES);
-    call.chunks.push(null);
-  }
-  chunk.copy(call.block, used);
-  call.chunks[call.chunks.length - 1] = call.block.subarray(0, used + chunk.length);
-}
-
-function onData(call, chunk) {
-  if (call.done || (call.whole && call.opened)) return;
-  if (chunk !== null) {
-    if (call.target !== null) { fill(call, chunk); return; }
-    append(call, chunk);
-  }
-  while (call.buffered >= 5) {
-    const head = call.chunks[0].length >= 5 ? call.chunks[0] : joined(call);
-    const length = head.readUInt32BE(1);
-    if (length > settings.max_message_bytes) {
-      answer(call, STATUS.RESOURCE_EXHAUSTED,
-        `Received message larger than max (${length} vs. ${settings.max_message_bytes})`);
-      return;
-    }
-    if (length >= settings.large_message_bytes) {
-      if (!takeTurn(call)) return;
-      // A large message is gathered straight into one buffer of its size: the chunks it
-      // came in are let go as they come, rather than joined (a second copy) at the end.
-      const all = joined(call);
-      call.target = Buffer.allocUnsafe(length);
-      call.targetFlag = all[0];
-      call.filled = 0;
-      call.chunks = [];
-      call.buffered = 0;
-      fill(call, all.subarray(5));
-      return;
-    }
-    if (call.buffered < 5 + length) return;
-    const all = joined(call);
-    const rest = all.subarray(5 + length);
-    call.chunks = rest.length ? [rest] : [];
-    call.buffered = rest.length;
-    if (!received(call, all[0] !== 0, all.subarray(5, 5 + length))) return;
-  }
-}
-
-function fill(call, chunk) {
-  const room = call.target.length - call.filled;
-  const used = Math.min(room, chunk.length);
-  chunk.copy(call.target, call.filled, 0, used);
-  call.filled += used;
-  if (call.filled < call.target.length) return;
-  const message = call.target;
-  call.target = null;
-  if (used < chunk.length) {
-    call.chunks = [chunk.subarray(used)];
-    call.buffered = chunk.length - used;
-  }
-  if (received(call, call.targetFlag !== 0, message)) onData(call, null);
-}
-
-function received(call, compressed, body) {
-  // A whole message: inflated, queued for Python; false when the call ended over it.
-  let message;
-  try {
-    message = inflate(call, compressed, body);
-  } catch (error) {
-    const tooLarge = error.code === 'ERR_BUFFER_TOO_LARGE';
-    answer(call, tooLarge ? STATUS.RESOURCE_EXHAUSTED : STATUS.INTERNAL,
-      tooLarge ? `Received message larger than max (inflated past ${settings.max_message_bytes})`
-        : `Failed to decompress the message: ${error.message}`);
-    return false;
-  }
-  call.messages.push(message);
-  if (body.length < settings.large_message_bytes) release(call); // a large one: once on the link
-  if (call.whole) {
-    // A second message breaks the one-message rule: Python refuses it now, whatever follows.
-    if (call.messages.length > 1) { call.stream.pause(); open(call); return false; }
-  } else {
-    flush(call);
-    if (call.messages.length > 1) call.stream.pause(); // Python pulls them in turn
-  }
-  return true;
-}
-
-function onEnd(call) {
-  if (call.done || (call.whole && call.opened)) return;
-  call.ended = true;
-  release(call);
-  if (call.buffered || call.target !== null) {
-    answer(call, STATUS.INTERNAL, 'the stream ended inside a message');
-    return;
-  }
-  if (call.whole) open(call);
-  else flush(call);
-}
-
-function flush(call) {
-  // A streaming call: hand Python the messages it asked for, then the end.
-  if (!call.opened) { open(call); return; }
-  while (call.credits > 0 && call.messages.length) {
-    call.credits -= 1;
-    const message = call.messages.shift();
-    const frame = header(MESSAGE, call.id, 0);
-    frame.writeUInt32BE(5 + message.length, 0);
-    send(frame);
-    sendLarge(message, call);
-  }
-  resume(call);
-  if (call.credits > 0 && call.ended && call.messages.length === 0 && !call.halfClosed) {
-    call.halfClosed = true;
-    sendEmpty(HALF_CLOSE, call.id);
-  }
+  respond(call, message, undefined);
+  if (call.done) return; // refused: the client is not reading
+  call.done = true;
+  call.base.sendStatus(status); // grpc-js sends it after the message
 }
 
 function open(call) {
   // OPEN: timeout, whole, path, peer, metadata and (for a whole call) its messages, which
   // follow the frame's head as they are (a large message is not copied into it).
+  clearTimeout(call.timer);
   call.opened = true;
+  const deadline = call.base.getDeadline();
+  const timeout = deadline === Infinity ? NO_TIMEOUT
+    : Math.max(0, Math.min(NO_TIMEOUT - 1, Math.ceil(deadline - Date.now())));
+  const metadata = metadataOf(call.base.stream.rawHeaders);
   const path = Buffer.from(call.path, 'latin1');
   const peer = Buffer.from(call.session.peer, 'latin1');
   let size = 4 + 1 + 2 + path.length + 2 + peer.length + 2;
-  for (const [key, value] of call.metadata) size += 2 + key.length + 4 + value.length;
-  const messages = call.whole ? call.messages : [];
+  for (const [key, value] of metadata) size += 2 + key.length + 4 + value.length;
+  const messages = call.messages;
+  call.messages = [];
   size += 2;
   let total = size;
   for (const message of messages) total += 4 + message.length;
   const frame = header(OPEN, call.id, size);
   frame.writeUInt32BE(5 + total, 0);
   let at = 9;
-  frame.writeUInt32BE(call.timeoutMs, at); at += 4;
+  frame.writeUInt32BE(timeout, at); at += 4;
   frame[at] = call.whole ? 1 : 0; at += 1;
   frame.writeUInt16BE(path.length, at); at += 2;
   path.copy(frame, at); at += path.length;
   frame.writeUInt16BE(peer.length, at); at += 2;
   peer.copy(frame, at); at += peer.length;
-  frame.writeUInt16BE(call.metadata.length, at); at += 2;
-  for (const [key, value] of call.metadata) {
+  frame.writeUInt16BE(metadata.length, at); at += 2;
+  for (const [key, value] of metadata) {
     frame.writeUInt16BE(key.length, at); at += 2;
     frame.write(key, at, 'latin1'); at += key.length;
     frame.writeUInt32BE(value.length, at); at += 4;
@@ -558,184 +516,224 @@ function open(call) {
     const length = Buffer.allocUnsafe(4);
     length.writeUInt32BE(message.length, 0);
     send(length);
-    sendLarge(message, call);
+    sendMessage(message, call);
   }
-  if (call.whole) call.messages = [];
 }
 
-const TIMEOUT_UNITS = { H: 3600e3, M: 60e3, S: 1e3, m: 1, u: 1e-3, n: 1e-6 };
-
-// setTimeout's range: a longer delay fires at once (a 30-day deadline would end the call).
-const MAX_TIMER_MS = 2 ** 31 - 1;
-
-function timeoutMs(value) {
-  // grpc-timeout: up to 8 digits and a unit; null where it is malformed (gRPC core and
-  // grpc-go answer INTERNAL). Past the timer's range (24.8 days) it is as good as none.
-  if (value === undefined) return NO_TIMEOUT;
-  const match = /^(\d{1,8})([HMSmun])$/.exec(String(value));
-  if (!match) return null;
-  const ms = Math.ceil(Number(match[1]) * TIMEOUT_UNITS[match[2]]);
-  return ms > MAX_TIMER_MS ? NO_TIMEOUT : ms;
-}
-
-function metadataOf(headers) {
+function metadataOf(raw) {
+  // The call's metadata from the raw header list, each entry as sent (Node's header object
+  // joins repeated ones with ", "); -bin values as bytes, each comma-separated piece its own.
   const metadata = [];
-  for (const [key, value] of Object.entries(headers)) {
-    if (key.startsWith(':') || RESERVED.has(key)) continue;
-    const values = Array.isArray(value) ? value : [value];
-    for (const one of values) {
-      const bytes = key.endsWith('-bin') ? Buffer.from(one, 'base64') : Buffer.from(one, 'latin1');
-      metadata.push([key, bytes]);
+  for (let i = 0; i < raw.length; i += 2) {
+    const key = raw[i];
+    if (key.charCodeAt(0) === 58 || RESERVED.has(key)) continue; // ':'
+    if (key.endsWith('-bin')) {
+      for (const piece of raw[i + 1].split(',')) {
+        metadata.push([key, Buffer.from(piece.trim(), 'base64')]);
+      }
+    } else {
+      metadata.push([key, Buffer.from(raw[i + 1], 'latin1')]);
     }
   }
   return metadata;
 }
 
-// ---- the server --------------------------------------------------------------------------
+// ---- API keys ------------------------------------------------------------------------------
 
-const options = {
-  settings: {
-    maxConcurrentStreams: settings.max_concurrent_streams || 0xffffffff,
-    maxHeaderListSize: 16384,
-  },
-  maxSessionMemory: 64,
-  maxSessionInvalidFrames: 100,
-  maxSessionRejectedStreams: 100,
-};
-let server;
-if (settings.tls) {
-  server = http2.createSecureServer({
-    ...options,
-    key: fs.readFileSync(settings.tls.key_file),
-    cert: fs.readFileSync(settings.tls.cert_file),
-    ...(settings.tls.client_ca_file ? {
-      ca: fs.readFileSync(settings.tls.client_ca_file), requestCert: true, rejectUnauthorized: true,
-    } : {}),
-  });
-} else {
-  server = http2.createServer(options);
+// The same rule as service/ops/auth.py's BearerKeys, checked here too so that a keyless call
+// is refused from its headers, before a byte of its message is read or inflated:
+// PoolingService only; the first authorization entry whose scheme is Bearer (in any case)
+// decides; its token is compared in constant time with every key. Python checks again.
+const PROTECTED_PREFIX = '/pooling.v1.PoolingService/';
+let keys = [];
+
+function readKeys(payload) {
+  const read = [];
+  let at = 2;
+  for (let i = 0; i < payload.readUInt16BE(0); i++) {
+    const length = payload.readUInt32BE(at);
+    read.push(Buffer.from(payload.subarray(at + 4, at + 4 + length)));
+    at += 4 + length;
+  }
+  keys = read;
 }
 
-let connections = 0;
-let draining = false;
+function keyed(path, raw) {
+  if (keys.length === 0 || !path.startsWith(PROTECTED_PREFIX)) return true;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i] !== 'authorization') continue;
+    const value = Buffer.from(raw[i + 1], 'latin1');
+    const space = value.indexOf(0x20);
+    const scheme = (space < 0 ? value : value.subarray(0, space)).toString('latin1');
+    if (scheme.toLowerCase() !== 'bearer') continue;
+    const token = space < 0 ? Buffer.alloc(0) : value.subarray(space + 1);
+    let matched = false;
+    for (const key of keys) {
+      matched = (key.length === token.length && crypto.timingSafeEqual(key, token)) || matched;
+    }
+    return matched;
+  }
+  return false;
+}
+
+// ---- the client ping policy ----------------------------------------------------------------
+
+// gRPC's rule, which grpc-js does not enforce: a client may ping at most once per
+// --min-client-ping-interval-s, and (with --no-keepalive-permit-without-calls) not at all
+// on a connection with no call open; past two strikes, GOAWAY ENHANCE_YOUR_CALM with
+// "too_many_pings". A response the server sends clears the strikes.
+const MAX_PING_STRIKES = 2;
+const NO_CALLS_PING_MS = 2 * 3600e3; // gRPC core's interval with no calls, when not permitted
+
+function onPing(session) {
+  const now = Date.now();
+  const interval = session.calls === 0 && !settings.keepalive_permit_without_calls
+    ? NO_CALLS_PING_MS : settings.min_client_ping_interval_s * 1000;
+  if (now - session.lastPing < interval) session.strikes += 1;
+  session.lastPing = now;
+  if (session.strikes <= MAX_PING_STRIKES) return;
+  try {
+    session.goaway(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM, session.lastStreamId ?? 0,
+      Buffer.from('too_many_pings'));
+  } catch { /* already closed */ }
+  setTimeout(() => session.destroy(), 1000).unref();
+}
+
+// ---- connections ---------------------------------------------------------------------------
+
 const sessions = new Set();
+const greeting = new Map(); // "address:port" -> the handshake timer of a connection accepted
 
-server.on('connection', (socket) => {
-  if (connections >= settings.max_connections || draining) { socket.destroy(); return; }
-  connections += 1;
-  socket.once('close', () => { connections -= 1; });
-});
-
-function peerOf(socket) {
-  let address = socket.remoteAddress ?? '';
+function peerOf(address, port) {
   if (address.startsWith('::ffff:')) address = address.slice(7);
-  return net.isIPv6(address) ? `ipv6:[${address}]:${socket.remotePort}`
-    : `ipv4:${address}:${socket.remotePort}`;
+  return net.isIPv6(address) ? `ipv6:[${address}]:${port}` : `ipv4:${address}:${port}`;
 }
 
-server.on('session', (session) => {
-  session.peer = peerOf(session.socket);
-  session.active = 0;
-  session.timers = [];
+function onSession(session) {
+  const socket = session.socket;
+  const address = socket.remoteAddress ?? '';
+  const where = `${address}:${socket.remotePort}`;
+  session.address = address;
+  session.peer = peerOf(address, socket.remotePort);
+  session.calls = 0;
+  session.unsent = 0;
+  session.strikes = 0;
+  session.lastPing = -Infinity;
   sessions.add(session);
-  const later = (s, fn) => { const t = setTimeout(fn, s * 1000); t.unref(); session.timers.push(t); return t; };
-  let greeted = false;
-  session.once('remoteSettings', () => { greeted = true; });
-  later(settings.handshake_timeout_s, () => { if (!greeted) session.destroy(); });
-  if (settings.max_connection_age_s) {
-    const age = settings.max_connection_age_s * (0.9 + 0.2 * Math.random());
-    later(age, () => {
-      session.close();
-      later(settings.max_connection_age_grace_s, () => session.destroy());
-    });
+  session.once('remoteSettings', () => {
+    clearTimeout(greeting.get(where));
+    greeting.delete(where);
+  });
+  if (settings.min_client_ping_interval_s > 0 || !settings.keepalive_permit_without_calls) {
+    session.on('ping', () => onPing(session));
   }
-  if (settings.keepalive_time_s) {
-    const ping = () => {
-      if (session.destroyed || session.closed) return;
-      const timeout = later(settings.keepalive_timeout_s, () => session.destroy());
-      session.ping((error) => {
-        clearTimeout(timeout);
-        if (!error) later(settings.keepalive_time_s, ping);
-      });
-    };
-    later(settings.keepalive_time_s, ping);
-  }
-  session_quiet(session);
   session.on('close', () => {
     sessions.delete(session);
-    for (const timer of session.timers) clearTimeout(timer);
+    if (session.unsent > 0) collectSoon();
   });
   session.on('error', () => {});
   if (draining) session.close();
-});
-
-function session_quiet(session) {
-  // No call open: a connection idle for --max-connection-idle-s gets GOAWAY.
-  if (!settings.max_connection_idle_s || session.active > 0 || session.closed) return;
-  clearTimeout(session.idle);
-  session.idle = setTimeout(() => {
-    if (session.active === 0) session.close();
-  }, settings.max_connection_idle_s * 1000);
-  session.idle.unref();
 }
 
-server.on('stream', (stream, headers) => {
-  const session = stream.session;
-  const path = headers[':path'] ?? '';
-  const contentType = headers['content-type'] ?? '';
-  stream.on('error', () => {});
-  if (headers[':method'] !== 'POST' || !contentType.startsWith('application/grpc')) {
-    stream.respond({ ':status': 415, 'content-type': 'text/plain' });
-    stream.end('gRPC requests are POSTs of application/grpc\n');
-    return;
-  }
-  const encoding = headers['grpc-encoding'] ?? 'identity';
-  const accepts = String(headers['grpc-accept-encoding'] ?? '').split(',').map((e) => e.trim());
-  const timeout = timeoutMs(headers['grpc-timeout']);
-  const call = new Call(stream, session, path, timeout ?? NO_TIMEOUT, metadataOf(headers),
-    encoding, accepts.includes('gzip'));
-  calls.set(call.id, call);
-  session.active += 1;
-  clearTimeout(session.idle);
-  if (settings.max_open_calls && calls.size > settings.max_open_calls) {
-    answer(call, STATUS.RESOURCE_EXHAUSTED, `too many calls open (${settings.max_open_calls})`);
-  } else if (!keyed(path, headers)) {
-    answer(call, STATUS.UNAUTHENTICATED, 'missing or invalid credentials');
-  } else if (timeout === null) {
-    const said = String(headers['grpc-timeout']).slice(0, 40);
-    answer(call, STATUS.INTERNAL, `malformed grpc-timeout: ${said}`);
-  } else if (encoding !== 'identity' && encoding !== 'gzip' && encoding !== 'deflate') {
-    answer(call, STATUS.UNIMPLEMENTED, `Compression algorithm '${encoding}' is not supported`,
-      { 'grpc-accept-encoding': 'identity,deflate,gzip' });
-  }
-  if (call.timeoutMs !== NO_TIMEOUT) {
-    call.timer = setTimeout(() => {
-      answer(call, STATUS.DEADLINE_EXCEEDED, 'Deadline Exceeded');
-    }, call.timeoutMs);
-  }
-  stream.on('data', (chunk) => onData(call, chunk));
-  stream.on('end', () => onEnd(call));
-  stream.on('close', () => {
-    clearTimeout(call.timer);
-    session.active -= 1;
-    gone(call);
-    session_quiet(session);
-  });
-  if (!call.whole && !call.done) open(call);
+function onStream(stream, headers, flags, rawHeaders) {
+  // Before grpc-js's own listener: keep the header list as sent, for the metadata.
+  stream.rawHeaders = rawHeaders;
+  stream.session.lastStreamId = stream.id;
+}
+
+const serverOptions = {
+  'grpc.enable_channelz': 0,
+  'grpc.max_receive_message_length': settings.max_message_bytes,
+  'grpc.max_send_message_length': settings.max_message_bytes,
+  'grpc-node.max_session_memory': settings.max_session_memory_mb,
+  interceptors: [interceptor],
+};
+if (settings.max_concurrent_streams) {
+  serverOptions['grpc.max_concurrent_streams'] = settings.max_concurrent_streams;
+}
+if (settings.keepalive_time_s) {
+  serverOptions['grpc.keepalive_time_ms'] = Math.round(settings.keepalive_time_s * 1000);
+  serverOptions['grpc.keepalive_timeout_ms'] = Math.round(settings.keepalive_timeout_s * 1000);
+}
+if (settings.max_connection_age_s) {
+  serverOptions['grpc.max_connection_age_ms'] = Math.round(settings.max_connection_age_s * 1000);
+  serverOptions['grpc.max_connection_age_grace_ms'] = Math.round(
+    settings.max_connection_age_grace_s * 1000);
+}
+if (settings.max_connection_idle_s) {
+  serverOptions['grpc.max_connection_idle_ms'] = Math.round(settings.max_connection_idle_s * 1000);
+}
+const server = new grpc.Server(serverOptions);
+// Node's HTTP/2 limits that grpc-js has no option for: a header list of at most 16 KiB, and
+// a session that sends 100 invalid frames or has 100 streams refused is closed.
+server.commonServerOptions.settings = {
+  ...server.commonServerOptions.settings, maxHeaderListSize: 16384,
+};
+server.commonServerOptions.maxSessionInvalidFrames = 100;
+server.commonServerOptions.maxSessionRejectedStreams = 100;
+// The HTTP/2 server grpc-js makes for the injector, reached for its sessions (the ping
+// policy, the caps) and the raw header lists.
+const createHttp2Server = server.createHttp2Server.bind(server);
+server.createHttp2Server = (credentials) => {
+  const http2Server = createHttp2Server(credentials);
+  http2Server.on('session', onSession);
+  http2Server.prependListener('stream', onStream);
+  return http2Server;
+};
+
+const identity = (value) => value;
+const never = () => { throw new Error('the door answers every call in its interceptor'); };
+for (const [path, kind] of Object.entries(settings.methods)) {
+  server.register(path, never, identity, identity, kind);
+}
+
+function credentials() {
+  const tls = settings.tls;
+  if (!tls) return grpc.ServerCredentials.createInsecure();
+  const pair = { private_key: fs.readFileSync(tls.key_file), cert_chain: fs.readFileSync(tls.cert_file) };
+  const clientCa = tls.client_ca_file ? fs.readFileSync(tls.client_ca_file) : null;
+  return grpc.ServerCredentials.createSsl(clientCa, [pair], clientCa !== null);
+}
+
+const injector = server.createConnectionInjector(credentials());
+let connections = 0;
+
+const listener = net.createServer({ pauseOnConnect: false }, (socket) => {
+  if (connections >= settings.max_connections || draining) { socket.destroy(); return; }
+  connections += 1;
+  socket.once('close', () => { connections -= 1; });
+  socket.on('error', () => {});
+  // A connection that has not begun HTTP/2 (and TLS) within the handshake time is closed.
+  const where = `${socket.remoteAddress}:${socket.remotePort}`;
+  const timer = setTimeout(() => { greeting.delete(where); socket.destroy(); },
+    settings.handshake_timeout_s * 1000);
+  timer.unref();
+  greeting.set(where, timer);
+  socket.once('close', () => { clearTimeout(timer); greeting.delete(where); });
+  injector.injectConnection(socket);
 });
 
+let toldDrained = false;
+
+function drained() {
+  // Every call open when the drain began (and any begun since on those connections) is over.
+  if (toldDrained) return;
+  toldDrained = true;
+  sendEmpty(DRAINED, 0);
+}
+
 function drain() {
-  // The server drains: no new connection, GOAWAY on each open one; calls already open go on.
+  // No new connection, GOAWAY on each open one; calls already open go on.
   if (draining) return;
   draining = true;
-  server.close();
-  for (const session of sessions) session.close();
+  listener.close();
+  injector.drain(MAX_TIMER_MS);
   if (calls.size === 0) drained();
 }
 
-server.on('error', (error) => {
+listener.on('error', (error) => {
   process.stderr.write(`grpc door (node): ${error.message}\n`);
   process.exit(1);
 });
 // A handle listens again with the backlog given beside it (an options object's is not read).
-server.listen({ fd: settings.listen_fd }, settings.backlog, () => sendEmpty(READY, 0));
+listener.listen({ fd: settings.listen_fd }, settings.backlog, () => sendEmpty(READY, 0));

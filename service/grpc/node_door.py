@@ -1,9 +1,10 @@
-"""The gRPC door on Node.js's HTTP/2 server (--grpc-door node): the Python half.
+"""The gRPC door on Node.js (--grpc-door node): the Python half.
 
 grpcio's asyncio server spends about 0.3 ms of this process's GIL on every call (its
 callbacks, reads and wake-ups), more than the request path itself, and the GIL is what a
-loaded server runs out of. This door leaves HTTP/2 to service/grpc/node_door.mjs in a child
-process: Node's server (nghttp2, in C) holds the connections, unframes and inflates messages
+loaded server runs out of. This door leaves gRPC to service/grpc/node_door.mjs in a child
+process, on @grpc/grpc-js (the official gRPC for Node.js, pinned by package.json and
+package-lock.json beside it): grpc-js holds the connections, unframes and inflates messages
 and enforces the transport's limits and deadlines on its own core. Python receives each call
 as frames over one Unix socket pair, many calls per read, and runs the very handlers a
 grpc.aio server would (PoolingService as service/grpc/handlers.py registers it, health and
@@ -38,6 +39,8 @@ from service.ops.config import LARGE_MESSAGE_BYTES, ServerConfig
 log = logging.getLogger(__name__)
 
 SCRIPT = Path(__file__).with_name("node_door.mjs")
+# Where `npm ci --omit=dev` (make node-door) installs grpc-js, beside the script.
+GRPC_JS = SCRIPT.with_name("node_modules") / "@grpc" / "grpc-js" / "package.json"
 
 # Link frames (node_door.mjs says what each carries): u32 length of what follows, u8 type,
 # u32 call id, payload.
@@ -51,6 +54,17 @@ NO_TIMEOUT = 0xFFFFFFFF
 # too, which would listen again with 511: a burst of connections past the queue has its
 # SYNs dropped and waits a second for them to be sent again.
 LISTEN_BACKLOG = 4096
+# What one connection may have handed to HTTP/2 and not yet sent (a client that never opens
+# its receive window): past it, its calls are RESOURCE_EXHAUSTED instead of held here.
+MIN_UNSENT_BYTES = 64 << 20
+# Node's own accounting of one HTTP/2 session's memory, in MB: past it nghttp2 refuses new
+# streams on that connection.
+SESSION_MEMORY_MB = 64
+# The share of --max-open-calls one connection, and one client address, may hold: streams
+# opened and never sent on then lock out neither other connections nor other clients.
+CONNECTION_SHARE = 32
+CLIENT_SHARE = 2
+MIN_CONNECTION_CALLS = 256  # a connection's share is never below this (or the cap itself)
 # glibc raises its mmap threshold to the size of each large block freed, after which 16 MB
 # message buffers come from the heap and stay in Node's RSS once freed (a flood of them grew
 # it ~100 MB); a fixed threshold keeps each in its own mapping, returned when freed.
@@ -64,13 +78,17 @@ class HandlerSet:
     def __init__(self) -> None:
         self._generic: list[grpc.GenericRpcHandler] = []
         self._found: dict[str, grpc.RpcMethodHandler | None] = {}
+        self.streams_out: dict[str, bool] = {}  # method path -> whether responses stream
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._generic.extend(handlers)
         self._found.clear()
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        """The generic handlers registered beside these serve the same methods."""
+        """The generic handlers registered beside these serve the same methods; here each
+        method's path is noted, for Node to register it."""
+        for name, handler in handlers.items():
+            self.streams_out[f"/{service}/{name}"] = handler.response_streaming
 
     def lookup(self, path: str) -> grpc.RpcMethodHandler | None:
         if path not in self._found:
@@ -434,6 +452,27 @@ def unary_request_paths(*services: Any) -> set[str]:
     }
 
 
+def _kind(one_request: bool, streams_out: bool) -> str:
+    """A method's kind as grpc-js names it. PoolingService's handlers all read a request
+    stream (they enforce the one-message rule themselves), so whether a method takes one
+    request comes from its descriptor (`whole_paths`), not from its handler."""
+    if one_request:
+        return "serverStream" if streams_out else "unary"
+    return "bidi" if streams_out else "clientStream"
+
+
+def refused_flags(config: ServerConfig) -> list[str]:
+    """The flags set in `config` that the Node door cannot honour: grpc-js's server never
+    compresses what it sends, so --gzip-responses needs grpcio's door."""
+    return ["--gzip-responses"] if config.transport.gzip_responses else []
+
+
+def installed() -> bool:
+    """Whether grpc-js is installed beside node_door.mjs (`make node-door`, or `npm ci
+    --omit=dev` in this package's folder)."""
+    return GRPC_JS.is_file()
+
+
 def _identity(data: Any) -> Any:
     return data
 
@@ -475,25 +514,34 @@ class NodeDoor:
     def _settings(self, listen_fd: int, link_fd: int) -> dict[str, Any]:
         transport = self.config.transport
         tls = self.config.tls
+        max_message = self.config.max_message_bytes
         return {
             "listen_fd": listen_fd,
             "backlog": LISTEN_BACKLOG,
             "link_fd": link_fd,
             "unary_paths": self.whole_paths,
-            "max_message_bytes": self.config.max_message_bytes,
+            "methods": {
+                path: _kind(path in self.whole_paths, streams_out)
+                for path, streams_out in self.handlers.streams_out.items()
+            },
+            "max_message_bytes": max_message,
             "large_message_bytes": LARGE_MESSAGE_BYTES,
-            "max_concurrent_reads": transport.max_concurrent_reads,
-            "read_turn_s": transport.read_turn_s,
+            # Request bytes inflated or held at once, over every call: a message waiting its
+            # turn (max_concurrent_reads messages' worth) stays in the client's socket.
+            "read_budget_bytes": transport.max_concurrent_reads * max_message,
+            "max_unsent_bytes": max(MIN_UNSENT_BYTES, 2 * max_message),
+            "max_session_memory_mb": max(SESSION_MEMORY_MB, 4 * max_message >> 20),
             "max_concurrent_streams": transport.max_concurrent_streams,
-            "max_open_calls": transport.max_open_calls,
+            "open_calls": open_call_caps(transport.max_open_calls),
             "max_connections": transport.connection_cap(),
             "max_connection_age_s": transport.max_connection_age_s,
             "max_connection_age_grace_s": transport.max_connection_age_grace_s,
             "max_connection_idle_s": transport.max_connection_idle_s,
             "keepalive_time_s": transport.keepalive_time_s,
             "keepalive_timeout_s": transport.keepalive_timeout_s,
+            "keepalive_permit_without_calls": transport.keepalive_permit_without_calls,
+            "min_client_ping_interval_s": transport.min_client_ping_interval_s,
             "handshake_timeout_s": transport.handshake_timeout_s,
-            "gzip_responses": transport.gzip_responses,
             "tls": None if tls is None else dataclasses.asdict(tls),
         }
 
@@ -504,6 +552,18 @@ class NodeDoor:
             raise RuntimeError(
                 "--grpc-door node needs Node.js (20 or newer) as `node` on PATH; install it "
                 "or serve gRPC with --grpc-door grpcio"
+            )
+        if not installed():
+            raise RuntimeError(
+                f"--grpc-door node needs @grpc/grpc-js, installed by `npm ci --omit=dev` in "
+                f"{SCRIPT.parent} (`make node-door` in a clone); or serve gRPC with "
+                "--grpc-door grpcio"
+            )
+        refused = refused_flags(self.config)
+        if refused:
+            raise RuntimeError(
+                f"--grpc-door node cannot honour {', '.join(refused)} (grpc-js's server sends "
+                "responses uncompressed); serve gRPC with --grpc-door grpcio"
             )
         listener = _listen(self.config.host, self.config.port, self.config.transport.reuse_port)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -569,6 +629,19 @@ class NodeDoor:
         if self._watch is not None:
             await asyncio.gather(self._watch, return_exceptions=True)
         return ran_out
+
+
+def open_call_caps(total: int) -> dict[str, int]:
+    """--max-open-calls in all, and the shares of it one connection and one client address
+    may hold (0: no limit)."""
+    if not total:
+        return {"total": 0, "per_connection": 0, "per_client": 0}
+    per_connection = max(total // CONNECTION_SHARE, min(total, MIN_CONNECTION_CALLS))
+    return {
+        "total": total,
+        "per_connection": per_connection,
+        "per_client": max(per_connection, total // CLIENT_SHARE),
+    }
 
 
 def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
