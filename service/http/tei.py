@@ -14,7 +14,7 @@ Each route parses its body, runs engine requests through the RequestRunner, and 
 the engine's arrays in TEI's shapes. Errors are TEI's {"error", "error_type"} with its
 statuses (400 Empty, 413 for too many inputs or too large a request or answer, 422
 Validation, and Tokenizer for over-long inputs, 424 Backend when the model cannot do the
-task, 429 Overloaded, 503 Unhealthy), rendered by the app from service/error_table.py;
+task, 429 Overloaded, 503 Unhealthy), rendered by the app from service/errors.py;
 TEI_FIELDS names the engine's fields as TEI's.
 """
 
@@ -36,7 +36,7 @@ from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, Poolin
 from engine.outputs import Classification, Embedding, Score, SparseEmbedding, TokenRows
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
-from service.error_table import Family, FieldMap
+from service.errors import Family, FieldMap
 from service.http import json_body
 from service.http.door import (
     FAMILY,

@@ -1,0 +1,54 @@
+"""Every operation through the request runner, seen from HTTP (the doors' real server).
+
+TEI's /tokenize and /decode and OpenAI's /v1/models are counted in /metrics under their
+operation with the status the client got, like Pool; a /tokenize answer past
+--max-http-response-mb (4 MB on this server) is refused 413, naming that cap, once its
+tokens are counted exactly, and one under it is the tokenizer's ids.
+"""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from tests.fixture_models import MINILM
+from tests.metrics_endpoint import metric_sum, scrape
+from tests.service.doors_server import DoorsServer
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_tokenize_decode_and_models_are_counted_with_their_status(doors: DoorsServer) -> None:
+    before = scrape(doors.metrics_port)
+    assert doors.call("/tokenize", {"inputs": ["one", "two"]})[0] == 200
+    assert doors.call("/decode", {"ids": [101, 7592, 102]})[0] == 200
+    assert doors.call("/decode", {"ids": [10**9]})[0] == 422
+    assert doors.call("/v1/models")[0] == 200
+    after = scrape(doors.metrics_port)
+
+    def delta(**labels: str) -> float:
+        name = "pooling_requests_total"
+        return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
+
+    http = {"protocol": "http"}
+    assert delta(rpc="Tokenize", code="200", model="embedder", task="tokenize", **http) == 1
+    assert delta(rpc="Decode", code="200", model="embedder", task="decode", **http) == 1
+    assert delta(rpc="Decode", code="422", model="embedder", **http) == 1
+    assert delta(rpc="ListModels", code="200", model="none", **http) == 1
+
+
+def test_tokenize_past_the_response_cap_is_refused_naming_it(doors: DoorsServer) -> None:
+    """Two texts of 65,538 CJK characters: one word each, which the word-count floor lets
+    through, but a token per character: about 9 MB of JSON over the 4 MB cap."""
+    texts = ["東京大" * 21846] * 2
+    status, _, body = doors.call("/tokenize", {"inputs": texts})
+    assert status == 413, body
+    assert body["error_type"] == "Validation"
+    assert "--max-http-response-mb" in body["error"]
+    # A twentieth of one is served, each token as the tokenizer has it.
+    short = texts[0][:3000]
+    status, _, [tokens] = doors.call("/tokenize", {"inputs": short})
+    assert status == 200
+    reference = AutoTokenizer.from_pretrained(MINILM)
+    assert [token["id"] for token in tokens] == reference(short)["input_ids"]
+    assert "".join(token["text"] for token in tokens if not token["special"]) == short
