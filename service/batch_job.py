@@ -34,7 +34,7 @@ import msgspec
 
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
-from service.error_table import http_error
+from service.errors import http_error
 from service.http.door import MAX_RESPONSE_BYTES, budget
 from service.http.json_body import BodyError, malformed, parse_body
 from service.http.openai import ROUTES, Parsed
@@ -96,7 +96,7 @@ def _output(custom_id: Any, status: int, request_id: str, body: dict[str, Any]) 
 
 
 def _pooling_error_line(custom_id: Any, request_id: str, error: PoolingError) -> bytes:
-    """An error line, as the HTTP API's OpenAI/vLLM routes answer it (service/error_table.py)."""
+    """An error line, as the HTTP API's OpenAI/vLLM routes answer it (service/errors.py)."""
     answer = http_error(error)
     return _output(custom_id, answer.status, request_id, answer.body)
 

@@ -9,7 +9,7 @@ service/http/cohere.py) hang off the same app. aiohttp serves it on the front en
 event loop, beside grpc.aio (see README, "HTTP API", for why aiohttp).
 
 Every failure, whichever route family it came through, leaves by one middleware (`_guard`),
-which renders it from service/error_table.py in the family's envelope, and counts in the
+which renders it from service/errors.py in the family's envelope, and counts in the
 metrics the refusals the door made itself (the runner counts the rest).
 """
 
@@ -27,7 +27,7 @@ from aiohttp import HttpVersion11, web
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError, internal_error
 from engine.output_size import ResponseBudget
-from service.error_table import Family, FieldMap, from_http, http_error
+from service.errors import Family, FieldMap, from_http, http_error
 from service.http import door as http_doors
 from service.http import tei
 from service.http.cohere import COHERE_FIELDS, COHERE_RPCS, CohereRoutes
@@ -187,7 +187,7 @@ class HttpApi:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Bearer keys before anything is read; every failure, from any route family, in
-        that family's envelope (service/error_table.py), and counted once."""
+        that family's envelope (service/errors.py), and counted once."""
         request[FAMILY] = self._families.get(request.path, Family.OPENAI)
         try:
             if self._refused(request):
@@ -283,7 +283,7 @@ def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:
 
 def _error_response(request: web.Request, error: PoolingError) -> web.Response:
     """`error` in the envelope of the request's route family (OpenAI's where none matched),
-    from service/error_table.py; also the guard's refusals (service/http/guard.py)."""
+    from service/errors.py; also the guard's refusals (service/http/guard.py)."""
     family = request.get(FAMILY, Family.OPENAI)
     return _pooling_error(error, family, FIELD_MAPS.get(family), request.get(REQUEST_ID, ""))
 

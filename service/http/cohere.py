@@ -8,7 +8,7 @@ then each type packed by engine/encodings.py exactly as the engine packs it),
 `truncate` (NONE, START, END: Cohere's default END cuts the end of a long input),
 `max_tokens` and `output_dimension`. /v2/rerank takes `query`, `documents`, `top_n` and
 `max_tokens_per_doc`. Answers and errors ({"id", "message"}) are in Cohere's shapes; the
-app renders errors from service/error_table.py, COHERE_FIELDS naming the engine's fields.
+app renders errors from service/errors.py, COHERE_FIELDS naming the engine's fields.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from engine.model_info import ModelInfo
 from engine.outputs import Embedding
 from engine.params import OutputEncoding, PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
-from service.error_table import FieldMap
+from service.errors import FieldMap
 from service.http.door import (
     JSON_FLOAT_BYTES,
     REQUEST_ID,

@@ -1,6 +1,6 @@
 """What the HTTP doors share (OpenAI/vLLM's in service/http/app.py, TEI's, Cohere's):
 reading their bodies' common fields, their refusals (PoolingErrors, rendered by the app's
-middleware from service/error_table.py in the route family's envelope), the runner's view
+middleware from service/errors.py in the route family's envelope), the runner's view
 of a call, and rendering engine arrays as JSON (`render`: encoded off the loop when large,
 refused over the cap).
 
@@ -27,7 +27,7 @@ from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.model_info import ModelInfo
 from engine.output_size import MIB, ResponseBudget
 from engine.validation import output_too_large
-from service.error_table import Family, http_status
+from service.errors import Family, http_status
 from service.http import json_body
 from service.http.guard import body_parsed, body_read, client_problem
 from service.runner import Call, RequestRunner

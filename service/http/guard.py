@@ -38,7 +38,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from engine.errors import ErrorKind, PoolingError
-from service.error_table import http_error
+from service.errors import http_error
 from service.ops.config import (
     HTTP_DESCRIPTOR_SHARE,
     LARGE_MESSAGE_BYTES,

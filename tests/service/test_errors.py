@@ -9,7 +9,7 @@ import pytest
 from google.rpc import error_details_pb2
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError
-from service.error_table import (
+from service.errors import (
     TABLE,
     Family,
     FieldMap,
@@ -17,8 +17,10 @@ from service.error_table import (
     grpc_code,
     http_error,
     http_status,
+    status_label,
+    to_grpc_status,
+    to_status_proto,
 )
-from service.errors import status_label, to_grpc_status, to_status_proto
 from service.http.cohere import COHERE_FIELDS
 from service.http.json_body import BodyError
 from service.http.tei import TEI_FIELDS
