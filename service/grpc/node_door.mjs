@@ -21,8 +21,12 @@ import fs from 'node:fs';
 import http2 from 'node:http2';
 import { createRequire } from 'node:module';
 import net from 'node:net';
+import { promisify } from 'node:util';
+import zlib from 'node:zlib';
 
 const require = createRequire(import.meta.url);
+const gunzip = promisify(zlib.gunzip);
+const inflate = promisify(zlib.inflate);
 const grpc = require('@grpc/grpc-js');
 const { BaseServerInterceptingCall } = require('@grpc/grpc-js/build/src/server-interceptors.js');
 
@@ -60,7 +64,7 @@ const whole = new Set(settings.unary_paths);
 // shorter one, ignores a message cut short by the end of the stream, and inflates as many
 // messages at once as clients send. No interceptor sees these (they happen inside the call
 // object, before any listener), so four methods of BaseServerInterceptingCall are wrapped
-// here, for the pinned version only: its code was read for this.
+// or replaced here, for the pinned version only: its code was read for this.
 const PINNED = '1.14.7';
 const found = require('@grpc/grpc-js/package.json').version;
 if (found !== PINNED) {
@@ -113,22 +117,36 @@ function flushTiny(call) {
   call.tiny = undefined;
   originalData.call(call, tiny.length === 1 ? tiny[0] : Buffer.concat(tiny));
 }
-const originalDecompress = Base.decompressMessage;
-// Each message waits for its share of the process's reading budget before it is inflated,
-// and corrupt compression is the client's INVALID_ARGUMENT.
+// Each message waits for its share of the process's reading budget before it is inflated;
+// corrupt compression is the client's INVALID_ARGUMENT. grpc-js's own inflation is replaced
+// (not wrapped) for one more reason: it gathers the output in 16 KB chunks, which glibc keeps
+// in the heap once freed (200 gzip bombs so left Node 700 MB larger); here a message that
+// inflates a lot does so in chunks of up to 1 MB, which are mapped and unmapped on their own.
 Base.decompressMessage = async function decompressMessage(framed, encoding) {
-  const cost = readCost(framed.length - 5, encoding);
-  if (cost > 0 && !(await reading.take(this, cost))) {
-    throw { code: Status.CANCELLED, details: 'Cancelled' };
+  const body = framed.subarray(5);
+  const cost = readCost(body.length, encoding);
+  if (cost > 0) {
+    this.doorCall?.arrived(true);
+    if (!(await reading.take(this, cost))) throw { code: Status.CANCELLED, details: 'Cancelled' };
   }
+  if (encoding === 'identity') return body;
+  if (encoding !== 'gzip' && encoding !== 'deflate') {
+    throw { code: Status.UNIMPLEMENTED,
+      details: `Received message compressed with unsupported encoding "${encoding}"` };
+  }
+  const options = {
+    maxOutputLength: settings.max_message_bytes,
+    chunkSize: Math.min(1 << 20, Math.max(16 << 10, body.length * 64)),
+  };
   try {
-    return await originalDecompress.call(this, framed, encoding);
+    return await (encoding === 'gzip' ? gunzip : inflate)(body, options);
   } catch (error) {
     reading.give(this);
-    if (error?.code === Status.INTERNAL) {
-      throw { code: Status.INVALID_ARGUMENT, details: `${error.details} (${encoding})` };
+    if (error?.code === 'ERR_BUFFER_TOO_LARGE') {
+      throw { code: Status.RESOURCE_EXHAUSTED, details: 'Received message that decompresses '
+        + `to a size larger than ${settings.max_message_bytes}` };
     }
-    throw error;
+    throw { code: Status.INVALID_ARGUMENT, details: `Failed to decompress the message (${encoding}): ${error?.message}` };
   }
 };
 
@@ -212,12 +230,26 @@ function collectSoon() {
 }
 
 function sendMessage(message, call) {
-  // A message keeps its share of the reading budget until it is on the link.
-  if (call.base.readHeld === undefined || call.base.readHeld === 0) { send(message); return; }
+  // A message keeps its share of the reading budget until it is on the link; a large
+  // request of a one-request method keeps it until Python has answered, so that Python
+  // too holds one large request at a time, not every one Node can inflate.
+  const held = call.base.readHeld ?? 0;
+  if (held === 0 || (call.whole && held >= settings.large_message_bytes)) {
+    send(message);
+    return;
+  }
   link.write(message, () => {
     reading.give(call.base);
     if (message.length >= settings.large_message_bytes) collectSoon();
   });
+}
+
+function giveTurn(call) {
+  // The call's share of the reading budget, back (a large one: then collect).
+  const held = call.base.readHeld ?? 0;
+  if (held === 0) return;
+  reading.give(call.base);
+  if (held >= settings.large_message_bytes) collectSoon();
 }
 
 // What Python sent that is not yet a whole frame, as received: joined once a frame is whole.
@@ -292,6 +324,12 @@ class Call {
     this.halfClosed = false;
     this.unsent = 0; // response bytes handed to HTTP/2 and not yet sent
     this.timer = null; // the request's arrival (whole calls)
+    this.waitingTurn = false; // the request has arrived and waits for its reading turn
+    base.doorCall = this;
+  }
+
+  arrived(waiting) {
+    this.waitingTurn = waiting;
   }
 }
 
@@ -320,9 +358,7 @@ function interceptor(method, base) {
     if (call.whole) {
       // A call must bring its request within the handshake time, so that streams opened
       // and never sent on cannot hold the caps' slots.
-      call.timer = setTimeout(() => refuse(call, Status.DEADLINE_EXCEEDED,
-        `the request did not arrive within ${settings.handshake_timeout_s} s`),
-      settings.handshake_timeout_s * 1000);
+      call.timer = setTimeout(() => arrivalTimeout(call), settings.handshake_timeout_s * 1000);
       call.timer.unref();
       call.reading = true;
       base.startRead();
@@ -331,6 +367,18 @@ function interceptor(method, base) {
     }
   }
   return new grpc.ServerInterceptingCall(base, { start() {} });
+}
+
+function arrivalTimeout(call) {
+  // The request has not reached Python within the handshake time: never sent (a stream
+  // opened and left), or waiting for a turn behind other large requests.
+  const limit = settings.handshake_timeout_s;
+  if (call.waitingTurn) {
+    refuse(call, Status.RESOURCE_EXHAUSTED, `the request waited ${limit} s for its turn to be `
+      + 'read: the server is reading other large requests; retry later');
+  } else {
+    refuse(call, Status.DEADLINE_EXCEEDED, `the request did not arrive within ${limit} s`);
+  }
 }
 
 function admit(call, stream) {
@@ -402,7 +450,7 @@ function ended(call) {
   const left = clients.get(session.address) - 1;
   if (left > 0) clients.set(session.address, left);
   else clients.delete(session.address);
-  reading.give(call.base);
+  giveTurn(call);
   if (!call.done) {
     call.done = true;
     if (call.opened) sendEmpty(CANCEL, call.id);
@@ -414,6 +462,7 @@ function refuse(call, code, details) {
   // A status from this side (a limit, a timeout, the server stopping).
   if (call.done) return;
   call.done = true;
+  giveTurn(call);
   if (call.opened) sendEmpty(CANCEL, call.id);
   call.base.sendStatus({ code, details });
 }
@@ -428,6 +477,7 @@ function respond(call, message, written) {
     return;
   }
   const size = message.length;
+  if (size >= settings.large_message_bytes) session.largeAnswers = true;
   call.unsent += size;
   session.unsent += size;
   session.strikes = 0;
@@ -439,6 +489,7 @@ function respond(call, message, written) {
 }
 
 function finishFromPython(call, payload) {
+  giveTurn(call);
   const code = payload[0];
   let at = 2;
   let message = null;
@@ -629,7 +680,9 @@ function onSession(session) {
   }
   session.on('close', () => {
     sessions.delete(session);
-    if (session.unsent > 0) collectSoon();
+    // What a connection's calls held (answers it never read, streams it opened by the
+    // thousand) goes back now, not at V8's leisure.
+    if (session.largeAnswers || (session.lastStreamId ?? 0) > 2000) collectSoon();
   });
   session.on('error', () => {});
   if (draining) session.close();
@@ -648,9 +701,11 @@ const serverOptions = {
   'grpc-node.max_session_memory': settings.max_session_memory_mb,
   interceptors: [interceptor],
 };
-if (settings.max_concurrent_streams) {
-  serverOptions['grpc.max_concurrent_streams'] = settings.max_concurrent_streams;
-}
+// A connection is told it may open no more streams than its share of the open calls:
+// clients queue the rest, and nghttp2 refuses (and past 100, closes) a client that does not.
+const perConnection = settings.open_calls.per_connection;
+const streamLimit = Math.min(settings.max_concurrent_streams || Infinity, perConnection || Infinity);
+if (streamLimit !== Infinity) serverOptions['grpc.max_concurrent_streams'] = streamLimit;
 if (settings.keepalive_time_s) {
   serverOptions['grpc.keepalive_time_ms'] = Math.round(settings.keepalive_time_s * 1000);
   serverOptions['grpc.keepalive_timeout_ms'] = Math.round(settings.keepalive_timeout_s * 1000);
