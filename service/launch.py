@@ -46,10 +46,10 @@ def node_major() -> int | None:
         return None
 
 
-def grpc_door(requested: str, gzip_responses: bool = False) -> str:
+def grpc_door(requested: str) -> str:
     """The door `--grpc-door` names, `auto` resolved (once: the supervisor hands its front
-    ends the answer). `node` without Node.js 20 on PATH, without grpc-js installed, or with
-    a flag it cannot honour is refused here, before any model loads."""
+    ends the answer). `node` without Node.js 20 on PATH, or without grpc-js installed, is
+    refused here, before any model loads."""
     if requested == "grpcio":
         return requested
     from service.grpc import node_door  # grpc's import: only where a door is chosen
@@ -69,13 +69,6 @@ def grpc_door(requested: str, gzip_responses: bool = False) -> str:
                 f"--grpc-door node needs @grpc/grpc-js: run `make node-door` in a clone, or "
                 f"`npm ci --omit=dev` in {node_door.SCRIPT.parent}; or serve gRPC with "
                 "--grpc-door grpcio"
-            )
-    elif gzip_responses:
-        found = "--gzip-responses, which grpc-js's server does not do"
-        if requested == "node":
-            raise SystemExit(
-                "--grpc-door node cannot honour --gzip-responses (grpc-js's server sends "
-                "responses uncompressed): drop it or serve gRPC with --grpc-door grpcio"
             )
     else:
         log.info("gRPC door: node (Node.js %d on PATH)", major)
@@ -104,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     raise_open_file_limit()  # every server process: supervisor, front ends, engines
     if args.role is None:  # a front end is told the answer, an engine serves no gRPC
-        args.grpc_door = grpc_door(args.grpc_door, args.gzip_responses)
+        args.grpc_door = grpc_door(args.grpc_door)
         argv = [*argv, "--grpc-door", args.grpc_door]
         # Children are told the layout too: what auto chose here is what they serve.
         argv += ["--frontends", str(args.frontends)]

@@ -27,6 +27,7 @@ import zlib from 'node:zlib';
 const require = createRequire(import.meta.url);
 const gunzip = promisify(zlib.gunzip);
 const inflate = promisify(zlib.inflate);
+const gzip = promisify(zlib.gzip);
 const grpc = require('@grpc/grpc-js');
 const { BaseServerInterceptingCall } = require('@grpc/grpc-js/build/src/server-interceptors.js');
 
@@ -64,7 +65,9 @@ const whole = new Set(settings.unary_paths);
 // shorter one, ignores a message cut short by the end of the stream, and inflates as many
 // messages at once as clients send. No interceptor sees these (they happen inside the call
 // object, before any listener), so four methods of BaseServerInterceptingCall are wrapped
-// or replaced here, for the pinned version only: its code was read for this.
+// or replaced here, for the pinned version only: its code was read for this. A fifth lets
+// --gzip-responses work: grpc-js's server never compresses what it sends, so the door gzips
+// a response itself (off the loop, in zlib's threads) and has the frame's flag set.
 const PINNED = '1.14.7';
 const found = require('@grpc/grpc-js/package.json').version;
 if (found !== PINNED) {
@@ -93,6 +96,12 @@ Base.handleEndEvent = function handleEndEvent() {
     return;
   }
   originalEnd.call(this);
+};
+const originalSerialize = Base.serializeMessage;
+Base.serializeMessage = function serializeMessage(value) {
+  const framed = originalSerialize.call(this, value);
+  if (this.doorCall?.gzipOut) framed[0] = 1; // the message is gzip's already
+  return framed;
 };
 const originalData = Base.handleDataFrame;
 // A client may send a message a byte a DATA frame, and grpc-js's decoder keeps each frame as
@@ -296,7 +305,7 @@ function fromPython(type, id, payload) {
   if (type === PULL) {
     pull(call);
   } else if (type === MESSAGE) {
-    respond(call, Buffer.from(payload), () => sendEmpty(WRITTEN, id));
+    deliver(call, Buffer.from(payload), () => sendEmpty(WRITTEN, id), null);
   } else if (type === FINISH) {
     finishFromPython(call, payload);
   }
@@ -325,6 +334,8 @@ class Call {
     this.unsent = 0; // response bytes handed to HTTP/2 and not yet sent
     this.timer = null; // the request's arrival (whole calls)
     this.waitingTurn = false; // the request has arrived and waits for its reading turn
+    this.gzipOut = false; // responses are gzipped (--gzip-responses, and the client takes it)
+    this.chain = null; // responses being gzipped, in order
     base.doorCall = this;
   }
 
@@ -344,6 +355,7 @@ function interceptor(method, base) {
   if (refusal !== null) {
     base.sendStatus(refusal);
   } else {
+    call.gzipOut = settings.gzip_responses && acceptsGzip(stream.rawHeaders);
     calls.set(call.id, call);
     session.calls += 1;
     session.strikes = 0;
@@ -515,16 +527,42 @@ function finishFromPython(call, payload) {
       trailers.add(key, key.endsWith('-bin') ? Buffer.from(value) : value.toString('latin1'));
     } catch { /* a key or value HTTP/2 cannot carry */ }
   }
-  const status = { code, details, metadata: trailers };
-  if (message === null) {
+  const status = () => {
     call.done = true;
-    call.base.sendStatus(status);
+    call.base.sendStatus({ code, details, metadata: trailers }); // after any message
+  };
+  if (message !== null) deliver(call, message, undefined, status);
+  else if (call.chain !== null) call.chain = call.chain.then(() => { if (!call.done) status(); });
+  else status();
+}
+
+function deliver(call, message, written, then) {
+  // A response message, gzipped first where the call's responses are, then `then` (the
+  // status). Gzipping happens in zlib's threads; a call's messages keep their order.
+  if (!call.gzipOut) {
+    respond(call, message, written);
+    if (then !== null && !call.done) then();
     return;
   }
-  respond(call, message, undefined);
-  if (call.done) return; // refused: the client is not reading
-  call.done = true;
-  call.base.sendStatus(status); // grpc-js sends it after the message
+  call.chain = (call.chain ?? Promise.resolve()).then(async () => {
+    if (call.done) return;
+    const zipped = await gzip(message);
+    if (call.done) return;
+    if (!call.base.metadataSent) call.base.sendMetadata(GZIPPED);
+    respond(call, zipped, written);
+    if (then !== null && !call.done) then();
+  });
+}
+
+const GZIPPED = new grpc.Metadata();
+GZIPPED.set('grpc-encoding', 'gzip');
+
+function acceptsGzip(raw) {
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i] === 'grpc-accept-encoding'
+      && raw[i + 1].split(',').some((name) => name.trim() === 'gzip')) return true;
+  }
+  return false;
 }
 
 function open(call) {

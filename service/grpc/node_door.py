@@ -461,12 +461,6 @@ def _kind(one_request: bool, streams_out: bool) -> str:
     return "bidi" if streams_out else "clientStream"
 
 
-def refused_flags(config: ServerConfig) -> list[str]:
-    """The flags set in `config` that the Node door cannot honour: grpc-js's server never
-    compresses what it sends, so --gzip-responses needs grpcio's door."""
-    return ["--gzip-responses"] if config.transport.gzip_responses else []
-
-
 def installed() -> bool:
     """Whether grpc-js is installed beside node_door.mjs (`make node-door`, or `npm ci
     --omit=dev` in this package's folder)."""
@@ -542,6 +536,7 @@ class NodeDoor:
             "keepalive_permit_without_calls": transport.keepalive_permit_without_calls,
             "min_client_ping_interval_s": transport.min_client_ping_interval_s,
             "handshake_timeout_s": transport.handshake_timeout_s,
+            "gzip_responses": transport.gzip_responses,
             "tls": None if tls is None else dataclasses.asdict(tls),
         }
 
@@ -558,12 +553,6 @@ class NodeDoor:
                 f"--grpc-door node needs @grpc/grpc-js, installed by `npm ci --omit=dev` in "
                 f"{SCRIPT.parent} (`make node-door` in a clone); or serve gRPC with "
                 "--grpc-door grpcio"
-            )
-        refused = refused_flags(self.config)
-        if refused:
-            raise RuntimeError(
-                f"--grpc-door node cannot honour {', '.join(refused)} (grpc-js's server sends "
-                "responses uncompressed); serve gRPC with --grpc-door grpcio"
             )
         listener = _listen(self.config.host, self.config.port, self.config.transport.reuse_port)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
