@@ -144,22 +144,49 @@ def _packed_floats(field_number: int, values: np.ndarray) -> bytes:
 
 
 def _token_matrix(rows: TokenRows) -> pb.TokenMatrix:
+    """A TokenMatrix whose per-token fields (ids, spans, special flags, label ids) are laid
+    out as wire bytes from arrays and merged in: no TokenSpan object per token."""
     values = rows.values.reshape(len(rows.token_ids), -1)
-    matrix = pb.TokenMatrix(
-        rows=values.shape[0],
-        cols=values.shape[1],
-        token_ids=rows.token_ids,
-        offsets=[pb.TokenSpan(start=s, end=e) for s, e in rows.offsets],
-        special_tokens_mask=rows.special_tokens_mask,
-        label_ids=rows.label_ids,
-        labels=rows.labels,
-    )
+    matrix = pb.TokenMatrix(rows=values.shape[0], cols=values.shape[1], labels=rows.labels)
+    offsets = np.asarray(rows.offsets, dtype=np.int64).reshape(-1, 2)
+    fields = [
+        _packed_varints(4, np.asarray(rows.token_ids, dtype=np.int64)),
+        _spans(5, offsets).build(),
+        _packed_varints(6, np.asarray(rows.special_tokens_mask, dtype=np.int64)),
+        _packed_varints(7, np.asarray(rows.label_ids, dtype=np.int64)),
+    ]
     if rows.encoding is OutputEncoding.FLOAT:
-        matrix.MergeFromString(_packed_floats(3, values))
+        fields.append(_packed_floats(3, values))
     else:
         matrix.data = rows.data
         matrix.encoding = ENCODING_TO_PROTO[rows.encoding]
+    matrix.MergeFromString(b"".join(fields))
     return matrix
+
+
+def _packed_varints(field_number: int, values: np.ndarray) -> bytes:
+    """A packed repeated integer field (non-negative values) as wire bytes; none when empty."""
+    if not len(values):
+        return b""
+    payload = Layout(len(values)).varints(values).build()
+    return varint((field_number << 3) | 2) + varint(len(payload)) + payload
+
+
+def _spans(field_number: int, offsets: np.ndarray, layout: Layout | None = None) -> Layout:
+    """A repeated TokenSpan field, one entry per row of `offsets` ([start, end)), added to
+    `layout` (a new one by default)."""
+    start, end = offsets[:, 0], offsets[:, 1]
+    has_start, has_end = start != 0, end != 0  # proto3 leaves a zero out
+    size = (varint_lengths(start) + 1) * has_start + (varint_lengths(end) + 1) * has_end
+    layout = layout if layout is not None else Layout(len(offsets))
+    return (
+        layout.fixed(varint((field_number << 3) | 2))
+        .varints(size)
+        .fixed(b"\x08", has_start)
+        .varints(start, has_start)
+        .fixed(b"\x10", has_end)
+        .varints(end, has_end)
+    )
 
 
 def response_to_proto(result: PoolResult) -> pb.PoolResponse:
@@ -281,20 +308,11 @@ def _token_blocks(item: TokenizedText, tokenized: Tokenized) -> Iterator[tuple[L
         inside = (ids >= 0) & (ids < len(vocabulary.lengths))
         known = np.where(inside, ids, 0)
         lengths = np.where(inside, vocabulary.lengths[known], 0)
-        offsets = item.offsets[first : first + TOKEN_BLOCK]
-        start, end = offsets[:, 0], offsets[:, 1]
-        has_start, has_end = start != 0, end != 0  # proto3 leaves a zero out
-        span = (varint_lengths(start) + 1) * has_start + (varint_lengths(end) + 1) * has_end
-        rows = (
+        strings = (
             Layout(len(ids))
             .fixed(b"\x12")
             .varints(lengths)
             .spans(vocabulary.utf8, vocabulary.starts[known], lengths)
-            .fixed(b"\x1a")
-            .varints(span)
-            .fixed(b"\x08", has_start)
-            .varints(start, has_start)
-            .fixed(b"\x10", has_end)
-            .varints(end, has_end)
         )
+        rows = _spans(3, item.offsets[first : first + TOKEN_BLOCK], strings)
         yield Layout(len(ids)).varints(ids), rows

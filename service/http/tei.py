@@ -329,7 +329,13 @@ class TeiRoutes:
         result = await self._pool(request, pool)
         rows = [_of(output, TokenRows).values for output in result.outputs]
         values = sum(row.size for row in rows)
-        return await render(lambda: [row.tolist() for row in rows], values, self._max_bytes)
+
+        def build() -> msgspec.Raw:
+            # One text's floats at a time: Python floats for one matrix, never for all.
+            encode = msgspec.json.encode
+            return msgspec.Raw(b"[" + b",".join(encode(row.tolist()) for row in rows) + b"]")
+
+        return await render(build, values, self._max_bytes)
 
     async def embed_sparse(self, request: web.Request) -> web.Response:
         """[[{index, value}]]: each input's non-zero vocabulary weights, by index."""
