@@ -53,7 +53,7 @@ from tests.reliability.support import (
     report,
 )
 from tests.reliability.test_attacks import RawHttp2, grpc_frame, gzip_pool_request
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, all_serving, spawn_server
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
@@ -92,23 +92,32 @@ def wide_bert(folder: Path) -> Path:
     return folder
 
 
+ATTACKS = ("bombs", "unread", "half_open", "tokenize")
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """MiniLM (the default: the bystander's and Tokenize's model) and the wide BERT."""
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+    """A server per attack, started side by side, so that what one attack leaves behind
+    (memory, work) is never counted against the next: MiniLM (the default, the bystander's
+    and Tokenize's model) and the wide BERT."""
     root = tmp_path_factory.mktemp("attacks-grpc-door")
     wide = wide_bert(root / "wide")
     args = ["--model", f"minilm={MINILM}", "--model", f"wide={wide}", "--dtype", "float32"]
-    process = start_server(args, root, "door")
-    try:
-        with grpc.insecure_channel(process.address) as channel:  # first batches of each shape
-            stub = pooling_pb2_grpc.PoolingServiceStub(channel)
-            for _ in range(5):
-                stub.Pool(embed_request(["a bystander"]), timeout=60)
-            stub.Pool(_token_embed(2), timeout=60)
-            stub.Tokenize(pb.TokenizeRequest(texts=["warm " * 1000]), timeout=60)
-        yield process
-    finally:
-        process.stop(timeout=20)
+    started = {name: spawn_server(args, root, name) for name in ATTACKS}
+    with all_serving(started.values(), stop_timeout=20):
+        for process in started.values():
+            _warm_up(process)
+        yield started
+
+
+def _warm_up(process: ServerProcess) -> None:
+    """The first batches of each shape, so that the bystander does not pay for them."""
+    with grpc.insecure_channel(process.address) as channel:
+        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
+        for _ in range(5):
+            stub.Pool(embed_request(["a bystander"]), timeout=60)
+        stub.Pool(_token_embed(2), timeout=60)
+        stub.Tokenize(pb.TokenizeRequest(texts=["warm " * 1000]), timeout=60)
 
 
 def _token_embed(texts: int) -> pb.PoolRequest:
@@ -305,10 +314,11 @@ class HalfOpen:
 # --------------------------------------------------------------------------- the attacks
 
 
-def test_gzip_bombs_two_hundred_at_once(server: ServerProcess, record_property) -> None:
+def test_gzip_bombs_two_hundred_at_once(servers: dict[str, ServerProcess], record_property) -> None:
     """200 concurrent calls over 4 connections, each 15 KB of gzip that inflates to a
     15.8 MB embed text (under the 16 MiB message cap): each refused as a documented
     status, with the server's memory bounded by what it reads at once."""
+    server = servers["bombs"]
     body = grpc_frame(gzip_pool_request(BOMB_WORDS), compressed=True)
     per_connection = BOMB_CALLS // BOMB_CONNECTIONS
     outcomes: Counter[str] = Counter()
@@ -362,10 +372,11 @@ def test_gzip_bombs_two_hundred_at_once(server: ServerProcess, record_property) 
 
 
 def test_a_client_that_never_reads_thirty_large_answers(
-    server: ServerProcess, record_property
+    servers: dict[str, ServerProcess], record_property
 ) -> None:
     """One connection whose receive window is 0 and stays so asks 30 token_embed answers
     of about 6 MB each, holds them a while, and leaves: the server may not keep them."""
+    server = servers["unread"]
     request = grpc_frame(_token_embed(UNREAD_TEXTS).SerializeToString())
     with watching(server) as watch:
         started = time.monotonic()
@@ -403,10 +414,13 @@ def test_a_client_that_never_reads_thirty_large_answers(
     assert_alive(server)
 
 
-def test_half_open_streams_lock_no_one_out(server: ServerProcess, record_property) -> None:
+def test_half_open_streams_lock_no_one_out(
+    servers: dict[str, ServerProcess], record_property
+) -> None:
     """8 connections x 4,096 streams with HEADERS and no DATA, held 3 s: others are still
     served (open calls are capped per connection and per client, not only in all), and
     the streams' memory goes when their connections do."""
+    server = servers["half_open"]
     with watching(server) as watch:
         started = time.monotonic()
         attackers = [HalfOpen(server.port, HALF_OPEN_STREAMS) for _ in range(HALF_OPEN_CONNECTIONS)]
@@ -446,10 +460,13 @@ def _tokenize(address: str, request: pb.TokenizeRequest) -> object:
 
 
 @pytest.mark.parametrize("at_once", [1, 4])
-def test_tokenize_of_a_million_tokens(server: ServerProcess, at_once: int, record_property) -> None:
+def test_tokenize_of_a_million_tokens(
+    servers: dict[str, ServerProcess], at_once: int, record_property
+) -> None:
     """8 texts of 250,000 characters (about 1M tokens, inside every documented bound) in
     one Tokenize call, then four such calls at once: each answer fits the response cap
     or is refused as too large, without the server's memory or the bystander paying."""
+    server = servers["tokenize"]  # one call, then four at once: the same attack, grown
     request = pb.TokenizeRequest(texts=["a " * (TOKENIZE_CHARS // 2)] * TOKENIZE_TEXTS)
     results: list[object] = []
     with watching(server) as watch:
