@@ -28,7 +28,7 @@ from engine.outputs import PoolResult, Ranked, RerankResult, Score
 from engine.plans import Plan, plan_request
 from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
-from engine.tokenization import TokenSequence, Vocabulary
+from engine.tokenization import Vocabulary
 from engine.validation import (
     Limits,
     Resolved,
@@ -56,13 +56,6 @@ class TokenizedText:
     token_ids: np.ndarray  # int64, one per token
     offsets: np.ndarray  # int64, (tokens, 2): each token's [start, end) characters
     special_mask: np.ndarray  # bool, True for special tokens
-
-    @classmethod
-    def of(cls, sequence: TokenSequence) -> TokenizedText:
-        ids = np.array(sequence.input_ids, dtype=np.int64)
-        offsets = np.array(sequence.offsets, dtype=np.int64).reshape(len(ids), 2)
-        mask = np.array(sequence.special_mask, dtype=bool) if sequence.special_mask else None
-        return cls(ids, offsets, np.zeros(len(ids), bool) if mask is None else mask)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -296,8 +289,8 @@ class Engine:
         validate_tokenize(texts, model.info, self.limits, budget)
         tokenizer = model.tokenizer
         items = [
-            TokenizedText.of(sequence)
-            for sequence in tokenizer.tokenize(texts, add_special_tokens=add_special_tokens)
+            TokenizedText(ids, offsets, mask)
+            for ids, offsets, mask in tokenizer.token_arrays(texts, add_special_tokens)
         ]
         lengths = [(len(item), len(text)) for item, text in zip(items, texts, strict=True)]
         check_tokenize_output(lengths, self.limits, budget)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -172,6 +172,27 @@ class ModelTokenizer:
             shifts.append((start_a, start_b))
         return out, shifts
 
+    def token_arrays(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Each text's (ids, [start, end) offsets, special mask) as arrays, untruncated
+        (Tokenize's). Texts go to `tokenizers` in groups of about GROUP_CHARS characters,
+        each group's lists dropped once copied: a text of a million tokens never has them
+        all as Python ints and tuples at once beside the others'."""
+        backend = self._backend(None, "right")
+        group: list[str] = []
+        chars = 0
+        for n, text in enumerate(texts):
+            group.append(text)
+            chars += len(text)
+            if chars < GROUP_CHARS and n + 1 < len(texts):
+                continue
+            for e in backend.encode_batch(group, add_special_tokens=add_special_tokens):
+                ids = np.array(e.ids, dtype=np.int64)
+                offsets = np.array(e.offsets, dtype=np.int64).reshape(len(ids), 2)
+                yield ids, offsets, np.array(e.special_tokens_mask, dtype=bool).reshape(-1)
+            group, chars = [], 0
+
     def tokens(self, ids: Sequence[int]) -> list[str]:
         to_token = self._shared.id_to_token
         return [to_token(i) for i in ids]
@@ -231,6 +252,10 @@ def _packed(pieces: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     np.cumsum(lengths[:-1], out=starts[1:])
     return np.frombuffer(b"".join(pieces), dtype=np.uint8), starts, lengths
 
+
+# Characters of texts tokenized together by token_arrays: small texts share one call (and
+# the library's threads), a long one goes alone.
+GROUP_CHARS = 65536
 
 # See ModelTokenizer._cut_pairs: tokens kept past the truncation length when a pair's side
 # is cut, so that the cut edge never changes a kept token; and a pair of at most this many
