@@ -9,11 +9,15 @@
 # For reproducible builds pin the base image by digest as well, e.g.
 #   --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-# Node.js for the gRPC door (--grpc-door auto picks it where `node` is on PATH): only its
-# binary is taken, built for the same Debian as the Python image.
+# Node.js for the gRPC door (--grpc-door auto picks it where `node` is on PATH): its binary,
+# built for the same Debian as the Python image, and the door's one npm dependency
+# (@grpc/grpc-js), installed here from service/grpc/package-lock.json.
 ARG NODE_IMAGE=node:20-bookworm-slim
 
 FROM ${NODE_IMAGE} AS node
+WORKDIR /door
+COPY service/grpc/package.json service/grpc/package-lock.json ./
+RUN npm ci --omit=dev --no-audit --no-fund
 
 # ---- builder: a virtual environment with every pinned dependency ----
 FROM ${PYTHON_IMAGE} AS builder
@@ -62,6 +66,8 @@ RUN groupadd --system --gid 10001 pooling \
 # Same path and same Python as in the builder, so the venv's scripts work unchanged.
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=node /usr/local/bin/node /usr/local/bin/node
+# Beside node_door.mjs in the installed package (the venv's Python is the image's, 3.11).
+COPY --from=node /door/node_modules /opt/venv/lib/python3.11/site-packages/service/grpc/node_modules
 
 # HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE: never reach for the Hub; the default model is in
 # the image and others are mounted under /models. Caches live in /tmp, the only writable
