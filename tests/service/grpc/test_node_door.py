@@ -440,14 +440,20 @@ def test_calls_past_the_open_cap_are_refused_at_once(
     both_doors: dict[str, ServerProcess], door: str
 ) -> None:
     """Streams opened and never ended hold --max-open-calls: past it every new call, from
-    any client, is RESOURCE_EXHAUSTED at once, and the slots free once those streams go."""
+    any client, is RESOURCE_EXHAUSTED at once, and the slots free once those streams go.
+    (At a cap this small, one connection's share and one client's share are the whole cap;
+    the Node door also tells each connection it may open no more streams than that.)"""
     server = both_doors[door]
-    raw = RawHttp2(server.port)
+    raw, second = RawHttp2(server.port), RawHttp2(server.port)
     try:
-        held = [raw.open("Pool", AUTH) for _ in range(OPEN_CAP + 10)]
+        held = [raw.open("Pool", AUTH) for _ in range(OPEN_CAP)]
         raw.flush()
+        past = [second.open("Pool", AUTH) for _ in range(10)]
+        second.flush()
         raw.wait(held, 5)
+        second.wait(past, 5)
         outcomes = collections.Counter(raw.calls[stream].outcome() for stream in held)
+        outcomes.update(second.calls[stream].outcome() for stream in past)
         another = pb.PoolRequest(embed={"texts": ["another client"]})
         with (
             grpc.insecure_channel(server.address) as channel,
@@ -456,6 +462,7 @@ def test_calls_past_the_open_cap_are_refused_at_once(
             pooling_pb2_grpc.PoolingServiceStub(channel).Pool(another, timeout=10, metadata=AUTH)
     finally:
         raw.close()
+        second.close()
     assert outcomes == {"unanswered": OPEN_CAP, "grpc-status 8": 10}
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     deadline = time.monotonic() + 10
@@ -508,3 +515,56 @@ def test_a_message_sent_a_byte_a_frame_is_read_as_its_bytes(
     assert answers[1] == answers[0]
     assert "--max-message-mb" in answers[0]["grpc-message"]
     assert _node_rss(server) - before < 20 << 20
+
+
+def test_half_open_streams_are_capped_per_connection_and_client_and_timed_out(
+    tmp_path: Path,
+) -> None:
+    """--max-open-calls 1024: a connection may hold 256 calls (and is told so in SETTINGS),
+    a client address 512; calls whose request never comes end after --handshake-timeout-s,
+    and other connections are served meanwhile up to the client's share."""
+    server = start_server(
+        ["--grpc-door", "node", "--max-open-calls", "1024", "--handshake-timeout-s", "2"],
+        tmp_path,
+    )
+    raws = [RawHttp2(server.port) for _ in range(3)]
+    try:
+        assert raws[0].conn.remote_settings.max_concurrent_streams == 256
+        held = [[raw.open("Pool") for _ in range(256)] for raw in raws[:2]]
+        for raw in raws[:2]:
+            raw.flush()
+        past = [raws[2].open("Pool") for _ in range(5)]
+        raws[2].flush()
+        raws[2].wait(past, 5)
+        assert {raws[2].calls[s].outcome() for s in past} == {"grpc-status 8"}
+        assert "from%20this%20client" in raws[2].calls[past[0]].headers["grpc-message"]
+        for raw, streams in zip(raws, held, strict=False):
+            raw.wait(streams, 10)
+            outcomes = collections.Counter(raw.calls[s].outcome() for s in streams)
+            assert outcomes == {"grpc-status 4": 256}, outcomes  # the request never came
+        with grpc.insecure_channel(server.address) as channel:
+            answer = pooling_pb2_grpc.PoolingServiceStub(channel).Pool(
+                pb.PoolRequest(embed={"texts": ["after"]}), timeout=30
+            )
+        assert len(answer.embed.embeddings) == 1
+    finally:
+        for raw in raws:
+            raw.close()
+        server.stop()
+
+
+def test_a_client_pinging_too_often_gets_goaway_too_many_pings(node_server: ServerProcess) -> None:
+    """--min-client-ping-interval-s (10 s here): a client pinging three times in a row is
+    sent GOAWAY ENHANCE_YOUR_CALM with "too_many_pings", as gRPC core does."""
+    raw = RawHttp2(node_server.port)
+    try:
+        for i in range(4):
+            raw.conn.ping(b"%08d" % i)
+            raw.flush()
+            raw.pump(0.2)
+        deadline = time.monotonic() + 5
+        while raw.terminated is None and time.monotonic() < deadline:
+            raw.pump(0.2)
+        assert raw.terminated == f"GOAWAY {h2.errors.ErrorCodes.ENHANCE_YOUR_CALM}"
+    finally:
+        raw.close()
