@@ -34,6 +34,9 @@ class PoolRequest:
     truncation_side: str | None = None
     # The door's bound on the answer (the HTTP API's); None: the engine's, Limits.response.
     response_budget: ResponseBudget | None = None
+    # Refuse, never cut, a text of more tokens than this (Cohere's truncate NONE with
+    # max_tokens), at least the model's special tokens; None: the model's maximum alone.
+    max_tokens: int | None = None
 
     @property
     def num_items(self) -> int:

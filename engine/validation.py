@@ -523,17 +523,20 @@ TokenizedCheck = Callable[[Resolved, Limits, str, Sequence[int]], PoolingError |
 
 def _lengths(r: Resolved, limits: Limits, path: str, counts: Sequence[int]) -> PoolingError | None:
     """Inputs over the model's maximum length, where the request neither truncates nor
-    chunks them."""
-    if r.long_input is not LongInput.REJECT:
+    chunks them; or over the request's own max_tokens, where it sets one."""
+    own, limit = r.request.max_tokens, r.info.max_input_tokens
+    if own is None and r.long_input is not LongInput.REJECT:
         return None
-    limit = r.info.max_input_tokens
+    bound = "the model's maximum"
+    if own is not None and own < limit:
+        limit, bound = max(own, r.info.num_special_tokens), "the request's max_tokens"
     if max(counts, default=0) <= limit:
         return None
     return PoolingError.invalid(
         [
             FieldViolation(
                 f"{path}[{i}]",
-                f"has {count} tokens, more than the model's maximum of {limit}; "
+                f"has {count} tokens, more than {bound} of {limit}; "
                 "shorten it or set params.truncate_prompt_tokens (-1 truncates to the maximum)",
                 "INPUT_TOO_LONG",
             )

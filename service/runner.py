@@ -67,11 +67,13 @@ class Call:
 
 @dataclass(frozen=True)
 class Ran(Generic[T]):
-    """A result with where its time went, and the record that observed it."""
+    """A result with where its time went, the record that observed it, and the model the
+    call was resolved to (None for a call that names none: the model list)."""
 
     result: T
     timings: Timings
     record: RequestRecord
+    info: ModelInfo | None = None
 
 
 class RequestRunner:
@@ -96,25 +98,40 @@ class RequestRunner:
         return self.ready().model_infos
 
     @overload
-    async def pool(self, request: PoolRequest, call: Call) -> Ran[PoolResult]: ...
+    async def pool(
+        self,
+        request: PoolRequest,
+        call: Call,
+        *,
+        prepare: Callable[[ModelInfo], PoolRequest] | None = None,
+    ) -> Ran[PoolResult]: ...
     @overload
     async def pool(
-        self, request: PoolRequest, call: Call, render: Callable[[PoolResult], R]
+        self,
+        request: PoolRequest,
+        call: Call,
+        render: Callable[[PoolResult], R],
+        prepare: Callable[[ModelInfo], PoolRequest] | None = None,
     ) -> Ran[R]: ...
     async def pool(
         self,
         request: PoolRequest,
         call: Call,
         render: Callable[[PoolResult], Any] | None = None,
+        prepare: Callable[[ModelInfo], PoolRequest] | None = None,
     ) -> Ran[Any]:
         """`render`: the door's answer built from the result inside the recorded call, so
-        that a refusal while rendering (an answer too large to send) is what metrics count."""
+        that a refusal while rendering (an answer too large to send) is what metrics count.
+        `prepare`: the door's last word on the request once its model is resolved (Cohere's
+        input_type becomes that model's prompt), so that the door never resolves it itself."""
 
         def run(
             engine: Engine, model: ServedModel | None, timings: Timings
         ) -> Awaitable[PoolResult]:
+            assert model is not None
+            todo = request if prepare is None else prepare(model.info)
             return engine.pool(
-                request, deadline=call.deadline, timings=timings, client=call.client, model=model
+                todo, deadline=call.deadline, timings=timings, client=call.client, model=model
             )
 
         task = request.task.value if request.task is not None else "none"
@@ -238,6 +255,7 @@ class RequestRunner:
             call.rpc, request_id, task, call.headers, call.protocol, inputs
         )
         code, reason, ok, counted, tokens, label = "", "", False, 0, 0, ""
+        served: ServedModel | None = None
         try:
             engine = self.ready()
             served = None if model is None else engine.resolve(model)
@@ -247,7 +265,7 @@ class RequestRunner:
             counted = counted if items is None else items
             answer = result if render is None else render(result)
             code, ok = call.status(None), True
-            return Ran(answer, record.timings, record)
+            return Ran(answer, record.timings, record, None if served is None else served.info)
         except PoolingError as error:
             code, reason = call.status(error), error.reason
             raise

@@ -14,6 +14,7 @@ app renders errors from service/errors.py, COHERE_FIELDS naming the engine's fie
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -182,54 +183,60 @@ class CohereRoutes:
         return next((name for name in self.prompts[input_type] if name in info.prompts), None)
 
     async def embed(self, request: web.Request) -> web.Response:
-        engine = self.runner.ready()
         body = await decode_body(request, _Embed)
-        max_inputs = engine.limits.max_client_batch_size
+        max_inputs = self.runner.limits.max_client_batch_size
         if len(body.images) and bytes(body.images) != b"null":
             raise refused("images", "this server embeds text only")
         texts = _embed_texts(body, max_inputs)
-        info = engine.resolve(body.model).info
         types = body.embedding_types or ["float"]
         for n, name in enumerate(types):
             if name not in EMBEDDING_TYPES:
                 known = ", ".join(EMBEDDING_TYPES)
                 raise refused(f"embedding_types[{n}]", f"must be one of {known}, got {name[:64]!r}")
-            wanted = EMBEDDING_TYPES[name]
-            if (
-                wanted in (OutputEncoding.INT8, OutputEncoding.UINT8)
-                and not info.calibration_ranges
-            ):
-                raise refused(
-                    f"embedding_types[{n}]",
-                    f'{name} needs calibration ranges, and model "{info.name}" ships none '
-                    "(calibration_ranges.json in its folder)",
-                    "CALIBRATION_RANGES_MISSING",
-                )
         truncate = (body.truncate or "END").upper()
         if truncate not in ("NONE", "START", "END"):
             raise refused("truncate", "must be NONE, START or END")
         limit = body.max_tokens
-        if limit is not None:
-            if limit < 1:
-                raise refused("max_tokens", "must be at least 1")
-            # A ceiling, as on rerank: past the model's maximum it is the maximum.
-            limit = max(min(limit, info.max_input_tokens), info.num_special_tokens)
-            if truncate == "NONE":  # longer inputs are refused, not cut
-                await self._refuse_longer(body.model, texts, limit)
-                limit = None
-        elif truncate != "NONE":
-            limit = -1  # the model's maximum
+        if limit is not None and limit < 1:
+            raise refused("max_tokens", "must be at least 1")
         pool = PoolRequest(
             task=Task.EMBED,
-            params=PoolingParams(dimensions=body.output_dimension, truncate_prompt_tokens=limit),
+            params=PoolingParams(dimensions=body.output_dimension),
             request_id=request[REQUEST_ID],
             model=body.model,
             texts=tuple(texts),
-            prompt_name=self.prompt_for(body.input_type, info),
             truncation_side=TRUNCATE_SIDES.get(truncate),
             response_budget=budget(self.api.max_response_bytes, JSON_FLOAT_BYTES * len(set(types))),
         )
-        result = (await self.runner.pool(pool, call(request, "Pool"))).result
+
+        def prepare(info: ModelInfo) -> PoolRequest:
+            """What depends on the model, once the runner has resolved it: the calibration
+            int8 needs, max_tokens as a ceiling, input_type's prompt."""
+            for n, name in enumerate(types):
+                wanted = EMBEDDING_TYPES[name]
+                if (
+                    wanted in (OutputEncoding.INT8, OutputEncoding.UINT8)
+                    and not info.calibration_ranges
+                ):
+                    raise refused(
+                        f"embedding_types[{n}]",
+                        f'{name} needs calibration ranges, and model "{info.name}" ships none '
+                        "(calibration_ranges.json in its folder)",
+                        "CALIBRATION_RANGES_MISSING",
+                    )
+            cut, over = (None if truncate == "NONE" else -1), None  # -1: the model's maximum
+            if limit is not None:
+                # A ceiling, as on rerank: past the model's maximum it is the maximum.
+                ceiling = max(min(limit, info.max_input_tokens), info.num_special_tokens)
+                # truncate NONE: a longer input is refused (by the engine), not cut.
+                cut, over = (None, ceiling) if truncate == "NONE" else (ceiling, None)
+            params = replace(pool.params, truncate_prompt_tokens=cut)
+            prompt = self.prompt_for(body.input_type, info)
+            return replace(pool, params=params, prompt_name=prompt, max_tokens=over)
+
+        ran = await self.runner.pool(pool, call(request, "Pool"), prepare=prepare)
+        result, info = ran.result, ran.info
+        assert info is not None
         vectors = [_embedding(output).values for output in result.outputs]
         ranges = ranges_array(info.calibration_ranges)
 
@@ -253,7 +260,6 @@ class CohereRoutes:
         return await render(build, values, self.api.max_response_bytes)
 
     async def rerank(self, request: web.Request) -> web.Response:
-        self.runner.ready()
         body = await decode_body(request, _Rerank)
         if body.query is None:
             raise refused("query", "missing; send a string")
@@ -295,18 +301,6 @@ class CohereRoutes:
                 },
             }
         )
-
-    async def _refuse_longer(self, model: str, texts: Sequence[str], limit: int) -> None:
-        """truncate NONE with max_tokens: an input over max_tokens is an error (Cohere's)."""
-        tokenized = await self.runner.tokens(model, texts)
-        for n, tokens in enumerate(tokenized):
-            if len(tokens.token_ids) > limit:
-                raise refused(
-                    f"texts[{n}]",
-                    f"has {len(tokens.token_ids)} tokens, more than max_tokens ({limit}); "
-                    "shorten it, or set truncate to END or START",
-                    "INPUT_TOO_LONG",
-                )
 
     async def _cut_documents(self, model: str, documents: Sequence[str], limit: int) -> list[str]:
         """Each document cut after its first `limit` tokens (Cohere's max_tokens_per_doc),

@@ -262,7 +262,7 @@ class TeiRoutes:
 
     @property
     def _max_inputs(self) -> int:
-        return self.runner.ready().limits.max_client_batch_size
+        return self.runner.limits.max_client_batch_size
 
     @property
     def _max_bytes(self) -> int:
@@ -401,7 +401,6 @@ class TeiRoutes:
         if not batch:
             raise empty("inputs")
         _batch([""] * len(batch), "inputs", self._max_inputs)
-        info = self.runner.ready().resolve(body.model).info
         hub = body.parameters
         function = None if hub is None else hub.function_to_apply
         if function is not None and function not in FUNCTIONS:
@@ -441,7 +440,11 @@ class TeiRoutes:
                     truncation_side=side,
                 )
             )
-        results = await asyncio.gather(*(self._pool(request, run) for run in runs))
+        budgeted = [_with_budget(run, self._max_bytes) for run in runs]
+        rans = await asyncio.gather(*(self.runner.pool(r, call(request, "Pool")) for r in budgeted))
+        results = [ran.result for ran in rans]
+        info = rans[0].info  # the model as the runner resolved it: its labels
+        assert info is not None
         outputs: list[Any] = [None] * len(batch)
         ordered = ([singles] if singles else []) + ([pairs] if pairs else [])
         for places, result in zip(ordered, results, strict=True):
