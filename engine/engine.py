@@ -145,7 +145,7 @@ class Engine:
                 await asyncio.to_thread(thread.join)
         await self.client.stop()
 
-    def resolve(self, name: str) -> ServedModel:
+    def model_named(self, name: str) -> ServedModel:
         check_model_name(name)
         model = self._models.get(name or self._default)
         if model is None:
@@ -163,9 +163,9 @@ class Engine:
     ) -> PoolResult:
         """Run a request; `deadline` is on time.monotonic()'s clock; `client` names who
         asked (a connection or address), for the queue's per-client bound and turns;
-        `model`: request.model as the caller already resolved it (`resolve`)."""
+        `model`: request.model as the caller already resolved it (`model_named`)."""
         started = time.monotonic()
-        model = model or self.resolve(request.model)
+        model = model or self.model_named(request.model)
         resolved = validate_request(request, model.info, self.limits)
         return await self._run(resolved, model, deadline, timings, started, client)
 
@@ -181,7 +181,7 @@ class Engine:
         """Score every document against the query (score's 1:N path: pairs through a
         cross-encoder, or cosine similarity of embeddings), then rank them, best first."""
         started = time.monotonic()
-        model = model or self.resolve(request.model)
+        model = model or self.model_named(request.model)
         resolved = validate_rerank(request, model.info, self.limits)
         try:
             result = await self._run(resolved, model, deadline, timings, started, client)

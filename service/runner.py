@@ -135,9 +135,11 @@ class RequestRunner:
             )
 
         task = request.task.value if request.task is not None else "none"
-        return await self._run(
-            call, request.request_id, task, request.model, run, _pool_inputs(request), render
-        )
+        if request.text_1 or request.text_2:
+            inputs = lambda: {"text_1": list(request.text_1), "text_2": list(request.text_2)}  # noqa: E731
+        else:
+            inputs = lambda: {"texts": list(request.texts)}  # noqa: E731
+        return await self._run(call, request.request_id, task, request.model, run, inputs, render)
 
     @overload
     async def rerank(self, request: RerankRequest, call: Call) -> Ran[RerankResult]: ...
@@ -231,7 +233,7 @@ class RequestRunner:
         """Token counts and spans for a door's rule ahead of its call (Cohere's max_tokens),
         not an operation of its own: not recorded."""
         engine = self.ready()
-        served = engine.resolve(model)
+        served = engine.model_named(model)
         tokenized = await asyncio.to_thread(engine.tokenize, served, texts, add_special_tokens)
         return tokenized.items
 
@@ -258,7 +260,7 @@ class RequestRunner:
         served: ServedModel | None = None
         try:
             engine = self.ready()
-            served = None if model is None else engine.resolve(model)
+            served = None if model is None else engine.model_named(model)
             label = "none" if served is None else served.info.name
             result = await run(engine, served, record.timings)
             counted, tokens = _size(result)
@@ -310,9 +312,3 @@ def _size(result: object) -> tuple[int, int]:
     if isinstance(result, RerankResult):
         return 0, result.prompt_tokens
     return 0, 0
-
-
-def _pool_inputs(request: PoolRequest) -> Callable[[], dict[str, Any]]:
-    if request.text_1 or request.text_2:
-        return lambda: {"text_1": list(request.text_1), "text_2": list(request.text_2)}
-    return lambda: {"texts": list(request.texts)}

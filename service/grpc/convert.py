@@ -55,20 +55,9 @@ ENCODING_FROM_PROTO: dict[int, OutputEncoding] = {
 ENCODING_TO_PROTO = {encoding: value for value, encoding in ENCODING_FROM_PROTO.items()}
 
 
-def encoding_from_proto(value: int) -> OutputEncoding:
-    encoding = ENCODING_FROM_PROTO.get(value)
-    if encoding is None:
-        raise unknown_value("encoding", value)
-    return encoding
-
-
 def params_from_proto(params: pb.PoolingParams) -> tuple[PoolingParams, Task | None]:
-    """The params and the declared task (None when unspecified)."""
-    declared = None
-    if params.task != pb.POOLING_TASK_UNSPECIFIED:
-        declared = TASK_FROM_PROTO.get(params.task)
-        if declared is None:
-            raise unknown_value("params.task", params.task)
+    """The params and the declared task (None when unspecified, or not a task: see
+    `_refuse_unknown`)."""
     return (
         PoolingParams(
             use_activation=params.use_activation if params.HasField("use_activation") else None,
@@ -77,13 +66,23 @@ def params_from_proto(params: pb.PoolingParams) -> tuple[PoolingParams, Task | N
                 params.truncate_prompt_tokens if params.HasField("truncate_prompt_tokens") else None
             ),
         ),
-        declared,
+        TASK_FROM_PROTO.get(params.task),
     )
+
+
+def _refuse_unknown(params: pb.PoolingParams, encoding: int | None = None) -> None:
+    """An enum value this server does not know (a newer client's), refused in one place
+    after the lookups, so that conversion calls on the rules once at most."""
+    if params.task != pb.POOLING_TASK_UNSPECIFIED and params.task not in TASK_FROM_PROTO:
+        raise unknown_value("params.task", params.task)
+    if encoding is not None and encoding not in ENCODING_FROM_PROTO:
+        raise unknown_value("encoding", encoding)
 
 
 def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
     case = request.WhichOneof("input")
     params, declared = params_from_proto(request.params)
+    _refuse_unknown(request.params, request.encoding)
     task = Task(case) if case else None
     inputs: dict[str, tuple[str, ...]] = {}
     if task is Task.SCORE:
@@ -96,7 +95,7 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         request_id=request.request_id,
         model=request.model,
         declared_task=declared,
-        encoding=encoding_from_proto(request.encoding),
+        encoding=ENCODING_FROM_PROTO[request.encoding],
         prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
         prompt=request.prompt if request.HasField("prompt") else None,
         # Read from an unset input case these are 0 and False.
@@ -108,6 +107,7 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
 
 def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
     params, declared = params_from_proto(request.params)
+    _refuse_unknown(request.params)
     return RerankRequest(
         query=request.query,
         documents=tuple(request.documents),

@@ -127,7 +127,7 @@ def request_id(request: web.Request, prefix: str) -> str:
 
 def served_model(runner: RequestRunner, name: str) -> ModelInfo:
     """The model a request names, or the default model (TEI's requests name none)."""
-    return runner.ready().resolve(name).info
+    return runner.ready().model_named(name).info
 
 
 def budget(

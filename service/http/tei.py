@@ -277,7 +277,7 @@ class TeiRoutes:
     async def root(self, request: web.Request) -> web.StreamResponse:
         """TEI's POST /: the route for the model's kind."""
         shape = await _decode(request, _Shape)
-        info = self.runner.ready().resolve(shape.model).info
+        info = self.runner.ready().model_named(shape.model).info
         kind = model_kind(info)
         if kind == "reranker":
             return await self.rerank(request)
@@ -535,7 +535,7 @@ class TeiRoutes:
     async def info(self, request: web.Request) -> web.Response:
         """TEI's Info for the default model (or ?model=name)."""
         engine = self.runner.ready()
-        info = engine.resolve(request.query.get("model", "")).info
+        info = engine.model_named(request.query.get("model", "")).info
         batch = engine.batch_config
         return json_response(
             {

@@ -850,7 +850,7 @@ def test_the_engine_writes_its_timings_and_leaves_the_total_to_the_caller(
 
     async def one(engine: Engine) -> Timings:
         timings = Timings()
-        model = engine.resolve("tiny-bert")
+        model = engine.model_named("tiny-bert")
         result = await engine.pool(
             embed("timed", model="not looked up"), timings=timings, model=model
         )

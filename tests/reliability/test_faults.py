@@ -419,7 +419,7 @@ def test_forward_failure_fails_only_its_requests(
         server: PoolingServer, stub: pooling_pb2_grpc.PoolingServiceStub
     ) -> None:
         assert server.runner.engine is not None
-        model = server.runner.engine.resolve("tiny")
+        model = server.runner.engine.model_named("tiny")
         runner, forward = model.runner, model.runner.forward
         poison_ids = tuple(model.tokenizer.tokenize([POISON])[0].input_ids)
         reference = vector(await stub.Pool(embed_request(["healthy text"]), timeout=30))
