@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import grpc
@@ -100,97 +100,12 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         request_iterator: AsyncIterator[pb.PoolStreamRequest | Malformed],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.PoolStreamResponse]:
-        """Requests run concurrently; each response is sent as soon as it is ready.
-
-        The reader stops pulling requests while `max_stream_inflight` items are
-        unanswered, so a fast client cannot make the server buffer without bound. Every
-        response counts, in-band errors too: one per message, an input request's weight.
-        """
-        limit = InflightLimit(self.max_stream_inflight)
-        done: asyncio.Queue[tuple[pb.PoolStreamResponse, int] | None] = asyncio.Queue()
-        call = _call("PoolStream", context, _deadline(context))  # one client per connection
-        seen: set[str] = set()
-        running: set[asyncio.Task[None]] = set()
-
-        async def run(request: PoolRequest, weight: int) -> None:
-            try:
-                ran = await self.runner.pool(request, call, self._render_pool)
-                response = pb.PoolStreamResponse(request_id=request.request_id, response=ran.result)
-            except PoolingError as error:
-                response = pb.PoolStreamResponse(
-                    request_id=request.request_id, error=to_status_proto(error)
-                )
-            await done.put((response, weight))
-
-        def answer_error(request_id: str, error: PoolingError, weight: int) -> None:
-            done.put_nowait(
-                (pb.PoolStreamResponse(request_id=request_id, error=to_status_proto(error)), weight)
-            )
-
-        async def read() -> None:
-            """Errors about a message itself are answered in band, and the stream goes on."""
-            index = -1
-            async for message in request_iterator:
-                index += 1
-                if type(message) is Malformed:
-                    # An in-band error is a response like any other: it takes a slot, so a
-                    # client that writes garbage and never reads is held back all the same.
-                    await limit.acquire(1)
-                    # One refused on the wire for its size answers to its id, if usable.
-                    request_id = message.request_id
-                    if stream_request_id_error(request_id, seen, index) is None:
-                        seen.add(request_id)
-                    else:
-                        request_id = ""
-                    answer_error(request_id, message.error(f"messages[{index}]"), 1)
-                    continue
-                request_id = message.request.request_id
-                try:
-                    request: PoolRequest | PoolingError = convert.request_from_proto(
-                        message.request
-                    )
-                except PoolingError as error:
-                    request = error
-                weight = 1 if isinstance(request, PoolingError) else _weight(request)
-                await limit.acquire(weight)
-                id_error = stream_request_id_error(request_id, seen, index)
-                if id_error is not None:
-                    # Answered with an empty request_id (see PoolStreamResponse), so the
-                    # client never takes it for the answer to the request that first used it.
-                    answer_error("", id_error, weight)
-                    continue
-                seen.add(request_id)
-                if isinstance(request, PoolingError):
-                    answer_error(request_id, request, weight)
-                    continue
-                task = asyncio.create_task(run(request, weight))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            await asyncio.gather(*running)
-            await done.put(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while True:
-                if reader.done():
-                    reader.result()  # re-raise a failed read; otherwise drain what is left
-                    item = await done.get()
-                else:
-                    getter = asyncio.ensure_future(done.get())
-                    await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                    if not getter.done():
-                        getter.cancel()
-                        continue
-                    item = getter.result()
-                if item is None:
-                    return
-                response, weight = item
-                yield response
-                limit.release(weight)
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
+        """Requests run concurrently; each response is sent as soon as it is ready (see
+        _Stream). One call, one client: the connection's peer (`_call`)."""
+        call = _call("PoolStream", context, _deadline(context))
+        stream = _Stream(self.runner, call, self._render_pool, self.max_stream_inflight)
+        async for response in stream.answer(request_iterator):
+            yield response
 
     async def ListModels(
         self, request: pb.ListModelsRequest | Malformed, context: grpc.aio.ServicerContext
@@ -237,6 +152,112 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise
+
+
+_Answer = tuple[pb.PoolStreamResponse, int] | None  # a response and its weight; None: the end
+
+
+class _Stream:
+    """One PoolStream call, in named steps: `read` takes each message (`take`), which is
+    refused in band or run (`compute`) concurrently; `answer` sends the responses as they
+    come. The reader stops pulling while `max_inflight` items are unanswered, so a fast
+    client cannot make the server buffer without bound. Every response counts, in-band
+    errors too: one per message, an input request's weight."""
+
+    def __init__(
+        self,
+        runner: RequestRunner,
+        call: Call,
+        render: Callable[[PoolResult], pb.PoolResponse],
+        max_inflight: int,
+    ) -> None:
+        self.runner, self.call, self.render = runner, call, render
+        self.limit = InflightLimit(max_inflight)
+        self.done: asyncio.Queue[_Answer] = asyncio.Queue()
+        self.seen: set[str] = set()  # request ids used so far
+        self.running: set[asyncio.Task[None]] = set()
+
+    async def answer(
+        self, messages: AsyncIterator[pb.PoolStreamRequest | Malformed]
+    ) -> AsyncIterator[pb.PoolStreamResponse]:
+        reader = asyncio.create_task(self.read(messages))
+        try:
+            while (item := await self.next(reader)) is not None:
+                response, weight = item
+                yield response
+                self.limit.release(weight)
+        finally:
+            reader.cancel()
+            for task in list(self.running):
+                task.cancel()
+
+    async def next(self, reader: asyncio.Task[None]) -> _Answer:
+        """The next response ready; a failed read raised here."""
+        while not reader.done():
+            getter = asyncio.ensure_future(self.done.get())
+            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                return getter.result()
+            getter.cancel()
+        reader.result()  # re-raise a failed read; otherwise drain what is left
+        return await self.done.get()
+
+    async def read(self, messages: AsyncIterator[pb.PoolStreamRequest | Malformed]) -> None:
+        """Errors about a message itself are answered in band, and the stream goes on."""
+        index = -1
+        async for message in messages:
+            index += 1
+            await self.take(index, message)
+        await asyncio.gather(*self.running)
+        await self.done.put(None)
+
+    async def take(self, index: int, message: pb.PoolStreamRequest | Malformed) -> None:
+        if type(message) is Malformed:
+            # An in-band error is a response like any other: it takes a slot, so a client
+            # that writes garbage and never reads is held back all the same.
+            await self.limit.acquire(1)
+            # One refused on the wire for its size answers to its id, if usable.
+            request_id = message.request_id
+            if stream_request_id_error(request_id, self.seen, index) is None:
+                self.seen.add(request_id)
+            else:
+                request_id = ""
+            self.refuse(request_id, message.error(f"messages[{index}]"), 1)
+            return
+        request_id = message.request.request_id
+        try:
+            request: PoolRequest | PoolingError = convert.request_from_proto(message.request)
+        except PoolingError as error:
+            request = error
+        weight = 1 if isinstance(request, PoolingError) else _weight(request)
+        await self.limit.acquire(weight)
+        id_error = stream_request_id_error(request_id, self.seen, index)
+        if id_error is not None:
+            # Answered with an empty request_id (see PoolStreamResponse), so the client
+            # never takes it for the answer to the request that first used it.
+            self.refuse("", id_error, weight)
+            return
+        self.seen.add(request_id)
+        if isinstance(request, PoolingError):
+            self.refuse(request_id, request, weight)
+            return
+        task = asyncio.create_task(self.compute(request, weight))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def compute(self, request: PoolRequest, weight: int) -> None:
+        try:
+            ran = await self.runner.pool(request, self.call, self.render)
+            response = pb.PoolStreamResponse(request_id=request.request_id, response=ran.result)
+        except PoolingError as error:
+            response = pb.PoolStreamResponse(
+                request_id=request.request_id, error=to_status_proto(error)
+            )
+        await self.done.put((response, weight))
+
+    def refuse(self, request_id: str, error: PoolingError, weight: int) -> None:
+        response = pb.PoolStreamResponse(request_id=request_id, error=to_status_proto(error))
+        self.done.put_nowait((response, weight))
 
 
 def _sendable(response: _Message, budget: ResponseBudget) -> _Message:
