@@ -44,6 +44,7 @@ SLOWEST_FIRST = (
     "tests/service/split/test_frontends.py",
     "tests/reliability/test_faults.py",
     "tests/engine/test_task_parity.py",
+    "tests/service/grpc/test_conformance.py",
     "tests/service/test_lifecycle.py",
     "tests/service/test_request_path.py",
 )
