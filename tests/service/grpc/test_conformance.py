@@ -36,7 +36,6 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
-import h2.settings
 import pytest
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import Message
@@ -45,7 +44,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from pooling_client.v1 import pooling_pb2 as pb
-from tests.client.test_node_client import NODE_DIR, _require_node, install_node_modules
+from tests.client.test_node_client import _require_node, install_node_modules
 from tests.fixture_models import short_vocabulary_bert
 from tests.rpc_errors import DecodedError, decode_status
 from tests.server_process import ServerProcess, all_serving, spawn_server
@@ -133,21 +132,13 @@ def servers(
         yield started
 
 
-def door_server(
-    servers: dict[tuple[str, str], ServerProcess], door: str, role: str = "main"
-) -> ServerProcess:
+Servers = dict[tuple[str, str], ServerProcess]
+
+
+def door_server(servers: Servers, door: str, role: str = "main") -> ServerProcess:
     if (door, role) not in servers:
         pytest.skip(f"--grpc-door {door} cannot run here: {node_door_missing()}")
     return servers[(door, role)]
-
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    """node, with clients/node's pinned dependencies (grpc-js among them) installed."""
-    node, npm = _require_node()
-    install_node_modules(npm)
-    assert (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir()
-    return node
 
 
 # --------------------------------------------------------------------------- calls and outcomes
@@ -610,7 +601,7 @@ def test_deadlines_and_cancellation(via: Via) -> None:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_the_server_ends_a_call_at_its_deadline(servers, door: str) -> None:
+def test_the_server_ends_a_call_at_its_deadline(servers: Servers, door: str) -> None:
     """A call whose message never ends, with grpc-timeout 300m: the server itself answers
     DEADLINE_EXCEEDED (no client timer is running on a bare connection)."""
     server = door_server(servers, door)
@@ -639,7 +630,7 @@ def test_gzip_requests(via: Via) -> None:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_gzip_responses_only_when_asked(servers, door: str) -> None:
+def test_gzip_responses_only_when_asked(servers: Servers, door: str) -> None:
     """--gzip-responses: answers to a client accepting gzip are gzip (flag and header);
     without the flag (the edge server) they are not."""
     # A repetitive answer: gzip makes it smaller, so a server has no cause to send it plain.
@@ -686,7 +677,7 @@ def test_repeated_and_binary_metadata(via: Via) -> None:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_repeated_metadata_over_the_wire(servers, door: str) -> None:
+def test_repeated_metadata_over_the_wire(servers: Servers, door: str) -> None:
     """Two authorization headers, as HTTP/2 lets any client send them: the first decides
     whichever the second is, so each must reach the server as its own value. Repeated -bin
     values beside them do not break the call."""
@@ -871,7 +862,7 @@ MALFORMED: dict[str, tuple[Metadata, bytes]] = {
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_malformed_input_is_invalid_argument_never_internal(servers, door: str) -> None:
+def test_malformed_input_is_invalid_argument_never_internal(servers: Servers, door: str) -> None:
     """What a broken or hostile client sends is its fault, not the server's: each case is
     INVALID_ARGUMENT."""
     server = door_server(servers, door)
@@ -895,7 +886,7 @@ def test_malformed_input_is_invalid_argument_never_internal(servers, door: str) 
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_a_client_pinging_too_often_is_sent_goaway(servers, door: str) -> None:
+def test_a_client_pinging_too_often_is_sent_goaway(servers: Servers, door: str) -> None:
     """--min-client-ping-interval-s (10 s by default): a connection that pings every
     50 ms with no call is sent GOAWAY ENHANCE_YOUR_CALM (too_many_pings), and only it."""
     server = door_server(servers, door)
@@ -920,7 +911,9 @@ def test_a_client_pinging_too_often_is_sent_goaway(servers, door: str) -> None:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_connection_age_sends_goaway_and_calls_in_flight_finish(servers, door: str) -> None:
+def test_connection_age_sends_goaway_and_calls_in_flight_finish(
+    servers: Servers, door: str
+) -> None:
     """--max-connection-age-s 1: the connection is sent GOAWAY; a stream open across it
     still sends its next message, gets its answer and ends OK within the grace."""
     server = door_server(servers, door, "edge")
@@ -949,7 +942,7 @@ def _messages(data: bytes) -> list[bytes]:
 
 
 @pytest.mark.parametrize("door", DOORS)
-def test_drain_finishes_calls_in_flight_and_refuses_new_ones(servers, door: str) -> None:
+def test_drain_finishes_calls_in_flight_and_refuses_new_ones(servers: Servers, door: str) -> None:
     """SIGTERM: a stream open before it sends on and is answered, a unary call whose body
     was half sent completes, new calls are refused (UNAVAILABLE) or served, never hung,
     and the server exits 0. Ends the edge server: the module's last test on it."""
