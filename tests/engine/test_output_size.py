@@ -3,6 +3,7 @@ real message size, and refusals with the estimate, the limit and the field path.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -30,6 +31,7 @@ from engine.validation import (
     validate_tokenize,
 )
 from service.grpc import convert
+from service.http.token_json import tokenize_json
 from tests.model_infos import embedder_info
 
 info = partial(embedder_info, hidden_size=384, max_input_tokens=512)
@@ -163,3 +165,24 @@ def test_token_outputs_are_refused_on_their_words_before_tokenizing() -> None:
     validate_request(
         PoolRequest(task=Task.TOKEN_EMBED, texts=("x" * 900,) * 1024), info(), Limits()
     )
+
+
+def test_tokenize_json_estimate_is_not_above_the_answer() -> None:
+    """TEI's /tokenize answer: the per-token floor (JSON_TOKEN_BYTES) stays under the real
+    size, which the door counts exactly (and refuses on) before building it."""
+    n = 5000
+    items = [
+        TokenizedText(
+            np.arange(n) % 10, np.stack([np.zeros(n, int), np.ones(n, int)], 1), np.zeros(n, bool)
+        )
+    ]
+    vocabulary = Vocabulary.of(["a"] * 10)
+    json_budget = ResponseBudget(max_bytes=64 << 20, encodings=False)
+    answer = tokenize_json(Tokenized(info(), ["a"], items, vocabulary), json_budget)
+    estimate = tokenize_bytes([(n, 1)], json_budget)
+    assert estimate <= len(answer) <= 1.1 * estimate, (estimate, len(answer))
+    with pytest.raises(PoolingError) as refused:
+        tokenize_json(
+            Tokenized(info(), ["a"], items, vocabulary), replace(json_budget, max_bytes=1000)
+        )
+    assert refused.value.reason == "OUTPUT_TOO_LARGE"

@@ -52,3 +52,33 @@ def test_tokenize_past_the_response_cap_is_refused_naming_it(doors: DoorsServer)
     reference = AutoTokenizer.from_pretrained(MINILM)
     assert [token["id"] for token in tokens] == reference(short)["input_ids"]
     assert "".join(token["text"] for token in tokens if not token["special"]) == short
+
+
+def test_tokenize_answer_is_the_tokenizers_spans_as_tei_writes_them(doors: DoorsServer) -> None:
+    """Laid out byte by byte (service/http/token_json.py), the answer reads as TEI's: each
+    token's id, its span of the text (escapes, non-ASCII and all), or, for a special token,
+    the token itself and null offsets."""
+    texts = ['say "hi" \\ there\n\ttab \x01 東京 😀 é', "", "plain words"]
+    status, _, answer = doors.call("/tokenize", {"inputs": texts})
+    assert status == 200
+    reference = AutoTokenizer.from_pretrained(MINILM)
+    for text, tokens in zip(texts, answer, strict=True):
+        encoded = reference(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        names = reference.convert_ids_to_tokens(encoded["input_ids"])
+        expected = [
+            {
+                "id": token_id,
+                "text": name if special else text[start:stop],
+                "special": bool(special),
+                "start": None if special else start,
+                "stop": None if special else stop,
+            }
+            for token_id, name, special, (start, stop) in zip(
+                encoded["input_ids"],
+                names,
+                encoded["special_tokens_mask"],
+                encoded["offset_mapping"],
+                strict=True,
+            )
+        ]
+        assert tokens == expected
