@@ -20,6 +20,7 @@ from transformers import (
     CONFIG_MAPPING,
     AutoConfig,
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -31,12 +32,13 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
-from engine.backends import RuntimeSettings, read_calibration
+from engine.backends import BackendKind, RuntimeSettings, read_calibration
 from engine.backends.select import ModelSource, choose_backend, model_key
 from engine.calibration import COMPUTED, FOLDER, Forward, computed_ranges
 from engine.cuda_graphs import Buckets, GraphedForward, GraphSettings, attention_of, why_eager
 from engine.dense import DenseLayer, load_dense
 from engine.encodings import read_calibration_ranges
+from engine.llm_scorer import LlmScorer, drop_untied_head
 from engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
@@ -50,6 +52,7 @@ from engine.model_info import (
 from engine.model_runner import ModelRunner
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.params import Task
+from engine.score_template import SCORE_TEMPLATE_FILE, ScoreTemplate, bind_template, find_template
 from engine.served import ServedModel
 from engine.tokenization import ModelTokenizer, TokenizerSpec, TokenSequence
 
@@ -63,6 +66,7 @@ _HEAD_CLASSES = {
     HeadKind.SEQUENCE: AutoModelForSequenceClassification,
     HeadKind.TOKEN: AutoModelForTokenClassification,
     HeadKind.SPARSE: AutoModelForMaskedLM,
+    HeadKind.LLM_SCORE: AutoModelForCausalLM,
 }
 
 _ST_POOLING_KEYS = {
@@ -326,6 +330,7 @@ class _Folder:
     tokenizer: ModelTokenizer
     prompts: dict[str, str]
     default_prompt_name: str | None
+    template: ScoreTemplate | None = None  # LLM_SCORE: the pairs' template
 
 
 def load_model(
@@ -357,7 +362,10 @@ def load_model(
         torch.nn.Sequential(*projection) if projection else None,
     )
     del module  # the runner holds it; a backend that replaces the runner lets it go
-    runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
+    if folder.head is HeadKind.LLM_SCORE:
+        runner.info = _torch_only(spec, runner.info, dtype)
+    else:
+        runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
     runner.info = _computed_ranges(spec, folder, runner, attn_implementation, runtime)
     _attach_graphs(runner, cuda_graphs, tokenizer.uses_token_type_ids)
     return LoadedModel(runner.info, tokenizer, runner)
@@ -432,9 +440,46 @@ def _read_folder(spec: ModelSpec) -> _Folder:
     hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
     tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
+    template = _score_template(spec, path, config, head, tokenizer)
+    if template is not None:
+        head = HeadKind.LLM_SCORE
     return _Folder(
-        path, hub, config, st, head, hf_tokenizer, tokenizer, prompts, default_prompt_name
+        path, hub, config, st, head, hf_tokenizer, tokenizer, prompts, default_prompt_name, template
     )
+
+
+def is_causal_lm(config: PretrainedConfig) -> bool:
+    """A decoder checkpoint with its LM head (Qwen3ForCausalLM, LlamaForCausalLM, ...)."""
+    return is_decoder(config) and any(
+        arch.endswith(("ForCausalLM", "ForConditionalGeneration"))
+        for arch in config.architectures or []
+    )
+
+
+def _score_template(
+    spec: ModelSpec,
+    path: Path,
+    config: PretrainedConfig,
+    head: HeadKind,
+    tokenizer: ModelTokenizer,
+) -> ScoreTemplate | None:
+    """The score template an LLM reranker is served with (flags, then the folder's
+    score_template.json), checked against its tokenizer; None for other models. A template
+    given for a model that is not a decoder LM is refused: no LM head to read it."""
+    given = find_template(path, spec.score_template, spec.score_tokens)
+    if given is None:
+        return None
+    name = spec.served_name
+    if head is not HeadKind.HIDDEN or not is_decoder(config):
+        found = ", ".join(config.architectures or []) or "none"
+        raise ValueError(
+            f"model {name}: a score template ({given.source}) needs a decoder LM (a "
+            f"*ForCausalLM architecture in config.json); this one has: {found}"
+        )
+    try:
+        return bind_template(given, tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"model {name}: {exc}") from None
 
 
 def _load_projection(folder: _Folder, device: torch.device) -> list[DenseLayer]:
@@ -453,7 +498,12 @@ def _load_module(
     kwargs: dict[str, Any] = {"config": folder.config, "dtype": dtype, **folder.hub}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    return _HEAD_CLASSES[folder.head].from_pretrained(folder.path, **kwargs).to(device).eval()
+    module = _HEAD_CLASSES[folder.head].from_pretrained(folder.path, **kwargs)
+    if folder.template is not None:
+        scorer = LlmScorer(module, folder.template.true_id, folder.template.false_id)
+        drop_untied_head(module)
+        module = scorer
+    return module.to(device).eval()
 
 
 def _model_info(
@@ -467,6 +517,8 @@ def _model_info(
     what validation, planning and ListModels read."""
     config, st, head = folder.config, folder.st, folder.head
     default_pooling = PoolingType.LAST if is_decoder(config) else PoolingType.CLS
+    if head is HeadKind.LLM_SCORE:
+        return _llm_score_info(spec, folder, module, is_default)
     if head is HeadKind.TOKEN:
         pooling_type = PoolingType.ALL
     else:
@@ -512,6 +564,58 @@ def _model_info(
         calibration_source=FOLDER if ranges is not None else "",
         splade_strategy=splade[0],
         splade_activation=splade[1],
+        score_refusal=_score_refusal(spec, folder),
+    )
+
+
+def _score_refusal(spec: ModelSpec, folder: _Folder) -> str:
+    """Why score is refused on a decoder LM checkpoint served without a template (its
+    cosine of last-token states is no reranker's score); "" where score means cosine (an
+    embedding model's folder: sentence-transformers modules, or a bare decoder body)."""
+    if folder.st is not None or folder.head is not HeadKind.HIDDEN:
+        return ""
+    if not is_causal_lm(folder.config):
+        return ""
+    return (
+        f'model "{spec.served_name}" is a decoder LM ({folder.config.architectures[0]}) served '
+        "without a score template, so it cannot score pairs as an LLM reranker does; serve it "
+        f"with --score-template and --score-tokens, or put a {SCORE_TEMPLATE_FILE} in its "
+        "folder"
+    )
+
+
+def _llm_score_info(
+    spec: ModelSpec, folder: _Folder, module: torch.nn.Module, is_default: bool
+) -> ModelInfo:
+    """An LLM reranker's facts: score only, one sigmoid'd logit per pair, pairs always
+    truncated so that the template's prefix and suffix fit (as the model card's code)."""
+    template, config = folder.template, folder.config
+    assert template is not None
+    empty = template.sequences(folder.tokenizer, [("", "")], "", 10**9)[0]
+    body = folder.tokenizer.tokenize([template.pair_text("", "", "")], add_special_tokens=False)[0]
+    weights = next(module.parameters())
+    if spec.long_input is LongInput.CHUNK:
+        log.warning("model %s: --long-input chunk does not apply to LLM rerankers", spec.name)
+    return ModelInfo(
+        name=spec.served_name,
+        architecture=(config.architectures or [type(module).__name__])[0],
+        head=HeadKind.LLM_SCORE,
+        tasks=TASKS_BY_HEAD[HeadKind.LLM_SCORE],
+        hidden_size=int(config.get_text_config().hidden_size),
+        max_input_tokens=folder.tokenizer.max_input_tokens,
+        # The tokens every pair adds (prefix, suffix, a BOS) and one of the pair's own.
+        num_special_tokens=len(empty) - len(body) + 1,
+        pooling_type=PoolingType.LAST,
+        default_normalize=False,
+        activation=Activation.SIGMOID,
+        truncation_side=spec.truncation_side,
+        long_input=LongInput.TRUNCATE,  # the pair part is cut, as the model card cuts it
+        max_input_chars=spec.max_input_chars,
+        is_default=is_default,
+        dtype=str(weights.dtype).removeprefix("torch."),
+        device=str(weights.device),
+        revision=loaded_revision(spec.source, folder.path, spec.revision),
+        score_template=template,
     )
 
 
@@ -583,6 +687,22 @@ def _one_thread(
         return forward(batch, keep_tokens)
     finally:
         torch.set_num_threads(previous)
+
+
+def _torch_only(spec: ModelSpec, info: ModelInfo, dtype: torch.dtype) -> ModelInfo:
+    """LLM rerankers run on torch: the exported backends hand back full logits, where the
+    scorer reads two rows of the head at one position."""
+    options = spec.backend
+    if options.kind not in (BackendKind.AUTO, BackendKind.TORCH) or options.file:
+        raise ValueError(
+            f"model {info.name}: an LLM reranker (score template) runs on --backend torch "
+            f"only, not {options.kind}{' with --backend-file' if options.file else ''}"
+        )
+    if options.quantize:
+        raise ValueError(f"model {info.name}: --quantize does not apply to LLM rerankers")
+    precision = str(dtype).removeprefix("torch.")
+    log.info("model %s: forward on torch %s (LLM reranker)", info.name, precision)
+    return replace(info, backend=str(BackendKind.TORCH), precision=precision)
 
 
 def _choose_forward(

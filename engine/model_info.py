@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from engine.params import Task
+from engine.score_template import ScoreTemplate
 
 
 class PoolingType(StrEnum):
@@ -39,6 +40,9 @@ class HeadKind(StrEnum):
     SEQUENCE = "sequence"  # AutoModelForSequenceClassification: one logit row per text
     TOKEN = "token"  # AutoModelForTokenClassification: one logit row per token
     SPARSE = "sparse"  # AutoModelForMaskedLM with SPLADE pooling: one vocabulary row per text
+    # AutoModelForCausalLM with a score template: logit(true) - logit(false) at the last
+    # position, from two rows of the LM head (engine/score_template.py, engine/llm_scorer.py)
+    LLM_SCORE = "llm_score"
 
 
 class Activation(StrEnum):
@@ -58,6 +62,7 @@ TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
     HeadKind.SEQUENCE: (Task.CLASSIFY,),
     HeadKind.TOKEN: (Task.TOKEN_CLASSIFY,),
     HeadKind.SPARSE: (Task.EMBED_SPARSE,),
+    HeadKind.LLM_SCORE: (Task.SCORE,),
 }
 
 
@@ -107,15 +112,28 @@ class ModelInfo:
     precision: str = ""
     backend_file: str = ""
     engines_per_device: int = 1  # engine processes serving it on each device
+    # LLM_SCORE: the template each pair is read through, and where it came from.
+    score_template: ScoreTemplate | None = None
+    # A decoder LM folder served without a template: why score is refused (else "").
+    score_refusal: str = ""
 
     @property
     def is_cross_encoder(self) -> bool:
-        return Task.SCORE in self.tasks and self.head is HeadKind.SEQUENCE
+        """Scores each pair in one pass (a classifier head, or an LLM reranker's template),
+        rather than by the cosine of two embeddings."""
+        return Task.SCORE in self.tasks and self.head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE)
+
+    @property
+    def score_template_source(self) -> str:
+        return self.score_template.source if self.score_template is not None else ""
 
     @property
     def chunks_long_input(self) -> bool:
         """Chunking needs per-token states or a vector to average; a classifier has neither."""
-        return self.long_input is LongInput.CHUNK and self.head is not HeadKind.SEQUENCE
+        return self.long_input is LongInput.CHUNK and self.head not in (
+            HeadKind.SEQUENCE,
+            HeadKind.LLM_SCORE,
+        )
 
     def char_limit(self, long: bool) -> int:
         """The most characters of one text, checked before tokenizing, so that no text can

@@ -41,7 +41,8 @@ class ModelRunner:
 
     Per sequence it returns: HIDDEN head, the pooled vector (or every token's state
     when `keep_tokens`); SEQUENCE head, the logits; TOKEN head, the logits per token;
-    SPARSE head, the SPLADE-pooled vocabulary vector (see pooling.splade).
+    SPARSE head, the SPLADE-pooled vocabulary vector (see pooling.splade); LLM_SCORE head,
+    logit(true) - logit(false) at the last real token (engine/llm_scorer.py).
     """
 
     def __init__(
@@ -153,7 +154,7 @@ class ModelRunner:
             mask = inputs["attention_mask"]
         lengths = [len(e) for e in batch]
         head = self.info.head
-        if head is HeadKind.SEQUENCE:
+        if head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE):  # one row per sequence
             logits = _host(output)
             return [logits[i] for i in range(len(batch))]
         if head is HeadKind.TOKEN:

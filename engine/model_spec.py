@@ -26,6 +26,10 @@ class ModelSpec:
     default_prompt_name: str | None = None
     revision: str | None = None  # a hub branch, tag or commit (None: the default branch)
     trust_remote_code: bool = False  # run modeling code shipped with the model
+    # --score-template (a file, or the template inline) and --score-tokens ("yes,no"): serve
+    # a decoder LM as an LLM reranker (engine/score_template.py); None: the folder's own.
+    score_template: str | None = None
+    score_tokens: str | None = None
     # --backend, --backend-file, --quantize, --calibration-file
     backend: BackendOptions = field(default_factory=BackendOptions)
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from engine.encodings import NEEDS_RANGES, encode, ranges_array
+from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
-from engine.model_info import Activation, ModelInfo, PoolingType, SpladeStrategy
+from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType, SpladeStrategy
 from engine.outputs import (
     Classification,
     Embedding,
@@ -65,6 +66,10 @@ def plan_request(
 
 def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     request = resolved.request
+    if request.task is Task.SCORE and model.info.score_refusal:
+        raise _no_score_template(model.info)
+    if request.task is Task.SCORE and model.info.head is HeadKind.LLM_SCORE:
+        return _plan_llm_score(resolved, model, limits)
     if request.task is Task.SCORE and model.info.is_cross_encoder:
         return _plan_cross_encoder(resolved, model, limits)
     if request.task is Task.SCORE:
@@ -323,3 +328,35 @@ def _plan_bi_encoder(resolved: Resolved, model: ServedModel, limits: Limits) -> 
         return [Score(cosine(first[i], second[j])) for i, j in _pair_index(request)]
 
     return Plan(vectors.work, finish)
+
+
+def _no_score_template(info: ModelInfo) -> PoolingError:
+    violation = FieldViolation("score", info.score_refusal, "SCORE_TEMPLATE_MISSING")
+    error = PoolingError.invalid([violation])
+    error.kind = ErrorKind.FAILED_PRECONDITION
+    return error
+
+
+def _plan_llm_score(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    """Each pair read through the model's score template (engine/score_template.py), the
+    request's prompt as the template's {instruction}; the pair part is always truncated to
+    what the request's truncation (else the maximum length) leaves beside the template.
+    The runner returns logit(true) - logit(false), so the score is its sigmoid: the
+    softmax over the two logits' true entry, as the model card computes it."""
+    request, info = resolved.request, model.info
+    template = info.score_template
+    assert template is not None
+    truncate = resolved.truncate
+    max_tokens = info.max_input_tokens if truncate in (None, -1) else truncate
+    pairs = [(request.text_1[i], request.text_2[j]) for i, j in _pair_index(request)]
+    sequences = template.sequences(
+        model.tokenizer, pairs, request.prompt, max_tokens, resolved.side
+    )
+    check_tokenized(resolved, limits, "score.text_2", [len(e) for e in sequences])
+    texts = [_Text(e, [e]) for e in sequences]
+    activation = Activation.SIGMOID if _use_activation(request, True) else Activation.IDENTITY
+
+    def finish_one(text: _Text, raws: list[np.ndarray]) -> Score:
+        return Score(float(activate(raws[0].astype(np.float32), activation)[0]))
+
+    return _plan_texts(texts, False, finish_one)

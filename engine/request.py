@@ -58,6 +58,9 @@ class RerankRequest:
     declared_task: Task | None = None
     top_n: int = 0  # the best top_n results; 0 (or more than there are documents): all
     truncation_side: str | None = None  # as PoolRequest's
+    # An LLM reranker's instruction (its score template's {instruction}), carried as the
+    # score request's prompt; None: the template's default.
+    instruction: str | None = None
 
     @cached_property
     def score(self) -> PoolRequest:
@@ -71,4 +74,5 @@ class RerankRequest:
             text_1=(self.query,),
             text_2=self.documents,
             truncation_side=self.truncation_side,
+            prompt=self.instruction,
         )

@@ -357,6 +357,8 @@ def _prompt_for_task(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         return
     takes = ", ".join(task.value for task in Task if task in PROMPT_TASKS)
     for name in ("prompt_name", "prompt"):
+        if name == "prompt" and r.info.score_template is not None:
+            continue  # an LLM reranker's instruction (its template's {instruction})
         if getattr(request, name) is not None:
             yield FieldViolation(
                 name,

@@ -154,3 +154,88 @@ def build_all(root: Path) -> dict[str, Path]:
     _sentence_transformers_layout(st_folder, "mean", normalize=True)
     folders["tiny-st-mean"] = st_folder
     return folders
+
+
+# Qwen3-Reranker's prompt, as its model card writes it (prefix, pair part, suffix).
+QWEN3_RERANKER_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+QWEN3_RERANKER_INSTRUCTION = (
+    "Given a web search query, retrieve relevant passages that answer the query"
+)
+QWEN3_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+RERANKER_MAX_POSITIONS = 512
+
+_TOKENIZER_TEXTS = [
+    "yes\nno\nyes\nno\n",
+    "Judge whether the Document meets the requirements based on the Query and the Instruct.",
+    "Given a web search query, retrieve relevant passages that answer the query",
+    "The capital of China is Beijing. What is the capital of China?",
+    "Gravity is a force that attracts two bodies towards each other.",
+    "Explain gravity. The answer can only be yes or no.",
+]
+
+
+def _byte_level_tokenizer() -> object:
+    """A small byte-level BPE in Qwen's manner (no special tokens added around a text),
+    trained offline, where "yes" and "no" are single tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=QWEN3_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_TOKENIZER_TEXTS * 20, trainer)
+    for word in ("yes", "no"):
+        if len(tokenizer.encode(word, add_special_tokens=False).ids) != 1:
+            raise AssertionError(f"the fixture tokenizer splits {word!r}")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=RERANKER_MAX_POSITIONS,
+    )
+
+
+def tiny_qwen3_reranker(folder: Path, template_file: bool = True) -> Path:
+    """A random-weight Qwen3ForCausalLM (untied head) with a byte-level tokenizer; with
+    `template_file`, Qwen3-Reranker's template in score_template.json beside it."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = _byte_level_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=RERANKER_MAX_POSITIONS,
+        tie_word_embeddings=False,
+        initializer_range=0.2,  # scores spread over (0, 1), not all near 0.5
+        pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
+    )
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)  # type: ignore[attr-defined]
+    if template_file:
+        (folder / "score_template.json").write_text(
+            json.dumps(
+                {
+                    "template": QWEN3_RERANKER_TEMPLATE,
+                    "tokens": ["yes", "no"],
+                    "default_instruction": QWEN3_RERANKER_INSTRUCTION,
+                }
+            )
+        )
+    return folder

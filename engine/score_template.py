@@ -1,0 +1,233 @@
+"""Score templates: how a decoder LLM reranker (Qwen3-Reranker and the like) reads a pair.
+
+A template is one text with the placeholders `{query}`, `{document}` and optionally
+`{instruction}`; every other brace is literal. It splits in three, tokenized apart and
+joined, as the Qwen3-Reranker model card does:
+
+- the prefix: everything before the line that holds the first placeholder (the system and
+  user turn openers), never truncated;
+- the body: from that line's start to the end of the last placeholder, the part truncated
+  so that prefix and suffix always fit;
+- the suffix: everything after the last placeholder (the assistant turn, the empty think
+  block), never truncated, so that the last position is the one whose next token is judged.
+
+The pair's score is sigmoid(logit(true) - logit(false)) at the last position, which is
+also the softmax over the two logits' true entry: the same number either way.
+
+Sources, first found wins: `--score-template` / `--score-tokens`, then the folder's
+`score_template.json` ({"template", "tokens", "default_instruction"}).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.tokenization import ModelTokenizer, TokenSequence
+
+SCORE_TEMPLATE_FILE = "score_template.json"
+PLACEHOLDERS = ("query", "document", "instruction")
+_PLACEHOLDER = re.compile(r"\{(query|document|instruction)\}")
+DEFAULT_TOKENS = ("yes", "no")
+
+
+@dataclass(frozen=True)
+class ScoreTemplate:
+    """A template split as the module docstring says, with the true/false tokens' ids."""
+
+    prefix: str
+    body: str
+    suffix: str
+    true_token: str
+    false_token: str
+    true_id: int
+    false_id: int
+    default_instruction: str
+    source: str  # "--score-template", or the folder's file name
+
+    def pair_text(self, query: str, document: str, instruction: str | None) -> str:
+        """The body with the pair filled in, in one pass: a `{document}` inside the query
+        stays text."""
+        values = {
+            "query": query,
+            "document": document,
+            "instruction": self.default_instruction if instruction is None else instruction,
+        }
+        return _PLACEHOLDER.sub(lambda match: values[match.group(1)], self.body)
+
+    def sequences(
+        self,
+        tokenizer: ModelTokenizer,
+        pairs: list[tuple[str, str]],
+        instruction: str | None,
+        max_tokens: int,
+        side: str = "right",
+    ) -> list[TokenSequence]:
+        """Each pair's tokens: prefix + body (truncated to what `max_tokens` leaves) +
+        suffix, each tokenized alone without the tokenizer's own special tokens, as the
+        model card's reference builds them; the tokenizer's leading special tokens (a BOS,
+        where it adds one) go first."""
+        lead = _leading_specials(tokenizer)
+        prefix, suffix = tokenizer.tokenize([self.prefix, self.suffix], add_special_tokens=False)
+        fixed = len(lead) + len(prefix) + len(suffix)
+        room = max_tokens - fixed
+        if room < 1:
+            raise ValueError(
+                f"the score template's prefix and suffix take {fixed} tokens, leaving no room "
+                f"for the pair within {max_tokens}"
+            )
+        bodies = tokenizer.tokenize(
+            [self.pair_text(q, d, instruction) for q, d in pairs],
+            truncate=room,
+            side=side,
+            add_special_tokens=False,
+        )
+        head = TokenSequence(
+            [*lead, *prefix.input_ids],
+            None,
+            [(0, 0)] * (len(lead) + len(prefix)),
+            [1] * len(lead) + [0] * len(prefix),
+        )
+        return [
+            TokenSequence(
+                head.input_ids + body.input_ids + suffix.input_ids,
+                None,
+                head.offsets + body.offsets + [(0, 0)] * len(suffix),
+                head.special_mask + body.special_mask + suffix.special_mask,
+            )
+            for body in bodies
+        ]
+
+
+def _leading_specials(tokenizer: ModelTokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before a text (Llama's and Gemma's BOS;
+    none for Qwen)."""
+    probe = tokenizer.tokenize(["a"])[0]
+    lead = []
+    for token, special in zip(probe.input_ids, probe.special_mask, strict=True):
+        if not special:
+            break
+        lead.append(token)
+    return lead
+
+
+def split_template(text: str, where: str) -> tuple[str, str, str]:
+    """(prefix, body, suffix) of a template; ValueError naming `where` when {query} or
+    {document} is missing."""
+    found = {match.group(1) for match in _PLACEHOLDER.finditer(text)}
+    missing = [name for name in ("query", "document") if name not in found]
+    if missing:
+        names = " and ".join("{" + name + "}" for name in missing)
+        raise ValueError(
+            f"{where}: the score template has no {names}; a template needs {{query}} and "
+            "{document} (and may use {instruction})"
+        )
+    matches = list(_PLACEHOLDER.finditer(text))
+    first, last = matches[0].start(), matches[-1].end()
+    line_start = text.rfind("\n", 0, first) + 1
+    return text[:line_start], text[line_start:last], text[last:]
+
+
+def parse_tokens(value: str | list[str] | tuple[str, ...], where: str) -> tuple[str, str]:
+    """`yes,no` (or a two-item list): the true token, then the false one."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    if len(items) != 2 or not all(isinstance(item, str) and item for item in items):
+        raise ValueError(
+            f"{where}: score tokens must be two tokens, true then false (e.g. yes,no); "
+            f"got {value!r}"
+        )
+    return items[0], items[1]
+
+
+@dataclass(frozen=True)
+class TemplateText:
+    """A template as given, before it meets a tokenizer."""
+
+    text: str
+    tokens: tuple[str, str]
+    default_instruction: str
+    source: str
+
+
+def read_template_arg(value: str) -> tuple[str, dict[str, object]]:
+    """`--score-template`: a file (JSON as score_template.json, or the template's text)
+    or the template inline. Returns (text, the JSON file's other settings)."""
+    path = Path(value).expanduser()
+    is_file = "\n" not in value and len(value) < 4096 and path.is_file()
+    if not is_file:
+        return value, {}
+    if path.suffix == ".json":
+        settings = _read_json(path)
+        return str(settings.pop("template")), settings
+    return path.read_text(encoding="utf-8"), {}
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("template"), str):
+        raise ValueError(f'{path}: expected a JSON object with a "template" string')
+    return settings
+
+
+def find_template(
+    folder: Path, template_arg: str | None, tokens_arg: str | None
+) -> TemplateText | None:
+    """The template a model is served with: the flags first, then the folder's file;
+    None when there is none. `--score-tokens` alone overrides the folder file's tokens."""
+    settings: dict[str, object] = {}
+    if template_arg:
+        text, settings = read_template_arg(template_arg)
+        source = "--score-template"
+    elif (folder / SCORE_TEMPLATE_FILE).is_file():
+        settings = _read_json(folder / SCORE_TEMPLATE_FILE)
+        text, source = str(settings.pop("template")), SCORE_TEMPLATE_FILE
+    elif tokens_arg:
+        raise ValueError(
+            f"--score-tokens {tokens_arg!r} needs a score template: --score-template, or a "
+            f"{SCORE_TEMPLATE_FILE} in the model folder"
+        )
+    else:
+        return None
+    if tokens_arg:
+        tokens = parse_tokens(tokens_arg, "--score-tokens")
+    else:
+        raw = settings.get("tokens", DEFAULT_TOKENS)
+        tokens = parse_tokens(raw, f"{source} tokens")  # type: ignore[arg-type]
+    instruction = settings.get("default_instruction", "")
+    if not isinstance(instruction, str):
+        raise ValueError(f"{source}: default_instruction must be a string")
+    return TemplateText(text, tokens, instruction, source)
+
+
+def bind_template(given: TemplateText, tokenizer: ModelTokenizer) -> ScoreTemplate:
+    """The template checked against the model's tokenizer: placeholders present, and each
+    score token one token of the vocabulary (else its logit is not one row of the head)."""
+    prefix, body, suffix = split_template(given.text, given.source)
+    ids = []
+    for token in given.tokens:
+        sequence = tokenizer.tokenize([token], add_special_tokens=False)[0]
+        if len(sequence) != 1:
+            pieces = tokenizer.tokens(sequence.input_ids)
+            raise ValueError(
+                f"{given.source}: score token {token!r} is {len(sequence)} tokens in this "
+                f"model's vocabulary ({pieces}), not one: pick tokens the tokenizer keeps whole"
+            )
+        ids.append(sequence.input_ids[0])
+    if ids[0] == ids[1]:
+        raise ValueError(f"{given.source}: the true and false score tokens are the same token")
+    return ScoreTemplate(
+        prefix,
+        body,
+        suffix,
+        given.tokens[0],
+        given.tokens[1],
+        ids[0],
+        ids[1],
+        given.default_instruction,
+        given.source,
+    )
