@@ -31,6 +31,7 @@ from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
 from engine.validation import Limits
 from service.errors import status_label, unavailable
+from service.ops.memory import trimmer
 from service.ops.telemetry import RequestRecord, Telemetry
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,12 @@ class RequestRunner:
                 started = time.monotonic()
                 tokenized = engine.tokenize(model, texts, add_special_tokens, budget, prompt_name)
                 timings.tokenize_s = time.monotonic() - started
-                return render(tokenized)
+                try:
+                    return render(tokenized)
+                finally:
+                    if sum(map(len, tokenized.items)) > TRIM_AFTER_TOKENS:
+                        del tokenized
+                        _trim()  # the pages a long text's lists and arrays took, handed back
 
             return await _within(call.deadline, asyncio.to_thread(work))
 
@@ -303,6 +309,9 @@ async def _within(deadline: float | None, work: Awaitable[T]) -> T:
 
 # Decodes of more ids than this run on a worker thread.
 OFF_LOOP_IDS = 100_000
+# A Tokenize of more tokens than this gives the allocator's free pages back when done.
+TRIM_AFTER_TOKENS = 100_000
+_trim = trimmer()
 
 
 def _size(result: object) -> tuple[int, int]:
