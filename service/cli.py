@@ -418,6 +418,24 @@ def _model_config_flags(models: Group) -> None:
         "none, auto for the folder's own (the default). " + PER_MODEL,
     )
     models.add_argument(
+        "--score-template",
+        action="append",
+        metavar="FILE_OR_TEMPLATE",
+        help="serve a decoder LM (Qwen3, Gemma, Llama) as an LLM reranker: a template with "
+        "{query}, {document} and optionally {instruction} (the request's prompt, Rerank's "
+        "instruction), inline or in a file (its text, or JSON as the folder's "
+        "score_template.json: template, tokens, default_instruction); '' for the folder's "
+        "own score_template.json (the default). " + PER_MODEL,
+    )
+    models.add_argument(
+        "--score-tokens",
+        action="append",
+        metavar="TRUE,FALSE",
+        help="the LLM reranker's two tokens, true then false, each one token of the vocabulary "
+        "(default: the template file's tokens, else yes,no); the score is sigmoid(logit(TRUE) "
+        "- logit(FALSE)) at the last position. " + PER_MODEL,
+    )
+    models.add_argument(
         "--revision",
         action="append",
         help="the hub branch, tag or commit of a hub model ('' or unset: the default "
@@ -707,6 +725,8 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
         overrides,
         prompt_name,
         revision,
+        score_template,
+        score_tokens,
     ) in zip(
         backends,
         sources,
@@ -717,6 +737,8 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
         _per_model(args.hf_overrides, n, "--hf-overrides"),
         _per_model(args.default_prompt_name, n, "--default-prompt-name"),
         _per_model(args.revision, n, "--revision"),
+        _per_model(args.score_template, n, "--score-template"),
+        _per_model(args.score_tokens, n, "--score-tokens"),
         strict=True,
     ):
         try:
@@ -735,6 +757,8 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
                 hf_overrides=parsed,
                 default_prompt_name=None if prompt_name in (None, "auto") else prompt_name,
                 revision=revision or None,
+                score_template=score_template or ModelSpec.score_template,
+                score_tokens=score_tokens or ModelSpec.score_tokens,
                 trust_remote_code=args.trust_remote_code,
                 backend=backend,
             )
