@@ -7,7 +7,8 @@
 //   {"address": "127.0.0.1:port", "calls": [{
 //     "kind": "unary" | "server" | "bidi", "path": "/pkg.Service/Method",
 //     "requests": [base64 message, ...], "metadata": [[key, value], ...] (base64 for -bin keys),
-//     "timeout_ms": number | null, "gzip": bool, "cancel_after_ms": number | null}]}
+//     "timeout_ms": number | null, "gzip": bool, "cancel_after_ms": number | null (unary),
+//     "cancel_after_answers": number | null (streams)}]}
 // and prints one JSON array, an outcome per call, in order:
 //   {"code": number, "details": string, "messages": [base64], "headers": [[key, value]],
 //    "trailers": [[key, value]]}, -bin values again in base64.
@@ -80,12 +81,17 @@ function run(address, spec) {
       for (const message of requests) {
         call.write(message);
       }
-      if (spec.cancel_after_ms == null) {
+      if (spec.cancel_after_answers == null) {
         call.end();
       }
     }
     if (spec.kind !== 'unary') {
-      call.on('data', (message) => outcome.messages.push(message.toString('base64')));
+      call.on('data', (message) => {
+        outcome.messages.push(message.toString('base64'));
+        if (outcome.messages.length === spec.cancel_after_answers) {
+          call.cancel();
+        }
+      });
       call.on('error', () => {}); // the status says it
     }
     call.on('metadata', (headers) => {
