@@ -521,10 +521,11 @@ def test_half_open_streams_are_capped_per_connection_and_client_and_timed_out(
     tmp_path: Path,
 ) -> None:
     """--max-open-calls 1024: a connection may hold 256 calls (and is told so in SETTINGS),
-    a client address 512; calls whose request never comes end after --handshake-timeout-s,
+    a client address 512; calls whose request never comes end after --handshake-timeout-s
+    (DEADLINE_EXCEEDED),
     and other connections are served meanwhile up to the client's share."""
     server = start_server(
-        ["--grpc-door", "node", "--max-open-calls", "1024", "--handshake-timeout-s", "2"],
+        ["--grpc-door", "node", "--max-open-calls", "1024", "--handshake-timeout-s", "4"],
         tmp_path,
     )
     raws = [RawHttp2(server.port) for _ in range(3)]
@@ -533,6 +534,7 @@ def test_half_open_streams_are_capped_per_connection_and_client_and_timed_out(
         held = [[raw.open("Pool") for _ in range(256)] for raw in raws[:2]]
         for raw in raws[:2]:
             raw.flush()
+        time.sleep(1.0)  # half-open streams get no answer: give the server time to see them
         past = [raws[2].open("Pool") for _ in range(5)]
         raws[2].flush()
         raws[2].wait(past, 5)
