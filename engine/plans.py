@@ -331,7 +331,7 @@ def _plan_bi_encoder(resolved: Resolved, model: ServedModel, limits: Limits) -> 
 
 
 def _no_score_template(info: ModelInfo) -> PoolingError:
-    violation = FieldViolation("score", info.score_refusal, "SCORE_TEMPLATE_MISSING")
+    violation = FieldViolation("model", info.score_refusal, "SCORE_TEMPLATE_MISSING")
     error = PoolingError.invalid([violation])
     error.kind = ErrorKind.FAILED_PRECONDITION
     return error

@@ -684,6 +684,8 @@ def rerank_violation(violation: FieldViolation) -> FieldViolation:
         path = "query"
     elif head in ("score.text_2", "score"):  # "score": all the texts together
         path = f"documents{bracket}{rest}"
+    elif path == "prompt":  # an LLM reranker's instruction, as Rerank names it
+        path = "instruction"
     return FieldViolation(path, description, violation.reason)
 
 

@@ -116,6 +116,7 @@ def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
         model=request.model,
         declared_task=declared,
         top_n=request.top_n,
+        instruction=request.instruction if request.HasField("instruction") else None,
     )
 
 
@@ -257,6 +258,7 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         backend_file=info.backend_file,
         engines_per_device=info.engines_per_device,
         calibration_source=info.calibration_source,
+        score_template_source=info.score_template_source,
     )
 
 

@@ -274,7 +274,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source")
+    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +306,7 @@ class ModelCard(_message.Message):
     BACKEND_FILE_FIELD_NUMBER: _ClassVar[int]
     ENGINES_PER_DEVICE_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_TEMPLATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     tasks: _containers.RepeatedScalarFieldContainer[PoolingTask]
     hidden_size: int
@@ -330,7 +331,8 @@ class ModelCard(_message.Message):
     backend_file: str
     engines_per_device: int
     calibration_source: str
-    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ...) -> None: ...
+    score_template_source: str
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "max_client_batch_size", "max_stream_inflight", "server_version")
@@ -375,7 +377,7 @@ class TokenizeResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[TokenizedText, _Mapping]]] = ..., max_input_tokens: _Optional[int] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
-    __slots__ = ("request_id", "model", "query", "documents", "top_n", "return_documents", "params")
+    __slots__ = ("request_id", "model", "query", "documents", "top_n", "return_documents", "params", "instruction")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -383,6 +385,7 @@ class RerankRequest(_message.Message):
     TOP_N_FIELD_NUMBER: _ClassVar[int]
     RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     query: str
@@ -390,7 +393,8 @@ class RerankRequest(_message.Message):
     top_n: int
     return_documents: bool
     params: PoolingParams
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ...) -> None: ...
+    instruction: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., instruction: _Optional[str] = ...) -> None: ...
 
 class RerankResult(_message.Message):
     __slots__ = ("index", "relevance_score", "document")
