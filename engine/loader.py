@@ -524,6 +524,9 @@ def _model_info(
     else:
         pooling_type = spec.pooling_type or (st.pooling_type if st else None) or default_pooling
     tasks = TASKS_BY_HEAD[head]
+    refusal = _score_refusal(spec, folder)
+    if refusal:  # listed without score, which it refuses saying why
+        tasks = tuple(task for task in tasks if task is not Task.SCORE)
     if head is HeadKind.SEQUENCE and config.num_labels == 1:
         tasks = (*tasks, Task.SCORE)
     labels: tuple[str, ...] = ()
@@ -564,7 +567,7 @@ def _model_info(
         calibration_source=FOLDER if ranges is not None else "",
         splade_strategy=splade[0],
         splade_activation=splade[1],
-        score_refusal=_score_refusal(spec, folder),
+        score_refusal=refusal,
     )
 
 

@@ -257,6 +257,9 @@ def _task_agrees(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 def _task_supported(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request, info = r.request, r.info
+    if request.task is Task.SCORE and info.score_refusal:  # a decoder LM without a template
+        yield FieldViolation("model", info.score_refusal, "SCORE_TEMPLATE_MISSING")
+        return
     if request.task is not None and request.task not in info.tasks:
         supported = ", ".join(task.value for task in info.tasks)
         yield FieldViolation(

@@ -349,10 +349,9 @@ def test_a_template_on_an_encoder_is_refused() -> None:
 def test_score_on_a_decoder_lm_without_a_template_is_refused(folders: dict[str, Path]) -> None:
     bare = load(folders["bare"])
     assert bare.info.head is HeadKind.HIDDEN  # it still embeds (last-token pooling)
-    limits = Limits()
-    resolved = validate_request(score_request(QUERY, DOCUMENTS), bare.info, limits)
+    assert Task.SCORE not in bare.info.tasks and Task.EMBED in bare.info.tasks
     with pytest.raises(PoolingError) as caught:
-        plan_request(resolved, bare, limits)
+        validate_request(score_request(QUERY, DOCUMENTS), bare.info, Limits())
     error = caught.value
     assert error.kind is ErrorKind.FAILED_PRECONDITION
     assert error.reason == "SCORE_TEMPLATE_MISSING"
