@@ -5,7 +5,10 @@ computation done here with transformers; a decoder LM without a template refused
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
-from tests.engine.test_llm_reranker import card_format, card_inputs, card_scores
+from tests.engine.test_llm_reranker import CARD_TASK, card_format, card_inputs, card_scores
 from tests.fixture_models import QWEN3_RERANKER_TEMPLATE, tiny_qwen3_reranker
 from tests.rpc_errors import decode_rpc_error
 from tests.server_process import free_port, start_server
@@ -41,7 +44,12 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("served-llm-rerankers")
     template = root / "qwen3-reranker.txt"
     template.write_text(QWEN3_RERANKER_TEMPLATE)
+    with_instruction = root / "qwen3-reranker.json"
+    with_instruction.write_text(
+        json.dumps({"template": QWEN3_RERANKER_TEMPLATE, "default_instruction": CARD_TASK})
+    )
     return {
+        "template_json": with_instruction,
         "reranker": tiny_qwen3_reranker(root / "qwen3-reranker"),
         "bare": tiny_qwen3_reranker(root / "qwen3-bare", template_file=False),
         "template": template,
@@ -192,3 +200,37 @@ def test_an_instruction_on_another_model_is_refused(
         stub.Rerank(request, timeout=60)
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "instruction" in caught.value.details()
+
+
+def test_batch_job_ranks_and_scores(
+    folders: dict[str, Path], expected: dict[str | None, np.ndarray]
+) -> None:
+    """`pooling-server batch` lines through /v1/rerank and /v1/score, the template given
+    by the flags this time."""
+    body = {"model": "rr", "query": QUERY, "documents": DOCUMENTS}
+    pairs = {"model": "rr", "text_1": QUERY, "text_2": DOCUMENTS}
+    lines = [
+        json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": body}),
+        json.dumps({"custom_id": "s", "method": "POST", "url": "/v1/score", "body": pairs}),
+    ]
+    command = [sys.executable, "-m", "service.launch", "batch", "--model"]
+    command += [f"rr={folders['bare']}", "--score-template", str(folders["template_json"])]
+    command += ["--backend", "torch", "--dtype", "float32", "--no-progress"]
+    command += ["--input", "-", "--output", "-"]
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        command,
+        cwd=root,
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = {a["custom_id"]: a["response"] for a in map(json.loads, done.stdout.splitlines())}
+    ranked = answers["r"]["body"]["results"]
+    scored = [d["score"] for d in answers["s"]["body"]["data"]]
+    got = by_index([(r["index"], r["relevance_score"]) for r in ranked])
+    np.testing.assert_allclose(got, expected[None], atol=ATOL)
+    np.testing.assert_allclose(scored, expected[None], atol=ATOL)
+    assert answers["r"]["status_code"] == answers["s"]["status_code"] == 200
