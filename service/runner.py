@@ -308,7 +308,7 @@ async def _within(deadline: float | None, work: Awaitable[T]) -> T:
 
 
 # Decodes of more ids than this run on a worker thread.
-OFF_LOOP_IDS = 100_000
+OFF_LOOP_IDS = 65_536
 # A Tokenize of more tokens than this gives the allocator's free pages back when done.
 TRIM_AFTER_TOKENS = 100_000
 _trim = trimmer()
