@@ -1,7 +1,8 @@
 """Attacks on the gRPC door, each beside a bystander (issue 36's held-out table).
 
-Run against the default door (`--grpc-door auto`: Node.js where it is installed) serving
-all-MiniLM-L6-v2, as in the issue's figures:
+Run against the default door (`--grpc-door auto`: Node.js where it is installed), a server
+per attack, serving all-MiniLM-L6-v2 as in the issue's figures (and, for the token_embed
+answers, a one-layer BERT of MiniLM's width, so that computing them takes seconds on 2 cores):
 
 - 200 concurrent calls, each ~15 KB of gzip inflating to a 15.8 MB request;
 - a client that never opens its receive window and asks 30 large token_embed answers;
