@@ -440,7 +440,7 @@ def _read_folder(spec: ModelSpec) -> _Folder:
     hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
     tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
-    template = _score_template(spec, path, config, head, tokenizer)
+    template = _score_template(spec, path, config, head, tokenizer, hf_tokenizer)
     if template is not None:
         head = HeadKind.LLM_SCORE
     return _Folder(
@@ -462,11 +462,14 @@ def _score_template(
     config: PretrainedConfig,
     head: HeadKind,
     tokenizer: ModelTokenizer,
+    hf_tokenizer: Any,
 ) -> ScoreTemplate | None:
     """The score template an LLM reranker is served with (flags, then the folder's
-    score_template.json), checked against its tokenizer; None for other models. A template
+    score_template.json, then its chat template where that is a vLLM-style score template),
+    checked against its tokenizer; None for other models. A template
     given for a model that is not a decoder LM is refused: no LM head to read it."""
-    given = find_template(path, spec.score_template, spec.score_tokens)
+    chat_template = getattr(hf_tokenizer, "chat_template", None) if is_decoder(config) else None
+    given = find_template(path, spec.score_template, spec.score_tokens, chat_template)
     if given is None:
         return None
     name = spec.served_name

@@ -15,7 +15,11 @@ The pair's score is sigmoid(logit(true) - logit(false)) at the last position, wh
 also the softmax over the two logits' true entry: the same number either way.
 
 Sources, first found wins: `--score-template` / `--score-tokens`, then the folder's
-`score_template.json` ({"template", "tokens", "default_instruction"}).
+`score_template.json` ({"template", "tokens", "default_instruction"}), then the folder's
+chat template where it is a score template in vLLM's manner: Jinja over `messages` with the
+roles "query" and "document" (and "system", or the `instruction` variable, for the
+instruction). A Jinja template (one with `{{`) given by flag or file is read the same way:
+rendered once with marker texts standing for the three values, which become placeholders.
 """
 
 from __future__ import annotations
@@ -151,6 +155,51 @@ class TemplateText:
     source: str
 
 
+# Marker texts that stand for the values while a Jinja score template renders: private-use
+# characters, which no template text holds.
+_MARKS = {name: f"\ue000{name}\ue001" for name in PLACEHOLDERS}
+
+
+def from_jinja(text: str, where: str) -> tuple[str, str] | None:
+    """A vLLM-style Jinja score template as (placeholder template, default instruction);
+    None where it renders no query and document from `messages` (an ordinary chat
+    template), or fails to render."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    pair = [
+        {"role": "query", "content": _MARKS["query"]},
+        {"role": "document", "content": _MARKS["document"]},
+    ]
+    system = [{"role": "system", "content": _MARKS["instruction"]}]
+    try:
+        template = env.from_string(text)
+        marked = template.render(messages=system + pair, add_generation_prompt=False)
+        bare = template.render(messages=pair, add_generation_prompt=False)
+    except Exception:  # any chat template may refuse roles it does not know
+        return None
+    if _MARKS["query"] not in marked or _MARKS["document"] not in marked:
+        return None
+    default = ""
+    if _MARKS["instruction"] in marked:
+        before, _, after = marked.partition(_MARKS["instruction"])
+        if bare.startswith(before) and bare.endswith(after):
+            default = bare[len(before) : len(bare) - len(after)]
+    for name, mark in _MARKS.items():
+        marked = marked.replace(mark, "{" + name + "}")
+    if "\ue000" in marked or "\ue000" in default:  # a value passed through a filter
+        raise ValueError(f"{where}: the Jinja score template changes the values it renders")
+    return marked, default
+
+
 def read_template_arg(value: str) -> tuple[str, dict[str, object]]:
     """`--score-template`: a file (JSON as score_template.json, or the template's text)
     or the template inline. Returns (text, the JSON file's other settings)."""
@@ -175,17 +224,25 @@ def _read_json(path: Path) -> dict[str, object]:
 
 
 def find_template(
-    folder: Path, template_arg: str | None, tokens_arg: str | None
+    folder: Path,
+    template_arg: str | None,
+    tokens_arg: str | None,
+    chat_template: object = None,
 ) -> TemplateText | None:
-    """The template a model is served with: the flags first, then the folder's file;
-    None when there is none. `--score-tokens` alone overrides the folder file's tokens."""
+    """The template a model is served with: the flags first, then the folder's file, then
+    its chat template where that is a score template; None when there is none.
+    `--score-tokens` alone overrides the folder's tokens."""
     settings: dict[str, object] = {}
+    chat = from_jinja(chat_template, "chat template") if isinstance(chat_template, str) else None
     if template_arg:
         text, settings = read_template_arg(template_arg)
         source = "--score-template"
     elif (folder / SCORE_TEMPLATE_FILE).is_file():
         settings = _read_json(folder / SCORE_TEMPLATE_FILE)
         text, source = str(settings.pop("template")), SCORE_TEMPLATE_FILE
+    elif chat is not None:
+        text, source = chat[0], "chat_template"
+        settings = {"default_instruction": chat[1]}
     elif tokens_arg:
         raise ValueError(
             f"--score-tokens {tokens_arg!r} needs a score template: --score-template, or a "
@@ -201,6 +258,14 @@ def find_template(
     instruction = settings.get("default_instruction", "")
     if not isinstance(instruction, str):
         raise ValueError(f"{source}: default_instruction must be a string")
+    if "{{" in text:  # Jinja, as vLLM's score templates
+        converted = from_jinja(text, source)
+        if converted is None:
+            raise ValueError(
+                f"{source}: this Jinja template renders no query and document from messages "
+                '(vLLM\'s score templates read the roles "query" and "document")'
+            )
+        text, instruction = converted[0], instruction or converted[1]
     return TemplateText(text, tokens, instruction, source)
 
 

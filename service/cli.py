@@ -423,9 +423,9 @@ def _model_config_flags(models: Group) -> None:
         metavar="FILE_OR_TEMPLATE",
         help="serve a decoder LM (Qwen3, Gemma, Llama) as an LLM reranker: a template with "
         "{query}, {document} and optionally {instruction} (the request's prompt, Rerank's "
-        "instruction), inline or in a file (its text, or JSON as the folder's "
-        "score_template.json: template, tokens, default_instruction); '' for the folder's "
-        "own score_template.json (the default). " + PER_MODEL,
+        "instruction), or a vLLM Jinja score template, inline or in a file (JSON as the "
+        "folder's score_template.json: template, tokens, default_instruction); '' for the "
+        "folder's own score_template.json or score chat template (the default). " + PER_MODEL,
     )
     models.add_argument(
         "--score-tokens",

@@ -206,9 +206,12 @@ def _byte_level_tokenizer() -> object:
     )
 
 
-def tiny_qwen3_reranker(folder: Path, template_file: bool = True) -> Path:
+def tiny_qwen3_reranker(
+    folder: Path, template_file: bool = True, chat_template: str | None = None
+) -> Path:
     """A random-weight Qwen3ForCausalLM (untied head) with a byte-level tokenizer; with
-    `template_file`, Qwen3-Reranker's template in score_template.json beside it."""
+    `template_file`, Qwen3-Reranker's template in score_template.json beside it; with
+    `chat_template`, that as the tokenizer's chat template."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = _byte_level_tokenizer()
@@ -227,6 +230,8 @@ def tiny_qwen3_reranker(folder: Path, template_file: bool = True) -> Path:
         pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
     )
     Qwen3ForCausalLM(config).save_pretrained(folder)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template  # type: ignore[attr-defined]
     tokenizer.save_pretrained(folder)  # type: ignore[attr-defined]
     if template_file:
         (folder / "score_template.json").write_text(

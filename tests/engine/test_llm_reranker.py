@@ -95,12 +95,36 @@ def card_scores_padded(
     return torch.nn.functional.log_softmax(pair, dim=1)[:, 1].exp().numpy()
 
 
+# A score template in vLLM's Jinja manner: the pair from the roles "query" and "document",
+# the instruction from a "system" message, else a default.
+JINJA_TEMPLATE = (
+    CARD_PREFIX + "<Instruct>: {% set system = messages | selectattr('role', 'eq', 'system') "
+    "| list %}{{ system[0].content if system else '" + CARD_TASK + "' }}\n"
+    "<Query>: {{ (messages | selectattr('role', 'eq', 'query') | first).content }}\n"
+    "<Document>: {{ (messages | selectattr('role', 'eq', 'document') | first).content }}"
+    + CARD_SUFFIX
+    + "\n"  # Jinja drops a template's last newline, as transformers renders chat templates
+)
+# An ordinary chat template (user and assistant turns): not a score template.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m.role not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role') }}{% endif %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+)
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("llm-rerankers")
     return {
         "reranker": tiny_qwen3_reranker(root / "qwen3-reranker"),
         "bare": tiny_qwen3_reranker(root / "qwen3-bare", template_file=False),
+        "jinja": tiny_qwen3_reranker(
+            root / "qwen3-jinja", template_file=False, chat_template=JINJA_TEMPLATE
+        ),
+        "chat": tiny_qwen3_reranker(
+            root / "qwen3-chat", template_file=False, chat_template=CHAT_TEMPLATE
+        ),
     }
 
 
@@ -299,6 +323,33 @@ def test_template_from_flags_inline_and_in_files(
         np.testing.assert_allclose(got, expected, atol=1e-7)
 
 
+@pytest.mark.parametrize("instruction", [None, "Find the passage that names a city"])
+def test_a_jinja_score_template_reads_as_vllms(
+    folders: dict[str, Path],
+    reranker: LoadedModel,
+    tmp_path: Path,
+    instruction: str | None,
+) -> None:
+    """vLLM's kind of score template, as the folder's chat template or a --score-template
+    .jinja file: the same tokens and scores as the model card's, its default instruction
+    included."""
+    from_chat = load(folders["jinja"])
+    assert from_chat.info.score_template_source == "chat_template"
+    jinja_file = tmp_path / "qwen3.jinja"
+    jinja_file.write_text(JINJA_TEMPLATE)
+    from_file = load(folders["bare"], score_template=str(jinja_file))
+    expected_ids, expected = run(reranker, score_request(QUERY, DOCUMENTS, instruction))
+    for model in (from_chat, from_file):
+        ids, got = run(model, score_request(QUERY, DOCUMENTS, instruction))
+        assert ids == expected_ids
+        np.testing.assert_allclose(got, expected, atol=1e-7)
+
+
+def test_an_ordinary_chat_template_is_no_score_template(folders: dict[str, Path]) -> None:
+    chat = load(folders["chat"])
+    assert chat.info.head is HeadKind.HIDDEN and chat.info.score_refusal
+
+
 def test_swapped_tokens_give_the_complementary_score(
     folders: dict[str, Path], reranker: LoadedModel
 ) -> None:
@@ -323,6 +374,7 @@ def test_swapped_tokens_give_the_complementary_score(
         ({"score_template": "{query} {document}", "score_tokens": "yes,yes"}, "the same token"),
         ({"score_template": "{query} {document}", "score_tokens": "yes"}, "two tokens"),
         ({"score_tokens": "yes,no"}, "needs a score template"),
+        ({"score_template": "{{ messages[0].content }}"}, "renders no query and document"),
         ({"score_template": "{query} {document}", "backend": "onnx"}, "--backend torch only"),
     ],
 )
