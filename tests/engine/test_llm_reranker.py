@@ -426,3 +426,30 @@ def test_prompt_names_are_still_refused_on_score(reranker: LoadedModel) -> None:
     with pytest.raises(PoolingError) as caught:
         validate_request(request, reranker.info, Limits())
     assert caught.value.reason == "PROMPT_NOT_SUPPORTED_FOR_TASK"
+
+
+def test_graphed_forward_scores_as_eager(reranker: LoadedModel) -> None:
+    """The forward replayed from (stand-in) CUDA graphs of bucketed shapes: each batch is
+    padded to its bucket's rows and length, and every pair still reads its own last token."""
+    from engine.cuda_graphs import Buckets, GraphedForward, eager_capture
+
+    runner = reranker.runner
+    assert runner.module is not None
+    graphs = GraphedForward(
+        runner.module,
+        runner._output,
+        Buckets.for_model(8, runner.info.max_input_tokens, 256),
+        torch.device("cpu"),
+        runner.pad_token_id,
+        False,
+        capture=eager_capture,
+    )
+    graphs.capture_all()
+    _, eager = run(reranker, score_request(QUERY, DOCUMENTS))
+    runner.graphs = graphs
+    try:
+        _, graphed = run(reranker, score_request(QUERY, DOCUMENTS))
+    finally:
+        runner.graphs = None
+    assert graphs.replays == 1
+    np.testing.assert_allclose(graphed, eager, atol=1e-6)
