@@ -71,8 +71,9 @@ const whole = new Set(settings.unary_paths);
 const PINNED = '1.14.7';
 const found = require('@grpc/grpc-js/package.json').version;
 if (found !== PINNED) {
+  const folder = new URL('.', import.meta.url).pathname;
   process.stderr.write(`grpc door (node): @grpc/grpc-js ${found} is installed, the door is `
-    + `written for ${PINNED}: run \`npm ci --omit=dev\` in ${import.meta.dirname}\n`);
+    + `written for ${PINNED}: run \`npm ci --omit=dev\` in ${folder}\n`);
   process.exit(1);
 }
 const Base = BaseServerInterceptingCall.prototype;
@@ -92,7 +93,8 @@ const originalEnd = Base.handleEndEvent;
 Base.handleEndEvent = function handleEndEvent() {
   flushTiny(this);
   if (this.decoder.readState !== 0) {
-    this.sendStatus({ code: Status.INVALID_ARGUMENT, details: 'the stream ended inside a message' });
+    const details = 'the stream ended inside a message';
+    this.sendStatus({ code: Status.INVALID_ARGUMENT, details });
     return;
   }
   originalEnd.call(this);
@@ -155,7 +157,8 @@ Base.decompressMessage = async function decompressMessage(framed, encoding) {
       throw { code: Status.RESOURCE_EXHAUSTED, details: 'Received message that decompresses '
         + `to a size larger than ${settings.max_message_bytes}` };
     }
-    throw { code: Status.INVALID_ARGUMENT, details: `Failed to decompress the message (${encoding}): ${error?.message}` };
+    throw { code: Status.INVALID_ARGUMENT,
+      details: `Failed to decompress the message (${encoding}): ${error?.message}` };
   }
 };
 
@@ -769,7 +772,8 @@ const serverOptions = {
 // A connection is told it may open no more streams than its share of the open calls:
 // clients queue the rest, and nghttp2 refuses (and past 100, closes) a client that does not.
 const perConnection = settings.open_calls.per_connection;
-const streamLimit = Math.min(settings.max_concurrent_streams || Infinity, perConnection || Infinity);
+const streamLimit = Math.min(settings.max_concurrent_streams || Infinity,
+  perConnection || Infinity);
 if (streamLimit !== Infinity) serverOptions['grpc.max_concurrent_streams'] = streamLimit;
 if (settings.keepalive_time_s) {
   serverOptions['grpc.keepalive_time_ms'] = Math.round(settings.keepalive_time_s * 1000);
@@ -810,7 +814,9 @@ for (const [path, kind] of Object.entries(settings.methods)) {
 function credentials() {
   const tls = settings.tls;
   if (!tls) return grpc.ServerCredentials.createInsecure();
-  const pair = { private_key: fs.readFileSync(tls.key_file), cert_chain: fs.readFileSync(tls.cert_file) };
+  const pair = {
+    private_key: fs.readFileSync(tls.key_file), cert_chain: fs.readFileSync(tls.cert_file),
+  };
   const clientCa = tls.client_ca_file ? fs.readFileSync(tls.client_ca_file) : null;
   return grpc.ServerCredentials.createSsl(clientCa, [pair], clientCa !== null);
 }

@@ -570,3 +570,14 @@ def test_a_client_pinging_too_often_gets_goaway_too_many_pings(node_server: Serv
         assert raw.terminated == f"GOAWAY {h2.errors.ErrorCodes.ENHANCE_YOUR_CALM}"
     finally:
         raw.close()
+
+
+def test_open_call_caps_share_the_total() -> None:
+    """A connection's share of --max-open-calls is 1/32 (never below 256 or the cap), a
+    client address's 1/2: 8 connections x 4,096 half-open streams hold 8,192 of the default
+    32,768, and one client on many connections still leaves half for the others."""
+    from service.grpc.node_door import open_call_caps
+
+    assert open_call_caps(32768) == {"total": 32768, "per_connection": 1024, "per_client": 16384}
+    assert open_call_caps(200) == {"total": 200, "per_connection": 200, "per_client": 200}
+    assert open_call_caps(0) == {"total": 0, "per_connection": 0, "per_client": 0}
