@@ -244,3 +244,48 @@ def tiny_qwen3_reranker(
             )
         )
     return folder
+
+
+# A plain score template, for decoder families other than Qwen's.
+PLAIN_TEMPLATE = "Query: {query}\nDocument: {document}\nRelevant (yes or no):"
+
+
+def tiny_decoder_reranker(folder: Path, family: str) -> Path:
+    """A random-weight `llama` or `gemma2` (soft-capped logits) causal LM whose tokenizer
+    puts a BOS before every text, with PLAIN_TEMPLATE in score_template.json."""
+    from tokenizers import processors
+    from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaForCausalLM
+
+    tokenizer = _byte_level_tokenizer()
+    bos = "<|endoftext|>"
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(  # type: ignore[attr-defined]
+        single=f"{bos} $A",
+        pair=f"{bos} $A $B",
+        special_tokens=[(bos, tokenizer.convert_tokens_to_ids(bos))],  # type: ignore[attr-defined]
+    )
+    tokenizer.bos_token = bos  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    sizes: dict[str, object] = {
+        "vocab_size": len(tokenizer),  # type: ignore[arg-type]
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": RERANKER_MAX_POSITIONS,
+        "initializer_range": 0.2,
+        "pad_token_id": tokenizer.pad_token_id,  # type: ignore[attr-defined]
+    }
+    if family == "llama":
+        model: torch.nn.Module = LlamaForCausalLM(
+            LlamaConfig(**sizes, tie_word_embeddings=False)  # type: ignore[arg-type]
+        )
+    else:
+        model = Gemma2ForCausalLM(
+            Gemma2Config(**sizes, final_logit_softcapping=2.0)  # type: ignore[arg-type]
+        )
+    model.save_pretrained(folder)  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(folder)  # type: ignore[attr-defined]
+    (folder / "score_template.json").write_text(json.dumps({"template": PLAIN_TEMPLATE}))
+    return folder

@@ -453,3 +453,33 @@ def test_graphed_forward_scores_as_eager(reranker: LoadedModel) -> None:
         runner.graphs = None
     assert graphs.replays == 1
     np.testing.assert_allclose(graphed, eager, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_other_decoder_families_score_as_transformers(tmp_path: Path, family: str) -> None:
+    """Llama and Gemma 2 through the same path: the tokenizer's BOS first, then the
+    template's parts; Gemma 2's logits soft-capped as its own head caps them."""
+    from tests.fixture_models import PLAIN_TEMPLATE, tiny_decoder_reranker
+
+    folder = tiny_decoder_reranker(tmp_path / family, family)
+    model = load(folder)
+    assert model.info.head is HeadKind.LLM_SCORE
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prefix, _, rest = PLAIN_TEMPLATE.partition("Query: ")
+    body_end = rest.index("{document}") + len("{document}")
+    suffix = rest[body_end:]
+    ids, scores = run(model, score_request(QUERY, DOCUMENTS))
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    expected_ids, expected = [], []
+    for document in DOCUMENTS:
+        body = f"Query: {QUERY}\nDocument: {document}"
+        sequence = [tokenizer.bos_token_id]
+        for part in (prefix, body, suffix):
+            sequence += tokenizer.encode(part, add_special_tokens=False)
+        expected_ids.append(sequence)
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([sequence])).logits[0, -1]
+        expected.append(float(torch.sigmoid(logits[yes] - logits[no])))
+    assert ids == expected_ids
+    np.testing.assert_allclose(scores, expected, atol=ATOL)
