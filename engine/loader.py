@@ -501,12 +501,29 @@ def _load_module(
     kwargs: dict[str, Any] = {"config": folder.config, "dtype": dtype, **folder.hub}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    module = _HEAD_CLASSES[folder.head].from_pretrained(folder.path, **kwargs)
-    if folder.template is not None:
+    if folder.template is None:
+        module = _HEAD_CLASSES[folder.head].from_pretrained(folder.path, **kwargs)
+    else:
+        module, loading = AutoModelForCausalLM.from_pretrained(
+            folder.path, output_loading_info=True, **kwargs
+        )
+        _check_lm_weights(folder, loading.get("missing_keys") or [])
         scorer = LlmScorer(module, folder.template.true_id, folder.template.false_id)
         drop_untied_head(module)
         module = scorer
     return module.to(device).eval()
+
+
+def _check_lm_weights(folder: _Folder, missing: Sequence[str]) -> None:
+    """An LLM reranker's weights must all come from the folder: a decoder body saved
+    without its LM head (an embedding model's folder) would score with random rows."""
+    if missing:
+        shown = ", ".join(sorted(missing)[:4]) + (" ..." if len(missing) > 4 else "")
+        raise ValueError(
+            f"{folder.path}: a score template needs the decoder's LM head, and this folder "
+            f"lacks {len(missing)} of the causal LM's weights ({shown}); serve a "
+            "*ForCausalLM checkpoint (the reranker's own)"
+        )
 
 
 def _model_info(
@@ -597,8 +614,13 @@ def _llm_score_info(
     truncated so that the template's prefix and suffix fit (as the model card's code)."""
     template, config = folder.template, folder.config
     assert template is not None
-    empty = template.sequences(folder.tokenizer, [("", "")], "", 10**9)[0]
-    body = folder.tokenizer.tokenize([template.pair_text("", "", "")], add_special_tokens=False)[0]
+    maximum = folder.tokenizer.max_input_tokens
+    if template.fixed_tokens >= maximum:
+        raise ValueError(
+            f"model {spec.served_name}: its score template's own parts ({template.source}) "
+            f"take {template.fixed_tokens} tokens, leaving no room for a pair within the "
+            f"maximum length of {maximum}"
+        )
     weights = next(module.parameters())
     if spec.long_input is LongInput.CHUNK:
         log.warning("model %s: --long-input chunk does not apply to LLM rerankers", spec.name)
@@ -608,9 +630,9 @@ def _llm_score_info(
         head=HeadKind.LLM_SCORE,
         tasks=TASKS_BY_HEAD[HeadKind.LLM_SCORE],
         hidden_size=int(config.get_text_config().hidden_size),
-        max_input_tokens=folder.tokenizer.max_input_tokens,
+        max_input_tokens=maximum,
         # The tokens every pair adds (prefix, suffix, a BOS) and one of the pair's own.
-        num_special_tokens=len(empty) - len(body) + 1,
+        num_special_tokens=template.fixed_tokens + 1,
         pooling_type=PoolingType.LAST,
         default_normalize=False,
         activation=Activation.SIGMOID,

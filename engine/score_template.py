@@ -49,7 +49,17 @@ class ScoreTemplate:
     true_id: int
     false_id: int
     default_instruction: str
-    source: str  # "--score-template", or the folder's file name
+    source: str  # "--score-template", "score_template.json" or "chat_template"
+    # The fixed parts' tokens, found once at load: the tokenizer's leading special tokens
+    # (a BOS, where it adds one; none for Qwen), the prefix's and the suffix's.
+    lead_ids: tuple[int, ...] = ()
+    prefix_ids: tuple[int, ...] = ()
+    suffix_ids: tuple[int, ...] = ()
+
+    @property
+    def fixed_tokens(self) -> int:
+        """The tokens every pair adds around its own."""
+        return len(self.lead_ids) + len(self.prefix_ids) + len(self.suffix_ids)
 
     def pair_text(self, query: str, document: str, instruction: str | None) -> str:
         """The body with the pair filled in, in one pass: a `{document}` inside the query
@@ -71,16 +81,13 @@ class ScoreTemplate:
     ) -> list[TokenSequence]:
         """Each pair's tokens: prefix + body (truncated to what `max_tokens` leaves) +
         suffix, each tokenized alone without the tokenizer's own special tokens, as the
-        model card's reference builds them; the tokenizer's leading special tokens (a BOS,
-        where it adds one) go first."""
-        lead = _leading_specials(tokenizer)
-        prefix, suffix = tokenizer.tokenize([self.prefix, self.suffix], add_special_tokens=False)
-        fixed = len(lead) + len(prefix) + len(suffix)
-        room = max_tokens - fixed
+        model card's reference builds them; the tokenizer's leading special tokens go
+        first. Offsets are into the filled body; the fixed parts' are (0, 0)."""
+        room = max_tokens - self.fixed_tokens
         if room < 1:
             raise ValueError(
-                f"the score template's prefix and suffix take {fixed} tokens, leaving no room "
-                f"for the pair within {max_tokens}"
+                f"the score template's own parts take {self.fixed_tokens} tokens, leaving no "
+                f"room for the pair within {max_tokens}"
             )
         bodies = tokenizer.tokenize(
             [self.pair_text(q, d, instruction) for q, d in pairs],
@@ -88,18 +95,15 @@ class ScoreTemplate:
             side=side,
             add_special_tokens=False,
         )
-        head = TokenSequence(
-            [*lead, *prefix.input_ids],
-            None,
-            [(0, 0)] * (len(lead) + len(prefix)),
-            [1] * len(lead) + [0] * len(prefix),
-        )
+        head = [*self.lead_ids, *self.prefix_ids]
+        head_mask = [1] * len(self.lead_ids) + [0] * len(self.prefix_ids)
+        tail = list(self.suffix_ids)
         return [
             TokenSequence(
-                head.input_ids + body.input_ids + suffix.input_ids,
+                head + body.input_ids + tail,
                 None,
-                head.offsets + body.offsets + [(0, 0)] * len(suffix),
-                head.special_mask + body.special_mask + suffix.special_mask,
+                [(0, 0)] * len(head) + body.offsets + [(0, 0)] * len(tail),
+                head_mask + body.special_mask + [0] * len(tail),
             )
             for body in bodies
         ]
@@ -204,7 +208,10 @@ def read_template_arg(value: str) -> tuple[str, dict[str, object]]:
     """`--score-template`: a file (JSON as score_template.json, or the template's text)
     or the template inline. Returns (text, the JSON file's other settings)."""
     path = Path(value).expanduser()
-    is_file = "\n" not in value and len(value) < 4096 and path.is_file()
+    try:
+        is_file = "\n" not in value and path.is_file()
+    except OSError:  # no file has such a name (too long): the template itself
+        is_file = False
     if not is_file:
         return value, {}
     if path.suffix == ".json":
@@ -285,6 +292,7 @@ def bind_template(given: TemplateText, tokenizer: ModelTokenizer) -> ScoreTempla
         ids.append(sequence.input_ids[0])
     if ids[0] == ids[1]:
         raise ValueError(f"{given.source}: the true and false score tokens are the same token")
+    fixed = tokenizer.tokenize([prefix, suffix], add_special_tokens=False)
     return ScoreTemplate(
         prefix,
         body,
@@ -295,4 +303,7 @@ def bind_template(given: TemplateText, tokenizer: ModelTokenizer) -> ScoreTempla
         ids[1],
         given.default_instruction,
         given.source,
+        tuple(_leading_specials(tokenizer)),
+        tuple(fixed[0].input_ids),
+        tuple(fixed[1].input_ids),
     )

@@ -483,3 +483,21 @@ def test_other_decoder_families_score_as_transformers(tmp_path: Path, family: st
         expected.append(float(torch.sigmoid(logits[yes] - logits[no])))
     assert ids == expected_ids
     np.testing.assert_allclose(scores, expected, atol=ATOL)
+
+
+def test_a_template_on_a_decoder_body_without_its_head_is_refused(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """An embedding model's folder (the decoder body alone) has no LM head to read."""
+    from transformers import AutoModel
+
+    body = tmp_path / "qwen3-body"
+    AutoModel.from_pretrained(folders["bare"]).save_pretrained(body)
+    AutoTokenizer.from_pretrained(folders["bare"]).save_pretrained(body)
+    with pytest.raises(ValueError, match="lacks 1 of the causal LM's weights"):
+        load(body, score_template="{query} {document}")
+
+
+def test_a_template_longer_than_the_model_is_refused(folders: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="leaving no room for a pair"):
+        load(folders["bare"], score_template="{query} {document}" + " and" * 600)
