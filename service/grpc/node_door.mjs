@@ -244,7 +244,14 @@ function sendEmpty(type, id) { send(header(type, id, 0)); }
 const collect = globalThis.gc ?? (() => {});
 let collecting = false;
 
+let settling = null;
+
 function collectSoon() {
+  // Now, and once more a second after the last large message: what the calls still held
+  // at the first (a write not yet flushed, a refused call not yet closed) goes then.
+  clearTimeout(settling);
+  settling = setTimeout(collect, 1000);
+  settling.unref();
   if (collecting) return;
   collecting = true;
   setImmediate(() => { collecting = false; collect(); });
