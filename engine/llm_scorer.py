@@ -2,8 +2,9 @@
 
 Qwen3-Reranker reads the logits of "yes" and "no" for the token after the template. The
 full head would cost a vocabulary-wide row (151k for Qwen3) per position; only the two
-rows matter, and only at each sequence's last real token, so this module keeps those two
-rows (in float32) and drops the rest of the head where it is not tied to the embeddings.
+rows matter, and only at each sequence's last real token, so this module keeps the decoder
+body and a float32 copy of those two rows: the causal LM around them, and with it an untied
+head's full matrix, is let go once they are copied.
 
 Batches are right-padded (ModelRunner.arrays): with causal attention no real token ever
 attends to a pad, and each row keeps positions 0..n-1, exactly as when it runs alone; the
@@ -61,13 +62,3 @@ class LlmScorer(torch.nn.Module):
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return PairLogits((logits[:, 0] - logits[:, 1]).unsqueeze(1))
-
-
-def drop_untied_head(causal_lm: torch.nn.Module) -> None:
-    """Free the full LM head once its two rows are copied, unless the input embeddings
-    share its weight (then nothing would be freed)."""
-    head = causal_lm.get_output_embeddings()
-    embeddings = causal_lm.get_input_embeddings()
-    if head is None or head.weight is embeddings.weight:
-        return
-    causal_lm.set_output_embeddings(torch.nn.Identity())

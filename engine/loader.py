@@ -38,7 +38,7 @@ from engine.calibration import COMPUTED, FOLDER, Forward, computed_ranges
 from engine.cuda_graphs import Buckets, GraphedForward, GraphSettings, attention_of, why_eager
 from engine.dense import DenseLayer, load_dense
 from engine.encodings import read_calibration_ranges
-from engine.llm_scorer import LlmScorer, drop_untied_head
+from engine.llm_scorer import LlmScorer
 from engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
@@ -508,9 +508,7 @@ def _load_module(
             folder.path, output_loading_info=True, **kwargs
         )
         _check_lm_weights(folder, loading.get("missing_keys") or [])
-        scorer = LlmScorer(module, folder.template.true_id, folder.template.false_id)
-        drop_untied_head(module)
-        module = scorer
+        module = LlmScorer(module, folder.template.true_id, folder.template.false_id)
     return module.to(device).eval()
 
 
