@@ -211,10 +211,9 @@ function readCost(length, encoding) {
 const link = new net.Socket({ fd: settings.link_fd, readable: true, writable: true });
 let corked = false;
 
-// Frames written in one turn of the event loop leave in one write: uncorked at setImmediate,
-// not nextTick, since grpc-js hands each stream's message on in a promise's continuation,
-// after nextTick's queue (uncorking there sent each call's OPEN in a write, and a read, of
-// its own: ~20 us more of Python's CPU a call).
+// Frames written in one turn of the event loop leave in one write (one read for Python):
+// uncorked at setImmediate, not nextTick, since grpc-js hands each stream's message on in a
+// promise's continuation, which runs after nextTick's queue.
 function send(frame) {
   if (!corked) {
     corked = true;
