@@ -65,7 +65,7 @@ def _ms(text: str) -> float:
 def parse_output(text: str) -> dict[str, float]:
     """The figures of h2load's summary; raises if a line is missing (h2load failed)."""
     out: dict[str, float] = {}
-    finished = re.search(r"^finished in [\d.]+s, ([\d.]+) req/s", text, re.M)
+    finished = re.search(r"^finished in [\d.]+m?s, ([\d.]+) req/s", text, re.M)
     requests = re.search(
         r"^requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
         r"(\d+) errored, (\d+) timeout",

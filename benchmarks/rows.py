@@ -165,8 +165,10 @@ NOT_BY_DEFAULT = ("minilm-f1", *STAND_IN_ROWS, "memory", *CALL_CPU_ROWS)
 # Rows whose server is one process, which --profile can follow thread by thread.
 PROFILE_ROWS = ("floor", "floor-asyncio", "loop-bound", "loop-bound-node", "minilm", "stand-in-f0")
 # Rows whose server is split into processes: each one's CPU is read apart.
-SPLIT_ROWS = ("loop-bound-node-f1", "loop-bound-node-f2", "minilm-f1", "stand-in-f1", "stand-in-f2")
-SPLIT_ROWS += tuple(CALL_CPU_ROWS)
+SPLIT_ROWS = (
+    *("loop-bound-node-f1", "loop-bound-node-f2", "minilm-f1", "stand-in-f1", "stand-in-f2"),
+    *CALL_CPU_ROWS,
+)
 
 
 def selected_rows(text: str | None) -> set[str]:
