@@ -60,7 +60,7 @@ from pathlib import Path
 from benchmarks import loop_bound, report, rows
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -155,6 +155,11 @@ def main() -> None:
     parser.add_argument(
         "--shared-channel", action="store_true", help="all clients of a load process share one"
     )
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     if args.backends:
         from benchmarks import backends
