@@ -140,8 +140,16 @@ Base.decompressMessage = async function decompressMessage(framed, encoding) {
     this.doorCall?.arrived(true);
     if (!(await reading.take(this, cost))) throw { code: Status.CANCELLED, details: 'Cancelled' };
   }
-  if (encoding === 'identity') return body;
+  if (encoding === 'identity') {
+    // gRPC's compression spec (test case 6): a Compressed-Flag with no grpc-encoding, or
+    // identity, MUST fail INTERNAL, the one INTERNAL it names for a client's mistake.
+    if (framed[0] === 0) return body;
+    reading.give(this);
+    throw { code: Status.INTERNAL,
+      details: 'Compressed-Flag set on a message without a grpc-encoding to decompress it' };
+  }
   if (encoding !== 'gzip' && encoding !== 'deflate') {
+    reading.give(this);
     throw { code: Status.UNIMPLEMENTED,
       details: `Received message compressed with unsupported encoding "${encoding}"` };
   }
