@@ -51,6 +51,9 @@ from engine.model_info import (
 )
 from engine.model_runner import ModelRunner
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
+from engine.multi_vector import DOCUMENT, QUERY, MultiVectorSettings, read_folder
+from engine.multi_vector import resolve as resolve_multi_vector
+from engine.multi_vector_module import MultiVectorModule, load_projection
 from engine.params import Task
 from engine.score_template import SCORE_TEMPLATE_FILE, ScoreTemplate, bind_template, find_template
 from engine.served import ServedModel
@@ -331,6 +334,9 @@ class _Folder:
     prompts: dict[str, str]
     default_prompt_name: str | None
     template: ScoreTemplate | None = None  # LLM_SCORE: the pairs' template
+    # A ColBERT folder: its query/document settings and its token projection's folder.
+    multi_vector: MultiVectorSettings | None = None
+    multi_vector_dense: Path | None = None
 
 
 def load_model(
@@ -362,7 +368,7 @@ def load_model(
         torch.nn.Sequential(*projection) if projection else None,
     )
     del module  # the runner holds it; a backend that replaces the runner lets it go
-    if folder.head is HeadKind.LLM_SCORE:
+    if folder.head is HeadKind.LLM_SCORE or folder.multi_vector is not None:
         runner.info = _torch_only(spec, runner.info, dtype)
     else:
         runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
@@ -435,7 +441,8 @@ def _read_folder(spec: ModelSpec) -> _Folder:
     config = AutoConfig.from_pretrained(path, **hub)
     for key, value in spec.hf_overrides.items():
         setattr(config, key, value)
-    st = read_sentence_transformers(path)
+    multi = read_folder(path)
+    st = None if multi is not None else read_sentence_transformers(path)
     head = head_kind(config, spec.pooling_type or (st.pooling_type if st else None))
     hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
@@ -443,9 +450,18 @@ def _read_folder(spec: ModelSpec) -> _Folder:
     template = _score_template(spec, path, config, head, tokenizer, hf_tokenizer)
     if template is not None:
         head = HeadKind.LLM_SCORE
-    return _Folder(
+    folder = _Folder(
         path, hub, config, st, head, hf_tokenizer, tokenizer, prompts, default_prompt_name, template
     )
+    if multi is not None:
+        if head is not HeadKind.HIDDEN:
+            raise ValueError(f"{path}: a multi-vector folder needs a plain encoder body")
+        dimension = int(json.loads((multi.dense / "config.json").read_text())["out_features"])
+        folder.multi_vector = resolve_multi_vector(multi, hf_tokenizer, dimension)
+        folder.multi_vector_dense = multi.dense
+        # The modes as MultiVectorEncoder names them: prompt_name "query" / "document".
+        folder.prompts = {**prompts, QUERY: multi.query_prefix, DOCUMENT: multi.document_prefix}
+    return folder
 
 
 def is_causal_lm(config: PretrainedConfig) -> bool:
@@ -501,7 +517,12 @@ def _load_module(
     kwargs: dict[str, Any] = {"config": folder.config, "dtype": dtype, **folder.hub}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if folder.template is None:
+    if folder.multi_vector is not None:
+        assert folder.multi_vector_dense is not None
+        body = AutoModel.from_pretrained(folder.path, **kwargs)
+        projection = load_projection(folder.multi_vector_dense)
+        module = MultiVectorModule(body, projection, folder.multi_vector)
+    elif folder.template is None:
         module = _HEAD_CLASSES[folder.head].from_pretrained(folder.path, **kwargs)
     else:
         module, loading = AutoModelForCausalLM.from_pretrained(
@@ -537,6 +558,8 @@ def _model_info(
     default_pooling = PoolingType.LAST if is_decoder(config) else PoolingType.CLS
     if head is HeadKind.LLM_SCORE:
         return _llm_score_info(spec, folder, module, is_default)
+    if folder.multi_vector is not None:
+        return _multi_vector_info(spec, folder, module, is_default)
     if head is HeadKind.TOKEN:
         pooling_type = PoolingType.ALL
     else:
@@ -645,6 +668,38 @@ def _llm_score_info(
     )
 
 
+def _multi_vector_info(
+    spec: ModelSpec, folder: _Folder, module: torch.nn.Module, is_default: bool
+) -> ModelInfo:
+    """A ColBERT model's facts: embed_multi, and score (so Rerank) by MaxSim; no single
+    vector, since no pooling of its token vectors is what it was trained to give."""
+    settings, config = folder.multi_vector, folder.config
+    assert settings is not None
+    weights = next(module.parameters())
+    return ModelInfo(
+        name=spec.served_name,
+        architecture=(config.architectures or ["BertModel"])[0],
+        head=HeadKind.HIDDEN,
+        tasks=(Task.EMBED_MULTI, Task.SCORE),
+        hidden_size=settings.dimension,
+        max_input_tokens=folder.tokenizer.max_input_tokens,
+        num_special_tokens=folder.hf_tokenizer.num_special_tokens_to_add(pair=False),
+        pooling_type=PoolingType.MEAN,  # unused: every request keeps its token rows
+        default_normalize=True,
+        activation=Activation.IDENTITY,
+        truncation_side=spec.truncation_side,
+        long_input=LongInput.TRUNCATE,  # queries and documents are cut to their lengths
+        max_input_chars=spec.max_input_chars,
+        is_default=is_default,
+        prompts=folder.prompts,
+        default_prompt_name=folder.default_prompt_name,
+        dtype=str(weights.dtype).removeprefix("torch."),
+        device=str(weights.device),
+        revision=loaded_revision(spec.source, folder.path, spec.revision),
+        multi_vector=settings,
+    )
+
+
 def _key_extra(spec: ModelSpec, attn_implementation: str | None) -> dict[str, Any]:
     """The settings beside the folder's files that shape the forward (cache keys)."""
     return {
@@ -717,17 +772,19 @@ def _one_thread(
 
 def _torch_only(spec: ModelSpec, info: ModelInfo, dtype: torch.dtype) -> ModelInfo:
     """LLM rerankers run on torch: the exported backends hand back full logits, where the
-    scorer reads two rows of the head at one position."""
+    scorer reads two rows of the head at one position. Multi-vector models too: the exports
+    know nothing of their projection and expansion mask."""
     options = spec.backend
+    kind = "a multi-vector model" if info.multi_vector else "an LLM reranker (score template)"
     if options.kind not in (BackendKind.AUTO, BackendKind.TORCH) or options.file:
         raise ValueError(
-            f"model {info.name}: an LLM reranker (score template) runs on --backend torch "
+            f"model {info.name}: {kind} runs on --backend torch "
             f"only, not {options.kind}{' with --backend-file' if options.file else ''}"
         )
     if options.quantize:
-        raise ValueError(f"model {info.name}: --quantize does not apply to LLM rerankers")
+        raise ValueError(f"model {info.name}: --quantize does not apply to {kind}")
     precision = str(dtype).removeprefix("torch.")
-    log.info("model %s: forward on torch %s (LLM reranker)", info.name, precision)
+    log.info("model %s: forward on torch %s (%s)", info.name, precision, kind)
     return replace(info, backend=str(BackendKind.TORCH), precision=precision)
 
 

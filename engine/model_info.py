@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from engine.multi_vector import MultiVectorSettings
 from engine.params import Task
 from engine.score_template import ScoreTemplate
 
@@ -116,6 +117,9 @@ class ModelInfo:
     score_template: ScoreTemplate | None = None
     # A decoder LM folder served without a template: why score is refused (else "").
     score_refusal: str = ""
+    # A ColBERT folder (PyLate or MultiVectorEncoder): its query/document settings; None
+    # for single-vector models.
+    multi_vector: MultiVectorSettings | None = None
 
     @property
     def is_cross_encoder(self) -> bool:

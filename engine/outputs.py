@@ -56,7 +56,17 @@ class SparseEmbedding:
     tokens: list[str] = field(default_factory=list)
 
 
-ItemOutput = Embedding | Classification | Score | TokenRows | SparseEmbedding
+@dataclass(frozen=True)
+class MultiVector:
+    """embed_multi: one normalised, projected row per kept token (rows x dim, float32);
+    `encoding`/`data` as in Embedding, the whole matrix packed row after row."""
+
+    values: np.ndarray
+    encoding: OutputEncoding = OutputEncoding.FLOAT
+    data: bytes = b""
+
+
+ItemOutput = Embedding | Classification | Score | TokenRows | SparseEmbedding | MultiVector
 
 
 @dataclass(frozen=True)

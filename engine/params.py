@@ -13,6 +13,7 @@ class Task(StrEnum):
     TOKEN_EMBED = "token_embed"
     TOKEN_CLASSIFY = "token_classify"
     EMBED_SPARSE = "embed_sparse"
+    EMBED_MULTI = "embed_multi"  # ColBERT: one normalised, projected row per token
 
 
 class OutputEncoding(StrEnum):
@@ -48,9 +49,13 @@ TASK_PARAMS: dict[Task, frozenset[str]] = {
     Task.SCORE: frozenset({"use_activation", "truncate_prompt_tokens"}),
     Task.TOKEN_CLASSIFY: frozenset({"use_activation", "truncate_prompt_tokens"}),
     Task.EMBED_SPARSE: frozenset({"use_activation", "truncate_prompt_tokens"}),
+    Task.EMBED_MULTI: frozenset({"truncate_prompt_tokens"}),
 }
 
 # Which tasks take a prompt (PoolRequest.prompt_name / prompt): those that embed, as
 # sentence-transformers' encode() prompts; it prompts no classifier or cross-encoder, and
-# score's two sides would need different ones.
-PROMPT_TASKS: frozenset[Task] = frozenset({Task.EMBED, Task.TOKEN_EMBED, Task.EMBED_SPARSE})
+# score's two sides would need different ones. embed_multi's prompt_name "query" or
+# "document" picks the mode (engine/multi_vector.py), as MultiVectorEncoder's prompts do.
+PROMPT_TASKS: frozenset[Task] = frozenset(
+    {Task.EMBED, Task.TOKEN_EMBED, Task.EMBED_SPARSE, Task.EMBED_MULTI}
+)

@@ -16,10 +16,12 @@ from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
 from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType, SpladeStrategy
+from engine.multi_vector import QUERY, MultiVectorSettings, maxsim
 from engine.outputs import (
     Classification,
     Embedding,
     ItemOutput,
+    MultiVector,
     Score,
     SparseEmbedding,
     TokenRows,
@@ -70,6 +72,10 @@ def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
         raise _no_score_template(model.info)
     if request.task is Task.SCORE and model.info.head is HeadKind.LLM_SCORE:
         return _plan_llm_score(resolved, model, limits)
+    if request.task is Task.SCORE and model.info.multi_vector is not None:
+        return _plan_maxsim(resolved, model, limits)
+    if request.task is Task.EMBED_MULTI:
+        return _plan_multi(resolved, model, limits)
     if request.task is Task.SCORE and model.info.is_cross_encoder:
         return _plan_cross_encoder(resolved, model, limits)
     if request.task is Task.SCORE:
@@ -360,3 +366,99 @@ def _plan_llm_score(resolved: Resolved, model: ServedModel, limits: Limits) -> P
         return Score(float(activate(raws[0].astype(np.float32), activation)[0]))
 
     return _plan_texts(texts, False, finish_one)
+
+
+def _multi_vector_texts(
+    resolved: Resolved,
+    model: ServedModel,
+    limits: Limits,
+    texts: Sequence[str],
+    query: bool,
+    path: str,
+) -> list[_Text]:
+    """Texts in one mode, as PyLate / MultiVectorEncoder tokenize them: the mode's prefix;
+    queries cut to query_length and filled up to it with mask tokens (expansion), documents
+    cut to document_length (or the request's truncation, when shorter)."""
+    settings = model.info.multi_vector
+    assert settings is not None
+    prompt = resolved.prompt
+    if prompt is None or resolved.request.task is Task.SCORE:
+        prompt = settings.query_prefix if query else settings.document_prefix
+    length = settings.query_length if query else settings.document_length
+    cut = resolved.truncate if resolved.truncate not in (None, -1) else None
+    if query and settings.query_expansion and not settings.expansion_truncates:
+        length = None  # "min" expansion: the query length is only a floor
+    limit = min(n for n in (length, cut, model.info.max_input_tokens) if n is not None)
+    sequences = model.tokenizer.tokenize(
+        [prompt + t for t in texts], truncate=limit, side=resolved.side
+    )
+    check_tokenized(resolved, limits, path, [len(e) for e in sequences])
+    if query and settings.query_expansion and settings.query_length:
+        sequences = [_expand(e, settings) for e in sequences]
+    return [_Text(e, [e]) for e in sequences]
+
+
+def _expand(sequence: TokenSequence, settings: MultiVectorSettings) -> TokenSequence:
+    """Fill a query up to query_length with the mask token (ColBERT's query expansion)."""
+    missing = (settings.query_length or 0) - len(sequence)
+    if missing <= 0:
+        return sequence
+    end = sequence.offsets[-1][1] if sequence.offsets else 0
+    return TokenSequence(
+        sequence.input_ids + [settings.mask_token_id] * missing,
+        None if sequence.token_type_ids is None else sequence.token_type_ids + [0] * missing,
+        sequence.offsets + [(end, end)] * missing,
+        sequence.special_mask + [1] * missing,
+    )
+
+
+def _matrix(
+    settings: MultiVectorSettings, text: _Text, rows: np.ndarray, query: bool
+) -> np.ndarray:
+    """The normalised rows a text keeps: every query row; a document's without the
+    skiplist's tokens."""
+    rows = normalize(rows.astype(np.float32))
+    if query or not settings.skiplist_ids:
+        return rows
+    keep = ~np.isin(np.asarray(text.sequence.input_ids), settings.skiplist_ids)
+    return np.ascontiguousarray(rows[keep])
+
+
+def _plan_multi(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    """embed_multi: prompt_name "query" gives query mode, anything else document mode."""
+    request, info = resolved.request, model.info
+    settings = info.multi_vector
+    query = request.prompt_name == QUERY
+    texts = _multi_vector_texts(resolved, model, limits, request.texts, query, "embed_multi.texts")
+
+    def finish_one(text: _Text, raws: list[np.ndarray]) -> MultiVector:
+        assert settings is not None
+        values = _matrix(settings, text, raws[0], query)
+        if request.encoding is OutputEncoding.FLOAT:
+            return MultiVector(values)
+        return MultiVector(values, request.encoding, _encoded(request, info, values))
+
+    return _plan_texts(texts, True, finish_one)
+
+
+def _plan_maxsim(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    """score (and so Rerank) on a ColBERT model: text_1 as queries, text_2 as documents,
+    each encoded once, then MaxSim per pair. Computed where the plan finishes, in numpy:
+    the matrices are small (tens of rows) and already on the host for the response path,
+    so a device round trip would cost more than the products."""
+    request, settings = resolved.request, model.info.multi_vector
+    assert settings is not None
+    queries = _multi_vector_texts(resolved, model, limits, request.text_1, True, "score.text_1")
+    documents = _multi_vector_texts(resolved, model, limits, request.text_2, False, "score.text_2")
+    texts = queries + documents
+    work = [(text.sequence, True) for text in texts]
+
+    def finish(raws: list[np.ndarray]) -> list[ItemOutput]:
+        matrices = [
+            _matrix(settings, text, raw, i < len(queries))
+            for i, (text, raw) in enumerate(zip(texts, raws, strict=True))
+        ]
+        first, second = matrices[: len(queries)], matrices[len(queries) :]
+        return [Score(maxsim(first[i], second[j])) for i, j in _pair_index(request)]
+
+    return Plan(work, finish)

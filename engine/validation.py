@@ -255,6 +255,18 @@ def _task_agrees(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         )
 
 
+def _task_hint(task: Task, info: ModelInfo) -> str:
+    """Why a model lacks a task, where the reason is its family (multi-vector or not)."""
+    if task is Task.EMBED_MULTI:
+        return (
+            " (embed_multi needs a multi-vector ColBERT model: a PyLate or MultiVectorEncoder"
+            " folder)"
+        )
+    if info.multi_vector is not None and task in (Task.EMBED, Task.TOKEN_EMBED):
+        return " (a multi-vector ColBERT model gives one matrix per text by embed_multi)"
+    return ""
+
+
 def _task_supported(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request, info = r.request, r.info
     if request.task is Task.SCORE and info.score_refusal:  # a decoder LM without a template
@@ -264,7 +276,8 @@ def _task_supported(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         supported = ", ".join(task.value for task in info.tasks)
         yield FieldViolation(
             str(request.task),
-            f'model "{info.name}" does not support {request.task}; it supports: {supported}',
+            f'model "{info.name}" does not support {request.task}; it supports: {supported}'
+            + _task_hint(request.task, info),
             "TASK_NOT_SUPPORTED",
         )
 
@@ -427,7 +440,7 @@ def _sparse_activation(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 
 # Which tasks take an output encoding other than the default `repeated float`.
-ENCODING_TASKS = frozenset({Task.EMBED, Task.TOKEN_EMBED})
+ENCODING_TASKS = frozenset({Task.EMBED, Task.TOKEN_EMBED, Task.EMBED_MULTI})
 
 
 def _encoding(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
@@ -438,7 +451,8 @@ def _encoding(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     if request.task not in ENCODING_TASKS:
         yield FieldViolation(
             "encoding",
-            f"encoding {encoding} is only for embed and token_embed, not {request.task}; "
+            f"encoding {encoding} is only for embed, token_embed and embed_multi, not "
+            f"{request.task}; "
             "leave it unset",
             "ENCODING_NOT_SUPPORTED_FOR_TASK",
         )

@@ -289,3 +289,64 @@ def tiny_decoder_reranker(folder: Path, family: str) -> Path:
     tokenizer.save_pretrained(folder)  # type: ignore[attr-defined]
     (folder / "score_template.json").write_text(json.dumps({"template": PLAIN_TEMPLATE}))
     return folder
+
+
+COLBERT_DIM = 16
+COLBERT_SKIPLIST = list("!,.?;:")
+
+
+def tiny_colbert(folder: Path, *, attend_to_expansion: bool = False) -> Path:
+    """A random-weight BERT saved as PyLate saves a ColBERT: the Transformer module, a Dense
+    projection without bias or activation, and the multi-vector settings (marker prefixes
+    [Q]/[D] added to the tokenizer, query length with expansion, document length, skiplist)
+    at the top level of config_sentence_transformers.json."""
+    tokenizer = AutoTokenizer.from_pretrained(MINILM)
+    tokenizer.add_tokens(["[Q]", "[D]"], special_tokens=True)
+    torch.manual_seed(7)
+    model = BertModel(_bert_config(vocab_size=len(tokenizer)), add_pooling_layer=False)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    dense = folder / "1_Dense"
+    dense.mkdir(exist_ok=True)
+    (dense / "config.json").write_text(
+        json.dumps(
+            {
+                "in_features": 32,
+                "out_features": COLBERT_DIM,
+                "bias": False,
+                "activation_function": "torch.nn.modules.linear.Identity",
+                "use_residual": False,
+            }
+        )
+    )
+    from safetensors.torch import save_file
+
+    save_file(
+        {"linear.weight": torch.randn(COLBERT_DIM, 32) * 0.2}, str(dense / "model.safetensors")
+    )
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 60, "do_lower_case": False})
+    )
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps(
+            {
+                "prompts": {},
+                "default_prompt_name": None,
+                "similarity_fn_name": "MaxSim",
+                "model_type": "ColBERT",
+                "query_prefix": "[Q] ",
+                "document_prefix": "[D] ",
+                "query_length": 12,
+                "document_length": 20,
+                "attend_to_expansion_tokens": attend_to_expansion,
+                "skiplist_words": COLBERT_SKIPLIST,
+                "do_query_expansion": True,
+            }
+        )
+    )
+    return folder
