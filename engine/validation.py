@@ -452,8 +452,7 @@ def _encoding(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         yield FieldViolation(
             "encoding",
             f"encoding {encoding} is only for embed, token_embed and embed_multi, not "
-            f"{request.task}; "
-            "leave it unset",
+            f"{request.task}; leave it unset",
             "ENCODING_NOT_SUPPORTED_FOR_TASK",
         )
         return

@@ -12,6 +12,7 @@ from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
     Embedding,
+    MultiVector,
     PoolResult,
     RerankResult,
     Score,
@@ -31,6 +32,7 @@ TASK_FROM_PROTO: dict[int, Task] = {
     pb.POOLING_TASK_TOKEN_EMBED: Task.TOKEN_EMBED,
     pb.POOLING_TASK_TOKEN_CLASSIFY: Task.TOKEN_CLASSIFY,
     pb.POOLING_TASK_EMBED_SPARSE: Task.EMBED_SPARSE,
+    pb.POOLING_TASK_EMBED_MULTI: Task.EMBED_MULTI,
 }
 TASK_TO_PROTO = {task: value for value, task in TASK_FROM_PROTO.items()}
 POOLING_TYPE_TO_PROTO = {
@@ -218,6 +220,10 @@ def response_to_proto(result: PoolResult) -> pb.PoolResponse:
                 item.MergeFromString(_packed_floats(1, o.probs))
     elif result.task is Task.SCORE:
         response.score.scores.extend(o.value for o in outputs if isinstance(o, Score))
+    elif result.task is Task.EMBED_MULTI:
+        response.embed_multi.items.extend(
+            _multi_vector(o) for o in outputs if isinstance(o, MultiVector)
+        )
     elif result.task is Task.EMBED_SPARSE:
         sparse = response.embed_sparse.embeddings
         for o in outputs:
@@ -230,6 +236,32 @@ def response_to_proto(result: PoolResult) -> pb.PoolResponse:
         )
         target.items.extend(_token_matrix(o) for o in outputs if isinstance(o, TokenRows))
     return response
+
+
+def _multi_vector(matrix: MultiVector) -> pb.MultiVectorMatrix:
+    """Always bytes: float32 (little-endian) where the request named no encoding."""
+    rows, cols = matrix.values.shape
+    if matrix.encoding is OutputEncoding.FLOAT:
+        data = matrix.values.astype("<f4", copy=False).tobytes()
+        encoding = pb.EMBEDDING_ENCODING_FLOAT32
+    else:
+        data, encoding = matrix.data, ENCODING_TO_PROTO[matrix.encoding]
+    return pb.MultiVectorMatrix(rows=rows, cols=cols, data=data, encoding=encoding)
+
+
+def _multi_vector_settings(info: ModelInfo) -> pb.MultiVectorSettings | None:
+    settings = info.multi_vector
+    if settings is None:
+        return None
+    return pb.MultiVectorSettings(
+        query_prefix=settings.query_prefix,
+        document_prefix=settings.document_prefix,
+        query_length=settings.query_length or 0,
+        document_length=settings.document_length or 0,
+        query_expansion=settings.query_expansion,
+        attend_to_expansion_tokens=settings.attend_to_expansion,
+        skiplist_words=settings.skiplist_words,
+    )
 
 
 def model_card(info: ModelInfo) -> pb.ModelCard:
@@ -259,6 +291,7 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         engines_per_device=info.engines_per_device,
         calibration_source=info.calibration_source,
         score_template_source=info.score_template_source,
+        multi_vector=_multi_vector_settings(info),
     )
 
 

@@ -29,6 +29,7 @@ POOL_REQUEST: Spec = {
     7: ("token_embed", _TEXTS),
     8: ("token_classify", _TEXTS),
     9: ("embed_sparse", _TEXTS),
+    13: ("embed_multi", _TEXTS),
 }
 SPECS: dict[str, Spec] = {
     "PoolRequest": POOL_REQUEST,

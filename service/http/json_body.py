@@ -66,6 +66,7 @@ class _Fields(msgspec.Struct):
     top_n: msgspec.Raw = msgspec.Raw()
     return_documents: msgspec.Raw = msgspec.Raw()
     add_special_tokens: msgspec.Raw = msgspec.Raw()
+    prompt_name: msgspec.Raw = msgspec.Raw()  # /pooling embed_multi: "query" or "document"
 
 
 class _Document(msgspec.Struct):

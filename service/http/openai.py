@@ -23,6 +23,7 @@ from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
     Embedding,
+    MultiVector,
     PoolResult,
     RerankResult,
     Score,
@@ -139,12 +140,13 @@ def parse_classify(body: Body, request_id: str) -> Parsed:
     return Parsed(request, render)
 
 
-POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify")
+POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify", "embed_multi")
 
 
 def parse_pooling(body: Body, request_id: str) -> Parsed:
     """vLLM's POST /pooling: any task; `data` is a vector (or a row per token), or with
-    encoding_format base64 its little-endian float32 bytes, rows one after another."""
+    encoding_format base64 its little-endian float32 bytes, rows one after another.
+    embed_multi (ColBERT matrices) takes `prompt_name` "query" or "document" (the mode)."""
     task = body.string("task", "embed")
     if task not in POOLING_TASKS:
         raise unknown_value("task", task)
@@ -156,6 +158,7 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.string("model", ""),
         texts=tuple(body.texts("input")),
+        prompt_name=(body.string("prompt_name", "") or None) if task == "embed_multi" else None,
     )
 
     def render(result: PoolResult) -> dict[str, Any]:
@@ -164,7 +167,7 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
             if isinstance(output, Classification):
                 row = _encoded(output.probs, fmt)
             else:
-                assert isinstance(output, (Embedding, TokenRows))
+                assert isinstance(output, (Embedding, TokenRows, MultiVector))
                 row = _encoded(output.values, fmt)
             data.append({"index": index, "object": "pooling", "data": row})
         return listing(request_id, result, data)
@@ -280,6 +283,6 @@ def values_in(result: object) -> int:
     for output in result.outputs:
         if isinstance(output, Classification):
             total += output.probs.size
-        elif isinstance(output, (Embedding, TokenRows)):
+        elif isinstance(output, (Embedding, TokenRows, MultiVector)):
             total += output.values.size
     return total

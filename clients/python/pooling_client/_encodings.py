@@ -32,7 +32,7 @@ ENCODINGS: dict[str, int] = {
 NAMES: dict[int, str] = {value: name for name, value in ENCODINGS.items()}
 
 #: Tasks whose outputs take an encoding.
-ENCODING_TASKS = ("embed", "token_embed")
+ENCODING_TASKS = ("embed", "token_embed", "embed_multi")
 
 #: Bytes per value of the byte-aligned encodings.
 _WIDTH = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
@@ -78,7 +78,9 @@ def check_encoding(encoding: str | None, task: str) -> None:
     if encoding not in ENCODINGS:
         raise ValueError(f"Unknown encoding {encoding!r}; expected one of {list(ENCODINGS)}")
     if task not in ENCODING_TASKS:
-        raise ValueError(f"encoding is only for embed and token_embed, not {task}")
+        raise ValueError(
+            f"encoding is only for embed and token_embed (and embed_multi), not {task}"
+        )
 
 
 def check_output(output: str) -> None:

@@ -19,6 +19,7 @@ from pooling_client.outputs import (
     Usage,
     classification_request_outputs,
     embedding_request_outputs,
+    multi_vector_request_outputs,
     pooling_request_outputs,
     scoring_request_outputs,
     sparse_embedding_request_outputs,
@@ -27,9 +28,15 @@ from pooling_client.params import PoolingParams, check_task
 from pooling_client.v1 import pooling_pb2
 
 #: Tasks that take a TextInput (everything but score).
-TEXT_TASKS: tuple[str, ...] = ("embed", "classify", "token_embed", "token_classify")
+TEXT_TASKS: tuple[str, ...] = ("embed", "classify", "token_embed", "token_classify", "embed_multi")
 #: Tasks ``encode`` accepts; "embed" and "classify" delegate to embed()/classify().
-ENCODE_TASKS: tuple[str, ...] = ("token_embed", "token_classify", "embed", "classify")
+ENCODE_TASKS: tuple[str, ...] = (
+    "token_embed",
+    "token_classify",
+    "embed",
+    "classify",
+    "embed_multi",
+)
 
 #: How the "[SEP]" form of score input separates query from document.
 SEP_TOKEN = "[SEP]"
@@ -41,6 +48,7 @@ _CONVERTERS: dict[str, Callable[[pooling_pb2.PoolResponse], list[Any]]] = {
     "token_embed": pooling_request_outputs,
     "token_classify": pooling_request_outputs,
     "embed_sparse": sparse_embedding_request_outputs,
+    "embed_multi": multi_vector_request_outputs,
 }
 
 

@@ -251,6 +251,10 @@ class ModelInfo:
     #: Where the int8/uint8 ranges came from: "folder" (shipped with the model), "computed"
     #: (from calibration texts at load), or "" when the model has none.
     calibration_source: str = ""
+    #: A multi-vector (ColBERT) model's modes: query_prefix, document_prefix,
+    #: query_length, document_length, query_expansion, attend_to_expansion_tokens and
+    #: skiplist_words; empty for other models.
+    multi_vector: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -288,7 +292,23 @@ class ModelInfo:
             backend_file=card.backend_file,
             engines_per_device=card.engines_per_device or 1,
             calibration_source=card.calibration_source,
+            multi_vector=_multi_vector_settings(card),
         )
+
+
+def _multi_vector_settings(card: pooling_pb2.ModelCard) -> dict[str, Any]:
+    if not card.HasField("multi_vector"):
+        return {}
+    settings = card.multi_vector
+    return {
+        "query_prefix": settings.query_prefix,
+        "document_prefix": settings.document_prefix,
+        "query_length": settings.query_length,
+        "document_length": settings.document_length,
+        "query_expansion": settings.query_expansion,
+        "attend_to_expansion_tokens": settings.attend_to_expansion_tokens,
+        "skiplist_words": list(settings.skiplist_words),
+    }
 
 
 @dataclass
@@ -392,6 +412,22 @@ def pooling_request_outputs(response: pooling_pb2.PoolResponse) -> list[PoolingR
         )
         for i, matrix in enumerate(output.items)
     ]
+
+
+def multi_vector_request_outputs(
+    response: pooling_pb2.PoolResponse,
+) -> list[PoolingRequestOutput]:
+    """One PoolingRequestOutput per text of an embed_multi response: ``data`` is the text's
+    (rows, dim) matrix of normalised token vectors (numpy when installed; float32 unless the
+    request named an encoding), as token_embed's rows are."""
+    rid = response.request_id
+    output = _output_of(response, "embed_multi")
+    results = []
+    for i, matrix in enumerate(output.items):
+        encoding = _encodings.name_of(matrix.encoding)
+        data = _encodings.decode_rows(matrix.data, encoding, matrix.rows, matrix.cols)
+        results.append(PoolingRequestOutput(f"{rid}-{i}", PoolingOutput(data, encoding=encoding)))
+    return results
 
 
 def sparse_embedding_request_outputs(

@@ -19,6 +19,7 @@ TASKS: tuple[str, ...] = (
     "token_embed",
     "token_classify",
     "embed_sparse",
+    "embed_multi",
 )
 
 _EMBED_PARAMS = frozenset({"use_activation", "dimensions", "truncate_prompt_tokens"})
@@ -32,6 +33,7 @@ TASK_PARAMS: dict[str, frozenset[str]] = {
     "score": _CLASSIFY_PARAMS,
     "token_classify": _CLASSIFY_PARAMS,
     "embed_sparse": _CLASSIFY_PARAMS,
+    "embed_multi": frozenset({"truncate_prompt_tokens"}),
 }
 
 #: Task name -> wire enum value.
@@ -42,6 +44,7 @@ TASK_ENUM: dict[str, pooling_pb2.PoolingTask] = {
     "token_embed": pooling_pb2.POOLING_TASK_TOKEN_EMBED,
     "token_classify": pooling_pb2.POOLING_TASK_TOKEN_CLASSIFY,
     "embed_sparse": pooling_pb2.POOLING_TASK_EMBED_SPARSE,
+    "embed_multi": pooling_pb2.POOLING_TASK_EMBED_MULTI,
 }
 
 _OPTIONAL_FIELDS = ("use_activation", "dimensions", "truncate_prompt_tokens")

@@ -17,6 +17,7 @@ class PoolingTask(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POOLING_TASK_TOKEN_EMBED: _ClassVar[PoolingTask]
     POOLING_TASK_TOKEN_CLASSIFY: _ClassVar[PoolingTask]
     POOLING_TASK_EMBED_SPARSE: _ClassVar[PoolingTask]
+    POOLING_TASK_EMBED_MULTI: _ClassVar[PoolingTask]
 
 class PoolingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -44,6 +45,7 @@ POOLING_TASK_SCORE: PoolingTask
 POOLING_TASK_TOKEN_EMBED: PoolingTask
 POOLING_TASK_TOKEN_CLASSIFY: PoolingTask
 POOLING_TASK_EMBED_SPARSE: PoolingTask
+POOLING_TASK_EMBED_MULTI: PoolingTask
 POOLING_TYPE_UNSPECIFIED: PoolingType
 POOLING_TYPE_MEAN: PoolingType
 POOLING_TYPE_CLS: PoolingType
@@ -96,7 +98,7 @@ class ScoreInput(_message.Message):
     def __init__(self, text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PoolRequest(_message.Message):
-    __slots__ = ("request_id", "model", "params", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "prompt_name", "prompt", "encoding")
+    __slots__ = ("request_id", "model", "params", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi", "prompt_name", "prompt", "encoding")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +108,7 @@ class PoolRequest(_message.Message):
     TOKEN_EMBED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_CLASSIFY_FIELD_NUMBER: _ClassVar[int]
     EMBED_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    EMBED_MULTI_FIELD_NUMBER: _ClassVar[int]
     PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
@@ -118,10 +121,11 @@ class PoolRequest(_message.Message):
     token_embed: TextInput
     token_classify: TextInput
     embed_sparse: SparseInput
+    embed_multi: TextInput
     prompt_name: str
     prompt: str
     encoding: EmbeddingEncoding
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., embed: _Optional[_Union[TextInput, _Mapping]] = ..., classify: _Optional[_Union[TextInput, _Mapping]] = ..., score: _Optional[_Union[ScoreInput, _Mapping]] = ..., token_embed: _Optional[_Union[TextInput, _Mapping]] = ..., token_classify: _Optional[_Union[TextInput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseInput, _Mapping]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., embed: _Optional[_Union[TextInput, _Mapping]] = ..., classify: _Optional[_Union[TextInput, _Mapping]] = ..., score: _Optional[_Union[ScoreInput, _Mapping]] = ..., token_embed: _Optional[_Union[TextInput, _Mapping]] = ..., token_classify: _Optional[_Union[TextInput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseInput, _Mapping]] = ..., embed_multi: _Optional[_Union[TextInput, _Mapping]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "total_tokens")
@@ -231,8 +235,26 @@ class SparseEmbedOutput(_message.Message):
     embeddings: _containers.RepeatedCompositeFieldContainer[SparseEmbedding]
     def __init__(self, embeddings: _Optional[_Iterable[_Union[SparseEmbedding, _Mapping]]] = ...) -> None: ...
 
+class MultiVectorMatrix(_message.Message):
+    __slots__ = ("rows", "cols", "data", "encoding")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    cols: int
+    data: bytes
+    encoding: EmbeddingEncoding
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ..., data: _Optional[bytes] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+
+class EmbedMultiOutput(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[MultiVectorMatrix]
+    def __init__(self, items: _Optional[_Iterable[_Union[MultiVectorMatrix, _Mapping]]] = ...) -> None: ...
+
 class PoolResponse(_message.Message):
-    __slots__ = ("request_id", "model", "usage", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse")
+    __slots__ = ("request_id", "model", "usage", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +264,7 @@ class PoolResponse(_message.Message):
     TOKEN_EMBED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_CLASSIFY_FIELD_NUMBER: _ClassVar[int]
     EMBED_SPARSE_FIELD_NUMBER: _ClassVar[int]
+    EMBED_MULTI_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     usage: Usage
@@ -251,7 +274,8 @@ class PoolResponse(_message.Message):
     token_embed: TokenEmbedOutput
     token_classify: TokenClassifyOutput
     embed_sparse: SparseEmbedOutput
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., embed: _Optional[_Union[EmbedOutput, _Mapping]] = ..., classify: _Optional[_Union[ClassifyOutput, _Mapping]] = ..., score: _Optional[_Union[ScoreOutput, _Mapping]] = ..., token_embed: _Optional[_Union[TokenEmbedOutput, _Mapping]] = ..., token_classify: _Optional[_Union[TokenClassifyOutput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseEmbedOutput, _Mapping]] = ...) -> None: ...
+    embed_multi: EmbedMultiOutput
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., embed: _Optional[_Union[EmbedOutput, _Mapping]] = ..., classify: _Optional[_Union[ClassifyOutput, _Mapping]] = ..., score: _Optional[_Union[ScoreOutput, _Mapping]] = ..., token_embed: _Optional[_Union[TokenEmbedOutput, _Mapping]] = ..., token_classify: _Optional[_Union[TokenClassifyOutput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseEmbedOutput, _Mapping]] = ..., embed_multi: _Optional[_Union[EmbedMultiOutput, _Mapping]] = ...) -> None: ...
 
 class PoolStreamRequest(_message.Message):
     __slots__ = ("request",)
@@ -274,7 +298,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source")
+    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source", "multi_vector")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +331,7 @@ class ModelCard(_message.Message):
     ENGINES_PER_DEVICE_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_SOURCE_FIELD_NUMBER: _ClassVar[int]
     SCORE_TEMPLATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
     name: str
     tasks: _containers.RepeatedScalarFieldContainer[PoolingTask]
     hidden_size: int
@@ -332,7 +357,26 @@ class ModelCard(_message.Message):
     engines_per_device: int
     calibration_source: str
     score_template_source: str
-    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ...) -> None: ...
+    multi_vector: MultiVectorSettings
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ..., multi_vector: _Optional[_Union[MultiVectorSettings, _Mapping]] = ...) -> None: ...
+
+class MultiVectorSettings(_message.Message):
+    __slots__ = ("query_prefix", "document_prefix", "query_length", "document_length", "query_expansion", "attend_to_expansion_tokens", "skiplist_words")
+    QUERY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    QUERY_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    QUERY_EXPANSION_FIELD_NUMBER: _ClassVar[int]
+    ATTEND_TO_EXPANSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SKIPLIST_WORDS_FIELD_NUMBER: _ClassVar[int]
+    query_prefix: str
+    document_prefix: str
+    query_length: int
+    document_length: int
+    query_expansion: bool
+    attend_to_expansion_tokens: bool
+    skiplist_words: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, query_prefix: _Optional[str] = ..., document_prefix: _Optional[str] = ..., query_length: _Optional[int] = ..., document_length: _Optional[int] = ..., query_expansion: _Optional[bool] = ..., attend_to_expansion_tokens: _Optional[bool] = ..., skiplist_words: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models", "max_client_batch_size", "max_stream_inflight", "server_version")
