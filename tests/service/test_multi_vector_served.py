@@ -243,3 +243,21 @@ def test_batch_job_pools_and_ranks(folder: Path, expected: np.ndarray) -> None:
     ranked = answers["r"]["body"]["results"]
     got = by_index([(r["index"], r["relevance_score"]) for r in ranked])
     np.testing.assert_allclose(got, expected, atol=ATOL)
+
+
+def test_tei_and_cohere_doors(http: HttpServer, expected: np.ndarray) -> None:
+    """TEI's /rerank ranks by MaxSim (colbert is the default model); the single-vector
+    embedding routes of TEI and Cohere have no multi-vector form and refuse, naming
+    embed_multi."""
+    status, _, answer = http.call("/rerank", {"query": QUERY, "texts": DOCUMENTS})
+    assert status == 200, answer
+    np.testing.assert_allclose(
+        by_index([(r["index"], r["score"]) for r in answer]), expected, atol=ATOL
+    )
+    for path, body in (
+        ("/embed", {"inputs": ["a"]}),
+        ("/embed_all", {"inputs": ["a"]}),
+        ("/v2/embed", {"model": "colbert", "texts": ["a"], "input_type": "search_query"}),
+    ):
+        status, _, answer = http.call(path, body)
+        assert status >= 400 and "embed_multi" in json.dumps(answer), (path, answer)
