@@ -53,7 +53,7 @@ from engine.model_runner import ModelRunner
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.multi_vector import DOCUMENT, QUERY, MultiVectorSettings, read_folder
 from engine.multi_vector import resolve as resolve_multi_vector
-from engine.multi_vector_module import MultiVectorModule, load_projection
+from engine.multi_vector_module import MultiVectorModule, load_projection, register_prefixes
 from engine.params import Task
 from engine.score_template import SCORE_TEMPLATE_FILE, ScoreTemplate, bind_template, find_template
 from engine.served import ServedModel
@@ -445,6 +445,8 @@ def _read_folder(spec: ModelSpec) -> _Folder:
     st = None if multi is not None else read_sentence_transformers(path)
     head = head_kind(config, spec.pooling_type or (st.pooling_type if st else None))
     hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
+    if multi is not None:
+        register_prefixes(hf_tokenizer, [multi.query_prefix, multi.document_prefix])
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
     tokenizer = ModelTokenizer(TokenizerSpec.of(hf_tokenizer), max_tokens)
     template = _score_template(spec, path, config, head, tokenizer, hf_tokenizer)

@@ -5,11 +5,14 @@ hands back one row per token unchanged."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
+from tokenizers import AddedToken
 
 from engine.multi_vector import MultiVectorSettings
 
@@ -26,7 +29,12 @@ def load_projection(folder: Path) -> torch.nn.Linear:
     linear = torch.nn.Linear(
         int(config["in_features"]), int(config["out_features"]), bias=bool(config.get("bias", True))
     )
-    weights = load_file(folder / "model.safetensors")
+    if (folder / "model.safetensors").is_file():
+        weights = load_file(folder / "model.safetensors")
+    elif (folder / "pytorch_model.bin").is_file():  # older PyLate saves
+        weights = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"{folder}: a Dense module without model.safetensors or pytorch_model.bin")
     linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
     return linear.float().eval()
 
@@ -66,3 +74,23 @@ class MultiVectorModule(torch.nn.Module):
         kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         states = self.body(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return ProjectedStates(self.projection(states.last_hidden_state.float()))
+
+
+def register_prefixes(tokenizer: Any, prefixes: Sequence[str]) -> None:
+    """Make marker prefixes single tokens, as MultiVectorEncoder does on load: a prefix
+    (or its first word) that the vocabulary holds, e.g. BERT's "[unused0]", but that the
+    tokenizer would split into pieces becomes a special added token."""
+    added = set(tokenizer.get_added_vocab())
+    vocab = tokenizer.get_vocab()
+    register = []
+    for value in prefixes:
+        if not value or not value.split():
+            continue
+        for prefix in (value, value.split(None, 1)[0]):
+            if prefix not in added and prefix not in vocab:
+                continue
+            if tokenizer.tokenize(prefix) != [prefix]:
+                register.append(AddedToken(prefix, normalized=False, special=True))
+            break
+    if register:
+        tokenizer.add_special_tokens({"additional_special_tokens": register})

@@ -428,7 +428,10 @@ def _plan_multi(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     """embed_multi: prompt_name "query" gives query mode, anything else document mode."""
     request, info = resolved.request, model.info
     settings = info.multi_vector
-    query = request.prompt_name == QUERY
+    named = request.prompt_name
+    if named is None and request.prompt is None:
+        named = info.default_prompt_name
+    query = named == QUERY
     texts = _multi_vector_texts(resolved, model, limits, request.texts, query, "embed_multi.texts")
 
     def finish_one(text: _Text, raws: list[np.ndarray]) -> MultiVector:

@@ -295,13 +295,18 @@ COLBERT_DIM = 16
 COLBERT_SKIPLIST = list("!,.?;:")
 
 
-def tiny_colbert(folder: Path, *, attend_to_expansion: bool = False) -> Path:
+def tiny_colbert(
+    folder: Path, *, attend_to_expansion: bool = False, markers: tuple[str, str] = ("[Q] ", "[D] ")
+) -> Path:
     """A random-weight BERT saved as PyLate saves a ColBERT: the Transformer module, a Dense
     projection without bias or activation, and the multi-vector settings (marker prefixes
     [Q]/[D] added to the tokenizer, query length with expansion, document length, skiplist)
     at the top level of config_sentence_transformers.json."""
     tokenizer = AutoTokenizer.from_pretrained(MINILM)
-    tokenizer.add_tokens(["[Q]", "[D]"], special_tokens=True)
+    if markers == ("[Q] ", "[D] "):
+        tokenizer.add_tokens(["[Q]", "[D]"], special_tokens=True)
+    # Other markers (e.g. PyLate's default "[unused0]"/"[unused1]") are in the vocabulary
+    # but not registered: the loader has to make them single tokens, as PyLate does.
     torch.manual_seed(7)
     model = BertModel(_bert_config(vocab_size=len(tokenizer)), add_pooling_layer=False)
     model.save_pretrained(folder)
@@ -339,8 +344,8 @@ def tiny_colbert(folder: Path, *, attend_to_expansion: bool = False) -> Path:
                 "default_prompt_name": None,
                 "similarity_fn_name": "MaxSim",
                 "model_type": "ColBERT",
-                "query_prefix": "[Q] ",
-                "document_prefix": "[D] ",
+                "query_prefix": markers[0],
+                "document_prefix": markers[1],
                 "query_length": 12,
                 "document_length": 20,
                 "attend_to_expansion_tokens": attend_to_expansion,

@@ -5,6 +5,7 @@ encode_document / similarity, in mixed batches, and every refusal."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,9 +41,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("colbert")
     pylate = tiny_colbert(root / "pylate")
     attend = tiny_colbert(root / "attend", attend_to_expansion=True)
+    unused = tiny_colbert(root / "unused", markers=("[unused0]", "[unused1]"))
     native = root / "native"
     MultiVectorEncoder(str(pylate), device="cpu").save(str(native))
-    return {"pylate": pylate, "attend": attend, "native": native}
+    return {"pylate": pylate, "attend": attend, "native": native, "unused": unused}
 
 
 def load(folder: Path, **options: object) -> LoadedModel:
@@ -104,7 +106,7 @@ def test_loads_as_a_multi_vector_model(models: dict[str, LoadedModel]) -> None:
         assert info.prompts == {"query": "[Q] ", "document": "[D] "}
 
 
-@pytest.mark.parametrize("name", ["pylate", "attend", "native"])
+@pytest.mark.parametrize("name", ["pylate", "attend", "native", "unused"])
 def test_query_and_document_modes_equal_multi_vector_encoder(
     models: dict[str, LoadedModel], references: dict[str, MultiVectorEncoder], name: str
 ) -> None:
@@ -124,6 +126,9 @@ def test_query_and_document_modes_equal_multi_vector_encoder(
         np.testing.assert_allclose(got, np.asarray(want), atol=ATOL)
     assert matrices(documents)[2].shape[0] <= 20
     assert matrices(documents)[3].shape[0] == 3  # [CLS] [D] [SEP]: the dots are skipped
+    # The marker is one token, right after [CLS].
+    marker = models[name].tokenizer.tokenize(["x"] if name != "unused" else ["[unused1]x"])
+    assert name != "unused" or len(marker[0]) == 4
 
 
 def test_attention_to_expansion_tokens_matters(models: dict[str, LoadedModel]) -> None:
@@ -241,3 +246,14 @@ def test_bad_requests_are_refused(models: dict[str, LoadedModel]) -> None:
 def test_exported_backends_are_refused(folders: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="multi-vector model runs on --backend torch"):
         load(folders["pylate"], backend=BackendOptions(kind=BackendKind.ONNX))
+
+
+def test_a_default_prompt_name_picks_the_default_mode(models: dict[str, LoadedModel]) -> None:
+    """A folder whose default_prompt_name is "query" encodes unnamed texts as queries."""
+    model = models["pylate"]
+    querying = LoadedModel(
+        dataclasses.replace(model.info, default_prompt_name="query"), model.tokenizer, model.runner
+    )
+    unnamed, named = run_all(querying, [multi(["a"], None), multi(["a"], "query")])
+    np.testing.assert_array_equal(matrices(unnamed)[0], matrices(named)[0])
+    assert matrices(unnamed)[0].shape[0] == 12
