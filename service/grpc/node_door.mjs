@@ -426,7 +426,10 @@ function interceptor(method, base) {
       onReceiveHalfClose: () => halfClosed(call),
       onCancel: () => ended(call),
     });
-    if (call.whole) {
+    if (base.cancelled) {
+      // Reset before it began: grpc-js kept no listener, so it will not say the call ended.
+      ended(call);
+    } else if (call.whole) {
       // A call must bring its request within the handshake time, so that streams opened
       // and never sent on cannot hold the caps' slots.
       call.timer = setTimeout(() => arrivalTimeout(call), settings.handshake_timeout_s * 1000);
