@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.batch_queue import BatchConfig, BatchQueue
 from engine.engine_client import EngineClient, LocalEngineClient
-from engine.errors import PoolingError
+from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.jobs import Job, RequestTiming, settle
 from engine.model_info import ModelInfo
 from engine.output_size import ResponseBudget
@@ -30,13 +30,12 @@ from engine.request import PoolRequest, RerankRequest
 from engine.served import ServedModel
 from engine.tokenization import Vocabulary
 from engine.validation import (
+    MAX_MODEL_NAME_CHARS,
     Limits,
     Resolved,
-    check_model_name,
     check_tokenize_output,
     named_prompt,
     rerank_error,
-    unknown_model,
     unknown_token_id,
     validate_request,
     validate_rerank,
@@ -146,10 +145,25 @@ class Engine:
         await self.client.stop()
 
     def model_named(self, name: str) -> ServedModel:
-        check_model_name(name)
+        """The served model a request names ("" for the default). A name is echoed in
+        errors, so one past MAX_MODEL_NAME_CHARS is refused before it is looked up."""
+        if len(name) > MAX_MODEL_NAME_CHARS:
+            description = (
+                f"the model name has {len(name)} characters, more than {MAX_MODEL_NAME_CHARS}"
+            )
+            violation = FieldViolation("model", description, "MODEL_NAME_TOO_LONG")
+            raise PoolingError.invalid([violation])
         model = self._models.get(name or self._default)
         if model is None:
-            raise unknown_model(name, list(self._models))
+            served = ", ".join(f'"{s}"' for s in self._models)
+            reason = "MODEL_NOT_FOUND"
+            raise PoolingError(
+                ErrorKind.NOT_FOUND,
+                reason,
+                f'model "{clip(name)}" is not served; served models: {served}',
+                (FieldViolation("model", f"unknown model; use one of {served}", reason),),
+                metadata={"model": clip(name), "served_models": ",".join(self._models)},
+            )
         return model
 
     async def pool(

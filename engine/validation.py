@@ -763,35 +763,10 @@ def unknown_value(path: str, value: object) -> PoolingError:
     return PoolingError.invalid([violation])
 
 
-def check_model_name(name: str) -> None:
-    """Before the name is looked up: a name is echoed in errors, so it is bounded."""
-    if len(name) > MAX_MODEL_NAME_CHARS:
-        raise PoolingError.invalid(
-            [
-                FieldViolation(
-                    "model",
-                    f"the model name has {len(name)} characters, more than {MAX_MODEL_NAME_CHARS}",
-                    "MODEL_NAME_TOO_LONG",
-                )
-            ]
-        )
-
-
 def unknown_token_id(path: str, value: int, vocabulary: int) -> PoolingError:
     """An id to decode that names no token of the model's vocabulary."""
     description = f"{clip(str(value), 32)} is not a token id (0 to {vocabulary - 1})"
     return PoolingError.invalid([FieldViolation(path, description, "TOKEN_ID_INVALID")])
-
-
-def unknown_model(name: str, served: Sequence[str]) -> PoolingError:
-    listed = ", ".join(f'"{s}"' for s in served)
-    return PoolingError(
-        ErrorKind.NOT_FOUND,
-        "MODEL_NOT_FOUND",
-        f'model "{clip(name)}" is not served; served models: {listed}',
-        (FieldViolation("model", f"unknown model; use one of {listed}", "MODEL_NOT_FOUND"),),
-        metadata={"model": clip(name), "served_models": ",".join(served)},
-    )
 
 
 def validate_tokenize(
