@@ -84,7 +84,12 @@ export const DEFAULT_CHANNEL_OPTIONS = Object.freeze({
  * @property {string} [requestId]
  * @property {string|null} [encoding] embed and token_embed: how the values travel: "float32",
  *   "float16", "bfloat16", "binary", "ubinary", "int8" or "uint8" (see encodings.js); unset:
- *   repeated floats
+ *   repeated floats (embed_multi: float32 bytes)
+ * @property {string|null} [promptName] embed, token_embed and embed_multi: one of the model's
+ *   prompts (ModelInfo.prompts) to prepend; on embed_multi "query" encodes queries, anything
+ *   else documents. Unset: the model's default prompt.
+ * @property {string|null} [prompt] embed, token_embed and embed_multi: a text to prepend
+ *   instead ("" sends none). Not with promptName.
  * @property {boolean} [validate] false sends the params unchecked (the server still checks)
  */
 
@@ -205,7 +210,9 @@ export class PoolingClient {
 
   /**
    * Per-token outputs for poolingTask "token_embed" (default) or "token_classify"; "embed" and
-   * "classify" are forwarded to embed() and classify().
+   * "classify" are forwarded to embed() and classify(). "embed_multi" (ColBERT models) gives
+   * one matrix per text, { data: Float32Array, rows, cols, encoding }, as queries with
+   * promptName "query" and as documents otherwise.
    * @param {string|string[]} texts
    * @param {PoolCallOptions & {poolingTask?: string}} [options]
    * @returns {Promise<any[]>}
@@ -224,8 +231,9 @@ export class PoolingClient {
    * One Rerank call: at most the server's max_client_batch_size documents.
    * @param {string} query
    * @param {string|string[]} documents
-   * @param {PoolCallOptions & {topN?: number|null, returnDocuments?: boolean}} [options] topN
-   *   keeps the best few (unset or 0: every document); returnDocuments adds each text
+   * @param {PoolCallOptions & {topN?: number|null, returnDocuments?: boolean, instruction?: string|null}} [options]
+   *   topN keeps the best few (unset or 0: every document); returnDocuments adds each text;
+   *   instruction is an LLM reranker's instruction (unset: its template's default)
    * @returns {Promise<import('./outputs.js').RerankOutput>}
    */
   async rerank(query, documents, options = {}) {
@@ -301,6 +309,8 @@ export class PoolingClient {
       model: this.#modelFor(options.model),
       requestId: options.requestId,
       encoding: options.encoding,
+      promptName: options.promptName,
+      prompt: options.prompt,
       validate: options.validate !== false,
     });
     const count = inputCount(task, inputs);

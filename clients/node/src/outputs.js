@@ -4,7 +4,7 @@
 // Every converter turns one PoolResponse into one request output per input text (or text
 // pair), in input order; request ids are "<request id>-<input index>".
 
-import { decodeRows, encodingName } from './encodings.js';
+import { decodeRows, decodeValues, encodingName } from './encodings.js';
 
 /**
  * @typedef {object} EmbeddingOutput
@@ -41,6 +41,27 @@ import { decodeRows, encodingName } from './encodings.js';
  * @property {string} requestId
  * @property {PoolingOutput} outputs
  *
+ * @typedef {object} MultiVectorOutput One text's ColBERT matrix (embed_multi).
+ * @property {Float32Array|Int8Array|Uint8Array} data rows x cols values, row-major, decoded as
+ *   decodeValues does: Float32Array for float32 (the default), float16 and bfloat16; the
+ *   integer encodings as integers, the bit encodings as ceil(cols / 8) packed bytes per row
+ * @property {number} rows tokens kept
+ * @property {number} cols values per row (the projection's width)
+ * @property {string} encoding the encoding it travelled in ("float32" unless one was asked)
+ *
+ * @typedef {object} MultiVectorRequestOutput
+ * @property {string} requestId
+ * @property {MultiVectorOutput} outputs
+ *
+ * @typedef {object} MultiVectorSettings A ColBERT model's modes (ModelCard.multi_vector).
+ * @property {string} queryPrefix prepended to queries, e.g. "[Q] "
+ * @property {string} documentPrefix prepended to documents, e.g. "[D] "
+ * @property {number} queryLength tokens per query (0: none)
+ * @property {number} documentLength most tokens of a document (0: the model's maximum)
+ * @property {boolean} queryExpansion whether queries are filled with mask tokens
+ * @property {boolean} attendToExpansionTokens whether the other tokens attend to them
+ * @property {string[]} skiplistWords words left out of documents' matrices
+ *
  * @typedef {object} ModelInfo One served model (a ModelCard).
  * @property {string} name
  * @property {string[]} tasks short names such as "embed"
@@ -56,6 +77,20 @@ import { decodeRows, encodingName } from './encodings.js';
  * @property {string} truncationSide
  * @property {string} longInput
  * @property {boolean} hasCalibrationRanges whether the "int8" and "uint8" encodings are available
+ * @property {Record<string, string>} prompts prompts by name, for the promptName option
+ * @property {string} defaultPromptName the prompt used when a call names none ("": none)
+ * @property {string} dtype e.g. "float32"
+ * @property {string} device e.g. "cpu" or "cuda:0"
+ * @property {string} revision the hub revision ("" for a local folder)
+ * @property {string} backend what runs the forward: "torch", "onnx" or "openvino"
+ * @property {string} precision e.g. "float32" or "int8"
+ * @property {string} backendFile the export file the backend runs ("" for torch)
+ * @property {number} enginesPerDevice engine processes serving the model on each device
+ * @property {string} calibrationSource where the int8/uint8 ranges came from: "folder",
+ *   "computed" (from calibration texts at load), or "" when there are none
+ * @property {string} scoreTemplateSource an LLM reranker's template origin
+ *   ("--score-template", "score_template.json" or "chat_template"); "" for other models
+ * @property {MultiVectorSettings|null} multiVector a ColBERT model's modes; null for others
  *
  * @typedef {object} RerankResult One document's place in a ranking.
  * @property {number} index its position in the documents sent
@@ -136,7 +171,25 @@ const CONVERTERS = {
     })),
   token_embed: tokenOutputs,
   token_classify: tokenOutputs,
+  embed_multi: (response) =>
+    outputOf(response, ['embed_multi']).items.map((/** @type {any} */ matrix, /** @type {number} */ i) => ({
+      requestId: `${response.request_id}-${i}`,
+      outputs: multiVectorOutput(matrix),
+    })),
 };
+
+/**
+ * One MultiVectorMatrix as a MultiVectorOutput: its bytes decoded into one typed array, so a
+ * long document's matrix costs no array of arrays. The bytes are float32 when the request
+ * named no encoding.
+ * @param {any} matrix
+ * @returns {MultiVectorOutput}
+ */
+export function multiVectorOutput(matrix) {
+  const encoding = encodingName(matrix.encoding) ?? 'float32';
+  const { rows, cols } = matrix;
+  return { data: decodeValues(matrix.data, encoding, cols, rows), rows, cols, encoding };
+}
 
 /**
  * One Embedding message as an EmbeddingOutput, decoding packed data.
@@ -210,7 +263,37 @@ export function modelInfos(response) {
     truncationSide: card.truncation_side,
     longInput: card.long_input,
     hasCalibrationRanges: card.has_calibration_ranges,
+    prompts: { ...(card.prompts ?? {}) },
+    defaultPromptName: card.default_prompt_name ?? '',
+    dtype: card.dtype ?? '',
+    device: card.device ?? '',
+    revision: card.revision ?? '',
+    backend: card.backend ?? '',
+    precision: card.precision ?? '',
+    backendFile: card.backend_file ?? '',
+    enginesPerDevice: card.engines_per_device || 1,
+    calibrationSource: card.calibration_source ?? '',
+    scoreTemplateSource: card.score_template_source ?? '',
+    multiVector: multiVectorSettings(card.multi_vector),
   }));
+}
+
+/**
+ * A ModelCard's multi_vector message in camelCase; null when the card has none.
+ * @param {any} settings
+ * @returns {MultiVectorSettings|null}
+ */
+function multiVectorSettings(settings) {
+  if (settings === undefined || settings === null) return null;
+  return {
+    queryPrefix: settings.query_prefix,
+    documentPrefix: settings.document_prefix,
+    queryLength: settings.query_length,
+    documentLength: settings.document_length,
+    queryExpansion: settings.query_expansion,
+    attendToExpansionTokens: settings.attend_to_expansion_tokens,
+    skiplistWords: [...settings.skiplist_words],
+  };
 }
 
 /**

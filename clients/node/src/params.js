@@ -5,10 +5,12 @@
 // round trip.
 
 /** The tasks a request can run, by the names vLLM uses. */
-export const TASKS = Object.freeze(['embed', 'classify', 'score', 'token_embed', 'token_classify']);
+export const TASKS = Object.freeze(['embed', 'classify', 'score', 'token_embed', 'token_classify', 'embed_multi']);
 
 const EMBED_PARAMS = Object.freeze(['useActivation', 'dimensions', 'truncatePromptTokens']);
 const CLASSIFY_PARAMS = Object.freeze(['useActivation', 'truncatePromptTokens']);
+// A ColBERT matrix is always normalised and full width: only truncation is the caller's.
+const MULTI_PARAMS = Object.freeze(['truncatePromptTokens']);
 
 /** Which PoolingParams keys each task accepts (as in vLLM's `valid_parameters`). */
 export const TASK_PARAMS = Object.freeze({
@@ -17,6 +19,7 @@ export const TASK_PARAMS = Object.freeze({
   classify: CLASSIFY_PARAMS,
   score: CLASSIFY_PARAMS,
   token_classify: CLASSIFY_PARAMS,
+  embed_multi: MULTI_PARAMS,
 });
 
 /** Task name -> wire enum name. */
@@ -26,6 +29,7 @@ export const TASK_ENUM = Object.freeze({
   score: 'POOLING_TASK_SCORE',
   token_embed: 'POOLING_TASK_TOKEN_EMBED',
   token_classify: 'POOLING_TASK_TOKEN_CLASSIFY',
+  embed_multi: 'POOLING_TASK_EMBED_MULTI',
 });
 
 /** camelCase key -> wire field name, for the optional fields. */

@@ -9,7 +9,13 @@ import { checkTask, paramsToWire, verifyParams } from './params.js';
 export const SEP_TOKEN = '[SEP]';
 
 /** Tasks encode() accepts; "embed" and "classify" delegate to embed()/classify(). */
-export const ENCODE_TASKS = Object.freeze(['token_embed', 'token_classify', 'embed', 'classify']);
+export const ENCODE_TASKS = Object.freeze(['token_embed', 'token_classify', 'embed', 'classify', 'embed_multi']);
+
+/**
+ * Tasks a prompt can be prepended for (as sentence-transformers' encode does); on embed_multi
+ * the prompt name picks the ColBERT mode: "query", anything else a document.
+ */
+export const PROMPT_TASKS = Object.freeze(['embed', 'token_embed', 'embed_multi']);
 
 /** A fresh request id for calls that do not name one. */
 export function newRequestId() {
@@ -151,19 +157,29 @@ export function expectedOutputs(task, inputs) {
  * @param {number} [options.truncatePromptTokens] merged into the params (it wins)
  * @param {string|null} [options.model]
  * @param {string} [options.requestId]
- * @param {string|null} [options.encoding] embed and token_embed: how the values travel (see
- *   encodings.js); unset: repeated floats
+ * @param {string|null} [options.encoding] embed, token_embed and embed_multi: how the values
+ *   travel (see encodings.js); unset: repeated floats (float32 bytes for embed_multi)
+ * @param {string|null} [options.promptName] one of the model's prompts (ModelInfo.prompts) to
+ *   prepend; on embed_multi "query" or "document"
+ * @param {string|null} [options.prompt] a text to prepend ("" sends none, overriding the
+ *   model's default prompt)
  * @param {boolean} [options.validate]
  */
-export function requestTemplate(task, { poolingParams, truncatePromptTokens, model, requestId, encoding, validate = true }) {
+export function requestTemplate(
+  task,
+  { poolingParams, truncatePromptTokens, model, requestId, encoding, promptName, prompt, validate = true },
+) {
   checkTask(task);
   const params = { ...(poolingParams ?? {}) };
   if (truncatePromptTokens !== undefined && truncatePromptTokens !== null) {
     params.truncatePromptTokens = truncatePromptTokens;
   }
+  const hasPromptName = promptName !== undefined && promptName !== null;
+  const hasPrompt = prompt !== undefined && prompt !== null;
   if (validate) {
     verifyParams(params, task);
     checkEncoding(encoding, task);
+    checkPrompts(task, promptName, prompt);
   }
   /** @type {Record<string, unknown>} */
   const template = {
@@ -174,7 +190,29 @@ export function requestTemplate(task, { poolingParams, truncatePromptTokens, mod
   if (encoding !== undefined && encoding !== null) {
     template.encoding = /** @type {Record<string, string>} */ (ENCODINGS)[encoding] ?? encoding;
   }
+  if (hasPromptName) template.prompt_name = promptName;
+  if (hasPrompt) template.prompt = prompt;
   return template;
+}
+
+/**
+ * Throw unless the prompt options fit `task`: strings, not both, and only on PROMPT_TASKS.
+ * @param {string} task
+ * @param {unknown} promptName
+ * @param {unknown} prompt
+ */
+export function checkPrompts(task, promptName, prompt) {
+  const given = [
+    ['promptName', promptName],
+    ['prompt', prompt],
+  ].filter(([, value]) => value !== undefined && value !== null);
+  for (const [name, value] of given) {
+    if (typeof value !== 'string') throw new TypeError(`${name} must be a string, got ${typeof value}`);
+  }
+  if (given.length === 2) throw new TypeError('pass promptName or prompt, not both');
+  if (given.length > 0 && !PROMPT_TASKS.includes(task)) {
+    throw new TypeError(`prompts apply to ${PROMPT_TASKS.join(', ')}, not ${task}`);
+  }
 }
 
 /**
@@ -200,6 +238,9 @@ export function withInputs(template, task, inputs, requestId) {
  * @param {number} [options.truncatePromptTokens]
  * @param {string|null} [options.model]
  * @param {string} [options.requestId]
+ * @param {string|null} [options.instruction] an LLM reranker's instruction (its score
+ *   template's {instruction}, e.g. Qwen3-Reranker's <Instruct>); unset: the template's
+ *   default. Other models refuse it.
  * @param {boolean} [options.validate]
  */
 export function rerankRequest(query, documents, options = {}) {
@@ -216,6 +257,10 @@ export function rerankRequest(query, documents, options = {}) {
     requestId: options.requestId,
     validate: options.validate,
   });
+  const instruction = options.instruction ?? null;
+  if (instruction !== null && typeof instruction !== 'string') {
+    throw new TypeError(`instruction must be a string, got ${typeof instruction}`);
+  }
   return {
     request_id: requestId,
     model,
@@ -224,6 +269,7 @@ export function rerankRequest(query, documents, options = {}) {
     top_n: topN,
     return_documents: Boolean(options.returnDocuments),
     params,
+    ...(instruction === null ? {} : { instruction }),
   };
 }
 
