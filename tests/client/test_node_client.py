@@ -2,8 +2,10 @@
 
 Runs ``node --test`` in clients/node with POOLING_SERVER_ADDRESS pointing at the session server
 and checks node's TAP summary: every test passed and none was skipped. Also checks that the
-Node client's embedding of a text equals the Python client's. Skipped where node or npm is not
-installed; node_modules is installed from the lockfile (``npm ci``) when missing.
+Node client's embedding of a text equals the Python client's, and, on a server of a tiny
+ColBERT and a tiny Qwen3 reranker, that its embed_multi matrices, ModelCard fields and
+instructed rerank equal the Python client's (or the raw stub's). Skipped where node or npm is
+not installed; node_modules is installed from the lockfile (``npm ci``) when missing.
 """
 
 from __future__ import annotations
@@ -13,13 +15,21 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
+import numpy as np
 import pytest
 
 from pooling_client import PoolingClient
-from tests.server_process import ServerProcess
+from pooling_client.v1 import pooling_pb2 as pb
+from pooling_client.v1 import pooling_pb2_grpc
+from tests.fixture_models import COLBERT_DIM, tiny_colbert, tiny_qwen3_reranker
+from tests.server_process import ServerProcess, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "clients" / "node"
@@ -135,3 +145,130 @@ def test_node_embedding_matches_python_client(
         assert len(from_node) == len(from_python) == 384
         diff = max(abs(a - b) for a, b in zip(from_node, from_python, strict=True))
         assert diff < 1e-6, f"Node and Python embeddings differ by {diff}"
+
+
+QUERY = "what is the capital of france?"
+DOCUMENTS = ["Paris is the capital of France.", "b!", "The sky is blue, mostly. " * 4]
+INSTRUCTION = "Find the passage that names a capital city"
+
+
+@pytest.fixture(scope="module")
+def retrieval_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of a tiny ColBERT (PyLate layout) and a tiny Qwen3 reranker: the models the
+    Node client's embed_multi and rerank instruction need."""
+    root = tmp_path_factory.mktemp("node-retrieval")
+    colbert = tiny_colbert(root / "colbert")
+    reranker = tiny_qwen3_reranker(root / "qwen3-reranker")
+    args = ["--model", f"colbert={colbert}", "--model", f"rr={reranker}", "--dtype", "float32"]
+    process = start_server(args, tmp_path_factory.mktemp("node-retrieval-logs"), "node-retrieval")
+    try:
+        yield process
+    finally:
+        process.stop(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def from_node(node: str, retrieval_server: ServerProcess) -> dict[str, Any]:
+    """What scripts/contract.js prints: models, embed_multi matrices and reranks."""
+    command = [node, "scripts/contract.js", "--address", retrieval_server.address]
+    command += ["--colbert", "colbert", "--reranker", "rr", "--instruction", INSTRUCTION]
+    command += ["--query", QUERY, *DOCUMENTS]
+    result = subprocess.run(
+        command, cwd=NODE_DIR, env=_node_env(None), capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    return json.loads(result.stdout)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def test_node_models_carry_the_newer_model_card_fields(
+    from_node: dict[str, Any], retrieval_server: ServerProcess
+) -> None:
+    with PoolingClient(retrieval_server.address, timeout=60) as python:
+        want = {info.name: info for info in python.models()}
+    got = {info["name"]: info for info in from_node["models"]}
+    assert got.keys() == want.keys() == {"colbert", "rr"}
+    for name, info in want.items():
+        for field in (
+            "engines_per_device",
+            "calibration_source",
+            "prompts",
+            "default_prompt_name",
+            "dtype",
+            "device",
+            "backend",
+            "precision",
+            "backend_file",
+            "revision",
+        ):
+            assert got[name][_camel(field)] == getattr(info, field), (name, field)
+    colbert = got["colbert"]
+    assert colbert["tasks"] == ["embed_multi", "score"]
+    assert colbert["enginesPerDevice"] >= 1
+    assert colbert["multiVector"] == {_camel(k): v for k, v in want["colbert"].multi_vector.items()}
+    assert colbert["multiVector"]["queryPrefix"] == "[Q] "
+    assert colbert["multiVector"]["skiplistWords"] == list("!,.?;:")
+    assert got["rr"]["multiVector"] is None
+    # The Python client's ModelInfo has no score_template_source: the card is the reference.
+    with grpc.insecure_channel(retrieval_server.address) as channel:
+        cards = pooling_pb2_grpc.PoolingServiceStub(channel).ListModels(pb.ListModelsRequest())
+    for card in cards.models:
+        assert got[card.name]["scoreTemplateSource"] == card.score_template_source
+    assert got["rr"]["scoreTemplateSource"] == "score_template.json"
+    assert got["colbert"]["scoreTemplateSource"] == ""
+
+
+@pytest.mark.parametrize("mode", ["query", "document"])
+@pytest.mark.parametrize("encoding", ["float32", "float16"])
+def test_node_embed_multi_equals_python_client(
+    from_node: dict[str, Any], retrieval_server: ServerProcess, mode: str, encoding: str
+) -> None:
+    texts = [QUERY] if mode == "query" else DOCUMENTS
+    with PoolingClient(retrieval_server.address, timeout=60) as python:
+        want = python.encode(
+            texts,
+            model="colbert",
+            pooling_task="embed_multi",
+            prompt_name=mode,
+            encoding=None if encoding == "float32" else encoding,
+            output="numpy",
+        )
+    got = from_node["embedMulti"][mode][encoding]
+    assert len(got) == len(want) == len(texts)
+    for matrix, expected in zip(got, want, strict=True):
+        assert (matrix["rows"], matrix["cols"]) == expected.shape
+        assert matrix["cols"] == COLBERT_DIM and matrix["encoding"] == encoding
+        values = np.asarray(matrix["data"], dtype=np.float32).reshape(expected.shape)
+        # The same bytes decoded on both sides: float32 and float16 widen exactly.
+        np.testing.assert_array_equal(values, np.asarray(expected, dtype=np.float32))
+    if mode == "query":
+        assert got[0]["rows"] == 12  # expanded to the folder's query_length
+
+
+def test_node_rerank_sends_the_instruction(
+    from_node: dict[str, Any], retrieval_server: ServerProcess
+) -> None:
+    with grpc.insecure_channel(retrieval_server.address) as channel:
+        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
+        plain = stub.Rerank(pb.RerankRequest(model="rr", query=QUERY, documents=DOCUMENTS))
+        instructed = stub.Rerank(
+            pb.RerankRequest(model="rr", query=QUERY, documents=DOCUMENTS, instruction=INSTRUCTION)
+        )
+    for key, want in (("default", plain), ("instructed", instructed)):
+        got = from_node["rerank"][key]
+        assert got["model"] == "rr"
+        assert [r["index"] for r in got["results"]] == [r.index for r in want.results], key
+        assert [r["document"] for r in got["results"]] == [DOCUMENTS[r.index] for r in want.results]
+        np.testing.assert_allclose(
+            [r["relevanceScore"] for r in got["results"]],
+            [r.relevance_score for r in want.results],
+            rtol=1e-6,
+        )
+    # The instruction reached the template: the scores move.
+    default = {r["index"]: r["relevanceScore"] for r in from_node["rerank"]["default"]["results"]}
+    told = {r["index"]: r["relevanceScore"] for r in from_node["rerank"]["instructed"]["results"]}
+    assert default != told
