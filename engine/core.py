@@ -163,11 +163,13 @@ class EngineCore:
         offset = 0
         for header in message.jobs:
             work = []
-            for n in header.lengths:
+            for k, n in enumerate(header.lengths):
                 end = offset + n
                 token_types = None if types is None else types[offset:end]
                 sequence = TokenSequence(ids[offset:end], token_types, _UNMARKED, _UNMARKED)
-                work.append((sequence, header.keep_tokens))
+                pools = header.pools[k] if header.pools else None
+                keep = tuple(pools) if pools else header.keep_tokens
+                work.append((sequence, keep))
                 offset = end
             job = Job(  # positionally: keywords cost ~0.2 us a job here
                 work,

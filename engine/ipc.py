@@ -37,6 +37,9 @@ class JobHeader(msgspec.Struct, array_like=True):
     keep_tokens: bool
     lengths: list[int]  # tokens of each sequence, in order; ids (and types) are concatenated
     client: str = ""  # who asked, within the sending front end (Job.client)
+    # Late chunking: per sequence, token ranges [a0, b0, a1, b1, ...] whose mean states
+    # come back (engine/late_chunking.py); empty when no sequence has any.
+    pools: list[list[int]] = []
 
 
 class Submit(msgspec.Struct, array_like=True, tag=0):

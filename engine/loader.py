@@ -588,6 +588,7 @@ def _model_info(
         tasks=tasks,
         hidden_size=projection[-1].out_features if projection else int(config.hidden_size),
         max_input_tokens=folder.tokenizer.max_input_tokens,
+        projected=bool(projection),
         num_special_tokens=folder.hf_tokenizer.num_special_tokens_to_add(pair=cross_encoder),
         pooling_type=pooling_type,
         # embed_sparse: use_activation (SPLADE's log saturation) is on by default.

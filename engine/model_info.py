@@ -120,6 +120,9 @@ class ModelInfo:
     # A ColBERT folder (PyLate or MultiVectorEncoder): its query/document settings; None
     # for single-vector models.
     multi_vector: MultiVectorSettings | None = None
+    # Dense modules project the pooled vector (sentence-transformers' Dense): a late
+    # chunk's mean must be whole before it is projected (engine/late_chunking.py).
+    projected: bool = False
 
     @property
     def is_cross_encoder(self) -> bool:

@@ -11,6 +11,7 @@ import inspect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -166,29 +167,52 @@ class ModelRunner:
             weights = splade(states, weights_mask, info.splade_strategy, info.splade_activation)
             vocab = weights.cpu().numpy()
             return [vocab[i] for i in range(len(batch))]
+        wanted = [not isinstance(k, tuple) and bool(k) for k in keep_tokens]  # tuple: late chunks
+        rows = any(wanted)
+        chunks: dict[int, np.ndarray] = {}
         if isinstance(output, np.ndarray):
             hidden = _host(output)
             pooled = pool_array(hidden, mask, self.info.pooling_type)  # type: ignore[arg-type]
             if self.projection is not None:
                 pooled = self.projection(torch.from_numpy(pooled)).numpy()
-            tokens = hidden if any(keep_tokens) else None
+            tokens = hidden if rows else None
+            for i, keep in enumerate(keep_tokens):
+                if isinstance(keep, tuple):
+                    means = torch.from_numpy(_span_means(hidden[i], keep))
+                    chunks[i] = (self.projection(means) if self.projection else means).numpy()
         else:
             states = output.float()
             pooled_states = pool(states, mask, self.info.pooling_type)  # type: ignore[arg-type]
             if self.projection is not None:
                 pooled_states = self.projection(pooled_states)
             pooled = pooled_states.cpu().numpy()
-            tokens = states.cpu().numpy() if any(keep_tokens) else None
-        return [
+            tokens = states.cpu().numpy() if rows else None
+            for i, keep in enumerate(keep_tokens):
+                if isinstance(keep, tuple):
+                    means = _span_means(states[i], keep)
+                    chunks[i] = (self.projection(means) if self.projection else means).cpu().numpy()
+        outputs = [
             tokens[i, :n] if keep and tokens is not None else pooled[i]
-            for i, (n, keep) in enumerate(zip(lengths, keep_tokens, strict=True))
+            for i, (n, keep) in enumerate(zip(lengths, wanted, strict=True))
         ]
+        for i, means in chunks.items():
+            outputs[i] = means
+        return outputs
 
     def warm_up(self, alone: bool = True) -> None:
         """Run once on the thread that will serve: torch's thread pools, and CUDA's handles,
         belong to the calling thread, so warming anywhere else leaves the first request slow."""
         if self.warm_up_batch:
             self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)
+
+
+def _span_means(rows: Any, pools: tuple[int, ...]) -> Any:
+    """Late chunking: the mean state of each token range [a, b) of one sequence (pools
+    holds a0, b0, a1, b1, ...), on the states' own device: only these rows leave it."""
+    pairs = zip(pools[0::2], pools[1::2], strict=True)
+    if isinstance(rows, np.ndarray):
+        return np.stack([rows[a:b].mean(axis=0) for a, b in pairs])
+    return torch.stack([rows[a:b].mean(dim=0) for a, b in pairs])
 
 
 def _joined(rows: Sequence[Sequence[int] | np.ndarray], total: int) -> np.ndarray:

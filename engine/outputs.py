@@ -66,7 +66,18 @@ class MultiVector:
     data: bytes = b""
 
 
-ItemOutput = Embedding | Classification | Score | TokenRows | SparseEmbedding | MultiVector
+@dataclass(frozen=True)
+class LateChunks:
+    """embed with late chunking: one embedding per chunk of a text, each with its
+    character span [start, end) in the text, in chunk order."""
+
+    spans: list[tuple[int, int]]
+    embeddings: list[Embedding]
+
+
+ItemOutput = (
+    Embedding | Classification | Score | TokenRows | SparseEmbedding | MultiVector | LateChunks
+)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
+from engine.late_chunking import plan_late_chunking
 from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType, SpladeStrategy
 from engine.multi_vector import QUERY, MultiVectorSettings, maxsim
 from engine.outputs import (
@@ -37,7 +38,9 @@ Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
 
 @dataclass(frozen=True)
 class Plan:
-    work: list[tuple[TokenSequence, bool]]
+    # Per sequence, whether every token's state is wanted (True), its pooled vector
+    # (False), or late chunking's token ranges, whose mean states come back (a tuple).
+    work: list[tuple[TokenSequence, bool | tuple[int, ...]]]
     finish: Finish
 
     @property
@@ -76,6 +79,8 @@ def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
         return _plan_maxsim(resolved, model, limits)
     if request.task is Task.EMBED_MULTI:
         return _plan_multi(resolved, model, limits)
+    if request.late_chunking is not None:  # embed only (validation refuses the rest)
+        return Plan(*plan_late_chunking(resolved, model, limits))
     if request.task is Task.SCORE and model.info.is_cross_encoder:
         return _plan_cross_encoder(resolved, model, limits)
     if request.task is Task.SCORE:

@@ -170,8 +170,14 @@ class RemoteEngineClient:
                 ids.extend(sequence.input_ids)
                 if with_types:
                     types.extend(sequence.token_type_ids)  # type: ignore[arg-type]
-            keep = bool(job.work) and job.work[0][1]
-            headers.append(JobHeader(job.key, model, job.deadline, keep, lengths, job.client))
+            first = job.work[0][1] if job.work else False
+            keep = not isinstance(first, tuple) and bool(first)
+            # Late chunking's token ranges per sequence (tuples), else none.
+            pools = [list(k) if isinstance(k, tuple) else [] for _, k in job.work]
+            pools = pools if any(pools) else []
+            headers.append(
+                JobHeader(job.key, model, job.deadline, keep, lengths, job.client, pools)
+            )
         payload = [np.array(ids, dtype=IDS).tobytes()]
         if with_types:
             payload.append(np.array(types, dtype=IDS).tobytes())

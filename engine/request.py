@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 
 from engine.output_size import ResponseBudget
 from engine.params import OutputEncoding, PoolingParams, Task
+
+
+class ChunkRule(StrEnum):
+    """How late chunking cuts a text when the request gives no spans."""
+
+    SENTENCES = "sentences"
+    TOKENS = "tokens"  # fixed windows of `window` tokens, `overlap` shared by neighbours
+
+
+@dataclass(frozen=True)
+class LateChunking:
+    """Embed chunks of each text from one pass over the whole text (engine/late_chunking.py).
+
+    Either `spans`, character spans [start, end) of the request's one text (any order,
+    overlap allowed), or a `rule` applied to every text."""
+
+    spans: tuple[tuple[int, int], ...] = ()
+    rule: ChunkRule | None = None
+    window: int = 0  # ChunkRule.TOKENS: tokens per chunk
+    overlap: int = 0  # ChunkRule.TOKENS: tokens shared by consecutive chunks
 
 
 @dataclass(frozen=True)
@@ -37,6 +58,8 @@ class PoolRequest:
     # Refuse, never cut, a text of more tokens than this (Cohere's truncate NONE with
     # max_tokens), at least the model's special tokens; None: the model's maximum alone.
     max_tokens: int | None = None
+    # embed only: one vector per chunk of each text instead of one per text.
+    late_chunking: LateChunking | None = None
 
     @property
     def num_items(self) -> int:

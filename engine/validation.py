@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from engine.model_info import LongInput, ModelInfo, SpladeStrategy
+from engine.model_info import HeadKind, LongInput, ModelInfo, PoolingType, SpladeStrategy
 from engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
@@ -30,7 +30,7 @@ from engine.output_size import (
     tokenize_bytes,
 )
 from engine.params import PROMPT_TASKS, TASK_PARAMS, OutputEncoding, Task
-from engine.request import PoolRequest, RerankRequest
+from engine.request import ChunkRule, PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
 TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})  # one output row per token
@@ -91,7 +91,9 @@ class Resolved:
 def resolve(request: PoolRequest, info: ModelInfo, rerank: RerankRequest | None = None) -> Resolved:
     """The one place a request's prompt, long-input policy and truncation are decided."""
     truncate = request.params.truncate_prompt_tokens
-    if truncate is not None:
+    if request.late_chunking is not None:  # macro-windows read the whole text
+        policy, truncate = LongInput.CHUNK, None
+    elif truncate is not None:
         policy = LongInput.TRUNCATE
     elif info.long_input is LongInput.TRUNCATE:
         policy, truncate = LongInput.TRUNCATE, -1
@@ -279,6 +281,96 @@ def _task_supported(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
             f'model "{info.name}" does not support {request.task}; it supports: {supported}'
             + _task_hint(request.task, info),
             "TASK_NOT_SUPPORTED",
+        )
+
+
+def _late_chunking(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """Late chunking's shape: embed only, spans or a rule (not both), the rule's window and
+    overlap in range, and spans of the one text, each non-empty and inside it. Spans may
+    overlap and come in any order (each chunk is computed on its own)."""
+    request, chunking = r.request, r.request.late_chunking
+    if chunking is None:
+        return
+    path = "late_chunking"
+    if request.task is not Task.EMBED:
+        yield FieldViolation(
+            path,
+            f"late chunking embeds chunks of a text: it applies to embed only, not {request.task}",
+            "LATE_CHUNKING_TASK",
+        )
+        return
+    if request.params.truncate_prompt_tokens is not None:
+        yield FieldViolation(
+            "params.truncate_prompt_tokens",
+            "late chunking reads the whole text (in macro-windows past the maximum length): "
+            "leave truncate_prompt_tokens unset",
+            "LATE_CHUNKING_TRUNCATE",
+        )
+    if bool(chunking.spans) == (chunking.rule is not None):
+        yield FieldViolation(
+            path,
+            "give either spans or a rule (sentences, or tokens with a window), not "
+            + ("both" if chunking.spans else "neither"),
+            "LATE_CHUNKING_SHAPE",
+        )
+        return
+    if chunking.rule is ChunkRule.TOKENS:
+        if chunking.window < 1:
+            yield FieldViolation(
+                f"{path}.window",
+                f"the tokens rule needs a window of at least 1 token, got {chunking.window}",
+                "LATE_CHUNKING_WINDOW",
+            )
+        elif not 0 <= chunking.overlap < chunking.window:
+            yield FieldViolation(
+                f"{path}.overlap",
+                f"overlap must be from 0 to window - 1 ({chunking.window - 1}), "
+                f"got {chunking.overlap}",
+                "LATE_CHUNKING_OVERLAP",
+            )
+    elif chunking.window or chunking.overlap:
+        yield FieldViolation(
+            f"{path}.window",
+            "window and overlap belong to the tokens rule; leave them unset",
+            "LATE_CHUNKING_WINDOW",
+        )
+    if not chunking.spans:
+        return
+    if len(request.texts) != 1:
+        yield FieldViolation(
+            f"{path}.spans",
+            f"spans are character spans of one text, and the request has {len(request.texts)}; "
+            "send one text per request, or use a rule",
+            "LATE_CHUNKING_SPANS_TEXTS",
+        )
+        return
+    if len(chunking.spans) > limits.max_client_batch_size:
+        yield too_many_inputs(f"{path}.spans", len(chunking.spans), limits.max_client_batch_size)
+        return
+    length = len(request.texts[0])
+    for i, (start, end) in enumerate(chunking.spans):
+        if start < 0 or end > length:
+            problem, reason = f"lies outside the text of {length} characters", "SPAN_OUT_OF_TEXT"
+        elif start > end:
+            problem, reason = "ends before it starts", "SPAN_REVERSED"
+        elif start == end:
+            problem, reason = "is empty", "SPAN_EMPTY"
+        else:
+            continue
+        yield FieldViolation(f"{path}.spans[{i}]", f"[{start}, {end}) {problem}", reason)
+
+
+def _late_chunking_model(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """A chunk's vector is the mean of its token states: the model must pool by mean."""
+    request, info = r.request, r.info
+    if request.late_chunking is None or request.task is not Task.EMBED:
+        return
+    if info.head is not HeadKind.HIDDEN or info.pooling_type is not PoolingType.MEAN:
+        yield FieldViolation(
+            "late_chunking",
+            f'model "{info.name}" pools by {info.pooling_type}, and late chunking averages '
+            "token states: it needs a model with mean pooling",
+            "LATE_CHUNKING_POOLING",
         )
 
 
@@ -633,9 +725,10 @@ RULES: tuple[Stage, ...] = (
             _prompt_conflict,
             _characters,
             _sparse_top_k,
+            _late_chunking,
         ),
     ),
-    Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported,)),
+    Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported, _late_chunking_model)),
     Stage(
         ErrorKind.INVALID_ARGUMENT,
         (
