@@ -264,6 +264,28 @@ describe('PoolingClient against a live server', () => {
       assert.deepEqual(classifier?.labels, ['negative', 'neutral', 'positive']);
       assert.ok(classifier?.tasks.includes('classify'));
       assert.ok(client.limits !== null && client.limits.maxClientBatchSize > 0);
+      for (const model of models) {
+        assert.ok(model.enginesPerDevice >= 1, model.name);
+        assert.equal(model.multiVector, null, model.name);
+        assert.equal(model.scoreTemplateSource, '', model.name);
+        assert.equal(typeof model.prompts, 'object');
+        assert.equal(typeof model.calibrationSource, 'string');
+        assert.ok(model.device.length > 0 && model.backend.length > 0, model.name);
+      }
+      assert.equal(models[0].dtype, 'float32'); // the test server runs --dtype float32
+    }),
+  );
+
+  test(
+    'embed: a prompt is prepended to every text on the server',
+    live(async () => {
+      const [prompted] = await client.embed('Hello world', { prompt: 'query: ' });
+      const [written] = await client.embed('query: Hello world');
+      const [plain] = await client.embed('Hello world');
+      const diff = (/** @type {number[]} */ a, /** @type {number[]} */ b) => Math.max(...a.map((x, i) => Math.abs(x - b[i])));
+      assert.ok(diff(prompted.outputs.embedding, written.outputs.embedding) < 1e-5);
+      assert.ok(diff(prompted.outputs.embedding, plain.outputs.embedding) > 1e-3);
+      await assert.rejects(client.embed('x', { promptName: 'no-such-prompt' }), PoolingError);
     }),
   );
 
