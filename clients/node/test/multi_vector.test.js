@@ -8,6 +8,7 @@ import { after, before, describe, test } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
 
+import { ChunkedJob } from '../src/chunking.js';
 import { PoolingClient, loadPoolingService, verifyParams } from '../src/index.js';
 import { multiVectorOutput } from '../src/outputs.js';
 import { requestTemplate, rerankRequest } from '../src/requests.js';
@@ -93,6 +94,38 @@ describe('embed_multi, prompts and instructions without a server', () => {
     const empty = multiVectorOutput({ rows: 0, cols: 3, data: Buffer.alloc(0), encoding: 'EMBEDDING_ENCODING_FLOAT32' });
     assert.equal(empty.data.length, 0);
     assert.throws(() => multiVectorOutput({ rows: 2, cols: 3, data: Buffer.alloc(8), encoding: 'EMBEDDING_ENCODING_FLOAT32' }), /24 bytes/);
+  });
+
+  test('a big embed_multi job keeps its mode in every PoolStream chunk', () => {
+    const texts = ['a', 'b', 'c'];
+    const template = requestTemplate('embed_multi', { requestId: 'base', promptName: 'query', encoding: 'float16' });
+    const job = new ChunkedJob('embed_multi', texts, template, 2, 2);
+    const requests = job.fill().map((r) => r.request);
+    assert.deepEqual(
+      requests.map((r) => [r.request_id, r.prompt_name, r.encoding, r.embed_multi.texts]),
+      [
+        ['base-0', 'query', 'EMBEDDING_ENCODING_FLOAT16', ['a', 'b']],
+        ['base-1', 'query', 'EMBEDDING_ENCODING_FLOAT16', ['c']],
+      ],
+    );
+    /** @param {string} id @param {number} n */
+    const answer = (id, n) => ({
+      request_id: id,
+      result: 'response',
+      response: {
+        request_id: id,
+        output: 'embed_multi',
+        embed_multi: {
+          items: Array.from({ length: n }, () => ({ rows: 2, cols: 3, data: uint16Bytes(HALF_BITS), encoding: 'EMBEDDING_ENCODING_FLOAT16' })),
+        },
+      },
+    });
+    job.accept(answer('base-1', 1));
+    job.accept(answer('base-0', 2));
+    assert.deepEqual(
+      job.outputs().map((o) => [o.requestId, o.outputs.rows, [...o.outputs.data]]),
+      texts.map((_, i) => [`base-${i}`, 2, VALUES]),
+    );
   });
 
   test('rerank sends an instruction only when given one', () => {
