@@ -355,3 +355,15 @@ def tiny_colbert(
         )
     )
     return folder
+
+
+def tiny_mean_bert(folder: Path, max_positions: int = 64) -> Path:
+    """A random-weight BERT pooled by mean in sentence-transformers' layout, short enough
+    (`max_positions`) that a paragraph runs past its maximum length (late chunking)."""
+    torch.manual_seed(0)
+    _save(BertModel(_bert_config(max_position_embeddings=max_positions)), folder)
+    _sentence_transformers_layout(folder, "mean", normalize=True)
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_positions, "do_lower_case": False})
+    )
+    return folder
