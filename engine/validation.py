@@ -846,6 +846,7 @@ UNKNOWN_VALUES: dict[str, tuple[str, str]] = {
     "params.task": ("TASK_UNKNOWN", "unknown task value {value}"),  # gRPC's enum
     "encoding_format": ("ENCODING_UNKNOWN", "must be float or base64"),  # OpenAI's
     "task": ("TASK_UNKNOWN", "must be embed, classify, token_embed or token_classify"),  # vLLM's
+    "late_chunking.rule": ("CHUNK_RULE_UNKNOWN", "unknown rule {value}: sentences or tokens"),
 }
 
 

@@ -12,6 +12,7 @@ from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
     Embedding,
+    LateChunks,
     MultiVector,
     PoolResult,
     RerankResult,
@@ -20,7 +21,7 @@ from engine.outputs import (
     TokenRows,
 )
 from engine.params import OutputEncoding, PoolingParams, Task
-from engine.request import PoolRequest, RerankRequest
+from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
 from engine.validation import output_too_large, unknown_value
 from service.byte_layout import Layout, varint, varint_lengths
 from service.proto import pooling_pb2 as pb
@@ -103,7 +104,29 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         # Read from an unset input case these are 0 and False.
         sparse_top_k=request.embed_sparse.top_k,
         sparse_tokens=request.embed_sparse.return_tokens,
+        late_chunking=_late_chunking(request),
         **inputs,
+    )
+
+
+CHUNK_RULE_FROM_PROTO: dict[int, ChunkRule | None] = {
+    pb.CHUNK_RULE_UNSPECIFIED: None,
+    pb.CHUNK_RULE_SENTENCES: ChunkRule.SENTENCES,
+    pb.CHUNK_RULE_TOKENS: ChunkRule.TOKENS,
+}
+
+
+def _late_chunking(request: pb.PoolRequest) -> LateChunking | None:
+    if not request.HasField("late_chunking"):
+        return None
+    chunking = request.late_chunking
+    if chunking.rule not in CHUNK_RULE_FROM_PROTO:
+        raise unknown_value("late_chunking.rule", chunking.rule)
+    return LateChunking(
+        spans=tuple((span.start, span.end) for span in chunking.spans),
+        rule=CHUNK_RULE_FROM_PROTO[chunking.rule],
+        window=chunking.window_tokens,
+        overlap=chunking.overlap_tokens,
     )
 
 
@@ -192,6 +215,16 @@ def _spans(field_number: int, offsets: np.ndarray, layout: Layout | None = None)
     )
 
 
+def _embedding(target: pb.Embedding, o: Embedding) -> None:
+    """Fill `target` with one vector: packed floats, or the request's encoding."""
+    if o.encoding is OutputEncoding.FLOAT:
+        target.MergeFromString(_packed_floats(1, o.values))
+    else:
+        target.data = o.data
+        target.dimensions = o.values.shape[-1]
+        target.encoding = ENCODING_TO_PROTO[o.encoding]
+
+
 def response_to_proto(result: PoolResult) -> pb.PoolResponse:
     response = pb.PoolResponse(
         request_id=result.request_id,
@@ -202,16 +235,13 @@ def response_to_proto(result: PoolResult) -> pb.PoolResponse:
     if result.task is Task.EMBED:
         embeddings = response.embed.embeddings
         for o in outputs:
-            if not isinstance(o, Embedding):
-                continue
-            if o.encoding is OutputEncoding.FLOAT:
-                embeddings.add().MergeFromString(_packed_floats(1, o.values))
-            else:
-                embeddings.add(
-                    data=o.data,
-                    dimensions=o.values.shape[-1],
-                    encoding=ENCODING_TO_PROTO[o.encoding],
-                )
+            if isinstance(o, Embedding):
+                _embedding(embeddings.add(), o)
+            elif isinstance(o, LateChunks):
+                chunks = response.embed.chunked.add().chunks
+                for (start, end), embedding in zip(o.spans, o.embeddings, strict=True):
+                    chunk = chunks.add(span=pb.TokenSpan(start=start, end=end))
+                    _embedding(chunk.embedding, embedding)
     elif result.task is Task.CLASSIFY:
         classifications = response.classify.classifications
         for o in outputs:

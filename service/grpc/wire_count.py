@@ -30,6 +30,7 @@ POOL_REQUEST: Spec = {
     8: ("token_classify", _TEXTS),
     9: ("embed_sparse", _TEXTS),
     13: ("embed_multi", _TEXTS),
+    14: ("late_chunking", {1: ("spans", None)}),
 }
 SPECS: dict[str, Spec] = {
     "PoolRequest": POOL_REQUEST,

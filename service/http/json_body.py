@@ -67,6 +67,7 @@ class _Fields(msgspec.Struct):
     return_documents: msgspec.Raw = msgspec.Raw()
     add_special_tokens: msgspec.Raw = msgspec.Raw()
     prompt_name: msgspec.Raw = msgspec.Raw()  # /pooling embed_multi: "query" or "document"
+    late_chunking: msgspec.Raw = msgspec.Raw()  # /v1/embeddings and /pooling (embed)
 
 
 class _Document(msgspec.Struct):
@@ -189,6 +190,10 @@ class Body:
             return decoder.decode(raw)
         except msgspec.DecodeError as exc:
             raise BodyError(name, _not_utf8(exc) or f"must be {wants}") from None
+
+    def typed(self, name: str, decoder: msgspec.json.Decoder, wants: str) -> Any:
+        """A field read by a route's own decoder (an object); None when absent."""
+        return self._typed(name, decoder, wants)
 
     def string(self, name: str, default: str) -> str:
         value = self._typed(name, _str, "a string")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from engine.errors import FieldViolation, PoolingError
@@ -23,6 +24,7 @@ from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
     Embedding,
+    LateChunks,
     MultiVector,
     PoolResult,
     RerankResult,
@@ -30,7 +32,7 @@ from engine.outputs import (
     TokenRows,
 )
 from engine.params import PoolingParams, Task
-from engine.request import PoolRequest, RerankRequest
+from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
 from engine.validation import unknown_value
 from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats
 from service.http.json_body import Body, BodyError
@@ -83,11 +85,16 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.string("model", ""),
         texts=tuple(texts),
+        late_chunking=late_chunking(body),
     )
 
     def render(result: PoolResult) -> dict[str, Any]:
         data = []
         for index, output in enumerate(result.outputs):
+            if isinstance(output, LateChunks):
+                chunks = _chunks(output, fmt, "embedding")
+                data.append({"object": "embedding", "index": index, "chunks": chunks})
+                continue
             assert isinstance(output, Embedding)
             values = _encoded(output.values, fmt)
             data.append({"object": "embedding", "index": index, "embedding": values})
@@ -159,11 +166,16 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
         model=body.string("model", ""),
         texts=tuple(body.texts("input")),
         prompt_name=(body.string("prompt_name", "") or None) if task == "embed_multi" else None,
+        late_chunking=late_chunking(body),
     )
 
     def render(result: PoolResult) -> dict[str, Any]:
         data = []
         for index, output in enumerate(result.outputs):
+            if isinstance(output, LateChunks):
+                chunks = _chunks(output, fmt, "data")
+                data.append({"index": index, "object": "pooling", "chunks": chunks})
+                continue
             if isinstance(output, Classification):
                 row = _encoded(output.probs, fmt)
             else:
@@ -220,6 +232,42 @@ ROUTES: dict[str, Route] = {
 
 
 # ------------------------------------------------------------------ helpers
+
+
+class _LateChunkingBody(msgspec.Struct, forbid_unknown_fields=True):
+    spans: list[tuple[int, int]] = []
+    rule: str | None = None
+    window: int = 0
+    overlap: int = 0
+
+
+_late_chunking_body = msgspec.json.Decoder(_LateChunkingBody)
+LATE_CHUNKING_SHAPE = (
+    'an object: {"spans": [[start, end], ...]}, {"rule": "sentences"} or '
+    '{"rule": "tokens", "window": n, "overlap": m}'
+)
+
+
+def late_chunking(body: Body) -> LateChunking | None:
+    """The `late_chunking` field (this server's extension of embed): character spans of the
+    one input text, or a rule; the engine checks every value."""
+    given = body.typed("late_chunking", _late_chunking_body, LATE_CHUNKING_SHAPE)
+    if given is None:
+        return None
+    rule = None
+    if given.rule is not None:
+        if given.rule not in tuple(ChunkRule):
+            raise unknown_value("late_chunking.rule", given.rule)
+        rule = ChunkRule(given.rule)
+    return LateChunking(tuple(given.spans), rule, given.window, given.overlap)
+
+
+def _chunks(output: LateChunks, fmt: str, key: str) -> list[dict[str, Any]]:
+    """Each late chunk as {"span": [start, end], key: its vector}."""
+    return [
+        {"span": [start, end], key: _encoded(embedding.values, fmt)}
+        for (start, end), embedding in zip(output.spans, output.embeddings, strict=True)
+    ]
 
 
 def _encoding_format(body: Body) -> str:
@@ -285,4 +333,6 @@ def values_in(result: object) -> int:
             total += output.probs.size
         elif isinstance(output, (Embedding, TokenRows, MultiVector)):
             total += output.values.size
+        elif isinstance(output, LateChunks):
+            total += sum(embedding.values.size for embedding in output.embeddings)
     return total

@@ -38,6 +38,12 @@ class EmbeddingEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EMBEDDING_ENCODING_UBINARY: _ClassVar[EmbeddingEncoding]
     EMBEDDING_ENCODING_INT8: _ClassVar[EmbeddingEncoding]
     EMBEDDING_ENCODING_UINT8: _ClassVar[EmbeddingEncoding]
+
+class ChunkRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHUNK_RULE_UNSPECIFIED: _ClassVar[ChunkRule]
+    CHUNK_RULE_SENTENCES: _ClassVar[ChunkRule]
+    CHUNK_RULE_TOKENS: _ClassVar[ChunkRule]
 POOLING_TASK_UNSPECIFIED: PoolingTask
 POOLING_TASK_EMBED: PoolingTask
 POOLING_TASK_CLASSIFY: PoolingTask
@@ -60,6 +66,9 @@ EMBEDDING_ENCODING_BINARY: EmbeddingEncoding
 EMBEDDING_ENCODING_UBINARY: EmbeddingEncoding
 EMBEDDING_ENCODING_INT8: EmbeddingEncoding
 EMBEDDING_ENCODING_UINT8: EmbeddingEncoding
+CHUNK_RULE_UNSPECIFIED: ChunkRule
+CHUNK_RULE_SENTENCES: ChunkRule
+CHUNK_RULE_TOKENS: ChunkRule
 
 class PoolingParams(_message.Message):
     __slots__ = ("use_activation", "dimensions", "task", "truncate_prompt_tokens")
@@ -97,8 +106,20 @@ class ScoreInput(_message.Message):
     text_2: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class LateChunking(_message.Message):
+    __slots__ = ("spans", "rule", "window_tokens", "overlap_tokens")
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    spans: _containers.RepeatedCompositeFieldContainer[TokenSpan]
+    rule: ChunkRule
+    window_tokens: int
+    overlap_tokens: int
+    def __init__(self, spans: _Optional[_Iterable[_Union[TokenSpan, _Mapping]]] = ..., rule: _Optional[_Union[ChunkRule, str]] = ..., window_tokens: _Optional[int] = ..., overlap_tokens: _Optional[int] = ...) -> None: ...
+
 class PoolRequest(_message.Message):
-    __slots__ = ("request_id", "model", "params", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi", "prompt_name", "prompt", "encoding")
+    __slots__ = ("request_id", "model", "params", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi", "prompt_name", "prompt", "encoding", "late_chunking")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +133,7 @@ class PoolRequest(_message.Message):
     PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
+    LATE_CHUNKING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     params: PoolingParams
@@ -125,7 +147,8 @@ class PoolRequest(_message.Message):
     prompt_name: str
     prompt: str
     encoding: EmbeddingEncoding
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., embed: _Optional[_Union[TextInput, _Mapping]] = ..., classify: _Optional[_Union[TextInput, _Mapping]] = ..., score: _Optional[_Union[ScoreInput, _Mapping]] = ..., token_embed: _Optional[_Union[TextInput, _Mapping]] = ..., token_classify: _Optional[_Union[TextInput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseInput, _Mapping]] = ..., embed_multi: _Optional[_Union[TextInput, _Mapping]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+    late_chunking: LateChunking
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., embed: _Optional[_Union[TextInput, _Mapping]] = ..., classify: _Optional[_Union[TextInput, _Mapping]] = ..., score: _Optional[_Union[ScoreInput, _Mapping]] = ..., token_embed: _Optional[_Union[TextInput, _Mapping]] = ..., token_classify: _Optional[_Union[TextInput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseInput, _Mapping]] = ..., embed_multi: _Optional[_Union[TextInput, _Mapping]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ..., late_chunking: _Optional[_Union[LateChunking, _Mapping]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "total_tokens")
@@ -148,10 +171,26 @@ class Embedding(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ..., data: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
 
 class EmbedOutput(_message.Message):
-    __slots__ = ("embeddings",)
+    __slots__ = ("embeddings", "chunked")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKED_FIELD_NUMBER: _ClassVar[int]
     embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
-    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ...) -> None: ...
+    chunked: _containers.RepeatedCompositeFieldContainer[ChunkedText]
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., chunked: _Optional[_Iterable[_Union[ChunkedText, _Mapping]]] = ...) -> None: ...
+
+class ChunkedText(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[EmbeddedChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[EmbeddedChunk, _Mapping]]] = ...) -> None: ...
+
+class EmbeddedChunk(_message.Message):
+    __slots__ = ("span", "embedding")
+    SPAN_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    span: TokenSpan
+    embedding: Embedding
+    def __init__(self, span: _Optional[_Union[TokenSpan, _Mapping]] = ..., embedding: _Optional[_Union[Embedding, _Mapping]] = ...) -> None: ...
 
 class Classification(_message.Message):
     __slots__ = ("probs", "label_id", "label")
