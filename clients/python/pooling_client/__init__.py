@@ -20,6 +20,7 @@ from pooling_client.async_client import AsyncPoolingClient
 from pooling_client.client import PoolingClient
 from pooling_client.errors import FieldViolation, PoolingError
 from pooling_client.outputs import (
+    ChunkedEmbeddingOutput,
     ClassificationOutput,
     ClassificationRequestOutput,
     EmbeddingOutput,
@@ -38,15 +39,17 @@ from pooling_client.outputs import (
     TokenizeOutput,
     Usage,
 )
-from pooling_client.params import PoolingParams
+from pooling_client.params import LateChunking, PoolingParams
 
 __all__ = [
     "AsyncPoolingClient",
+    "ChunkedEmbeddingOutput",
     "ClassificationOutput",
     "ClassificationRequestOutput",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",
     "FieldViolation",
+    "LateChunking",
     "ModelInfo",
     "PoolingClient",
     "PoolingError",

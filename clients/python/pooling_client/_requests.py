@@ -24,7 +24,7 @@ from pooling_client.outputs import (
     scoring_request_outputs,
     sparse_embedding_request_outputs,
 )
-from pooling_client.params import PoolingParams, check_task
+from pooling_client.params import LateChunking, PoolingParams, check_task
 from pooling_client.v1 import pooling_pb2
 
 #: Tasks that take a TextInput (everything but score).
@@ -130,6 +130,7 @@ def pool_request(
     input_options: dict[str, Any] | None = None,
     prompt_name: str | None = None,
     prompt: str | None = None,
+    late_chunking: LateChunking | None = None,
 ) -> pooling_pb2.PoolRequest:
     """Build a verified PoolRequest whose input case is named by ``task``.
 
@@ -156,6 +157,8 @@ def pool_request(
         request.prompt_name = prompt_name
     if prompt is not None:
         request.prompt = prompt
+    if late_chunking is not None:
+        request.late_chunking.CopyFrom(late_chunking.to_proto())
     for name, value in (input_options or {}).items():
         setattr(getattr(request, task), name, value)
     set_inputs(request, task, inputs)

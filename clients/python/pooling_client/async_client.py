@@ -38,7 +38,7 @@ from pooling_client.outputs import (
     rerank_request_output,
     tokenize_outputs,
 )
-from pooling_client.params import PoolingParams
+from pooling_client.params import LateChunking, PoolingParams
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class AsyncPoolingClient:
         output: str = "list",
         prompt_name: str | None = None,
         prompt: str | None = None,
+        late_chunking: LateChunking | None = None,
     ) -> PoolingResults[EmbeddingRequestOutput] | np.ndarray:
         """One embedding per text, in input order (async vLLM ``LLM.embed``).
 
@@ -122,9 +123,14 @@ class AsyncPoolingClient:
         ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
         text) is prepended to every text, as sentence-transformers' ``encode`` does; with
         neither the model's default prompt applies, and ``prompt=""`` sends none.
+        ``late_chunking`` (a :class:`LateChunking`: spans of the one text, or a rule) gives
+        each text's chunks instead, as a ``ChunkedEmbeddingOutput`` of spans and vectors
+        (computed on the server from one pass over the whole text); not with numpy output.
         """
         texts = _requests.as_texts(prompts)
         _encodings.check_output(output)
+        if late_chunking is not None and output == "numpy":
+            raise ValueError("late_chunking gives chunks per text: use output='list'")
         results = await self._pool(
             "embed",
             texts,
@@ -137,6 +143,7 @@ class AsyncPoolingClient:
             encoding=encoding,
             prompt_name=prompt_name,
             prompt=prompt,
+            late_chunking=late_chunking,
         )
         return results.numpy() if output == "numpy" else results
 
@@ -383,6 +390,7 @@ class AsyncPoolingClient:
         input_options: dict[str, Any] | None = None,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        late_chunking: LateChunking | None = None,
     ) -> PoolingResults[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
         template = _requests.pool_request(
@@ -396,6 +404,7 @@ class AsyncPoolingClient:
             input_options=input_options,
             prompt_name=prompt_name,
             prompt=prompt,
+            late_chunking=late_chunking,
         )
         count = _chunking.input_count(task, inputs)
         if count is not None and _chunking.needs_limits(count, self._batch_size):

@@ -39,7 +39,7 @@ from pooling_client.outputs import (
     rerank_request_output,
     tokenize_outputs,
 )
-from pooling_client.params import PoolingParams
+from pooling_client.params import LateChunking, PoolingParams
 from pooling_client.v1 import pooling_pb2, pooling_pb2_grpc
 
 if TYPE_CHECKING:
@@ -110,6 +110,7 @@ class PoolingClient:
         output: str = "list",
         prompt_name: str | None = None,
         prompt: str | None = None,
+        late_chunking: LateChunking | None = None,
     ) -> PoolingResults[EmbeddingRequestOutput] | np.ndarray:
         """One embedding per text, in input order (vLLM ``LLM.embed``).
 
@@ -123,9 +124,14 @@ class PoolingClient:
         ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
         text) is prepended to every text, as sentence-transformers' ``encode`` does; with
         neither the model's default prompt applies, and ``prompt=""`` sends none.
+        ``late_chunking`` (a :class:`LateChunking`: spans of the one text, or a rule) gives
+        each text's chunks instead, as a ``ChunkedEmbeddingOutput`` of spans and vectors
+        (computed on the server from one pass over the whole text); not with numpy output.
         """
         texts = _requests.as_texts(prompts)
         _encodings.check_output(output)
+        if late_chunking is not None and output == "numpy":
+            raise ValueError("late_chunking gives chunks per text: use output='list'")
         results = self._pool(
             "embed",
             texts,
@@ -138,6 +144,7 @@ class PoolingClient:
             encoding=encoding,
             prompt_name=prompt_name,
             prompt=prompt,
+            late_chunking=late_chunking,
         )
         return results.numpy() if output == "numpy" else results
 
@@ -382,6 +389,7 @@ class PoolingClient:
         input_options: dict[str, Any] | None = None,
         prompt_name: str | None = None,
         prompt: str | None = None,
+        late_chunking: LateChunking | None = None,
     ) -> PoolingResults[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
         template = _requests.pool_request(
@@ -395,6 +403,7 @@ class PoolingClient:
             input_options=input_options,
             prompt_name=prompt_name,
             prompt=prompt,
+            late_chunking=late_chunking,
         )
         count = _chunking.input_count(task, inputs)
         if count is not None and _chunking.needs_limits(count, self._batch_size):

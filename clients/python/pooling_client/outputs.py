@@ -51,6 +51,20 @@ class EmbeddingOutput:
 
 
 @dataclass
+class ChunkedEmbeddingOutput:
+    """One text's late chunks (embed with ``late_chunking``): each chunk's character span
+    [start, end) in the text and its embedding, in chunk order."""
+
+    spans: list[tuple[int, int]]
+    embeddings: list[EmbeddingOutput]
+
+    def numpy(self) -> Any:
+        """The chunks' vectors as one (chunks, dimensions) array. Needs numpy."""
+        numpy = _encodings.require_numpy()
+        return numpy.stack([embedding.numpy() for embedding in self.embeddings])
+
+
+@dataclass
 class ClassificationOutput:
     """One text's class probabilities, or raw logits when use_activation is False."""
 
@@ -141,7 +155,7 @@ class EmbeddingRequestOutput:
     """The embedding of one input text."""
 
     request_id: str
-    outputs: EmbeddingOutput
+    outputs: EmbeddingOutput | ChunkedEmbeddingOutput
 
 
 @dataclass
@@ -355,6 +369,17 @@ def embedding_request_outputs(
     """One EmbeddingRequestOutput per embedded text."""
     rid = response.request_id
     output = _output_of(response, "embed")
+    if output.chunked:  # late chunking: one list of chunks per text
+        return [
+            EmbeddingRequestOutput(
+                f"{rid}-{i}",
+                ChunkedEmbeddingOutput(
+                    [(chunk.span.start, chunk.span.end) for chunk in text.chunks],
+                    [_embedding(chunk.embedding) for chunk in text.chunks],
+                ),
+            )
+            for i, text in enumerate(output.chunked)
+        ]
     return [
         EmbeddingRequestOutput(f"{rid}-{i}", _embedding(embedding))
         for i, embedding in enumerate(output.embeddings)

@@ -50,6 +50,35 @@ TASK_ENUM: dict[str, pooling_pb2.PoolingTask] = {
 _OPTIONAL_FIELDS = ("use_activation", "dimensions", "truncate_prompt_tokens")
 
 
+CHUNK_RULES: dict[str, pooling_pb2.ChunkRule] = {
+    "sentences": pooling_pb2.CHUNK_RULE_SENTENCES,
+    "tokens": pooling_pb2.CHUNK_RULE_TOKENS,
+}
+
+
+@dataclass(frozen=True)
+class LateChunking:
+    """Late chunking for ``embed``: one vector per chunk of each text, each the mean of the
+    chunk's token states from one pass over the whole text. Give ``spans`` (character spans
+    [start, end) of the request's one text) or a ``rule``: "sentences", or "tokens" with
+    ``window`` tokens per chunk and ``overlap`` tokens shared by neighbours."""
+
+    spans: tuple[tuple[int, int], ...] = ()
+    rule: str | None = None
+    window: int = 0
+    overlap: int = 0
+
+    def to_proto(self) -> pooling_pb2.LateChunking:
+        if self.rule is not None and self.rule not in CHUNK_RULES:
+            raise ValueError(f"rule must be one of {list(CHUNK_RULES)}, got {self.rule!r}")
+        message = pooling_pb2.LateChunking(window_tokens=self.window, overlap_tokens=self.overlap)
+        if self.rule is not None:
+            message.rule = CHUNK_RULES[self.rule]
+        for start, end in self.spans:
+            message.spans.add(start=start, end=end)
+        return message
+
+
 def check_task(task: str) -> None:
     """Raise ValueError unless ``task`` is one of :data:`TASKS`."""
     if task not in TASK_PARAMS:
