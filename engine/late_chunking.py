@@ -161,6 +161,12 @@ def plan_late_chunking(
         )
         offsets = [(a - shift, b - shift) for a, b in sequence.offsets]
         spans = _spans(request, text, sequence, shift, content)
+        if not spans:  # nothing to compute; a job of no work would never finish
+            raise _refusal(
+                f"embed.texts[{index}]",
+                f"gives no chunk under the {chunking.rule} rule (it holds no token)",
+                "LATE_CHUNKS_NONE",
+            )
         ranges = []
         for k, span in enumerate(spans):
             found = chunk_tokens(offsets, content, span)

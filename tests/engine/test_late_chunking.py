@@ -216,6 +216,12 @@ def test_refusals(minilm: LoadedModel, chunking: dict, field: str, reason: str) 
     assert refusal(minilm, late([TEXT], **chunking)) == (field, reason)
 
 
+def test_text_without_chunks_refused(minilm: LoadedModel) -> None:
+    for rule in (ChunkRule.SENTENCES, ChunkRule.TOKENS):
+        request = late([TEXT, "  \n "], rule=rule, window=4 if rule is ChunkRule.TOKENS else 0)
+        assert refusal(minilm, request) == ("embed.texts[1]", "LATE_CHUNKS_NONE")
+
+
 def test_refusals_of_task_texts_and_truncation(minilm: LoadedModel) -> None:
     spans = LateChunking(spans=((0, 4),))
     token = PoolRequest(Task.TOKEN_EMBED, texts=(TEXT,), late_chunking=spans)
