@@ -25,12 +25,19 @@ import numpy as np
 from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.errors import FieldViolation, PoolingError
 from engine.heads import normalize, truncate_dimensions
+from engine.output_size import pooled_bytes
 from engine.outputs import Embedding, ItemOutput, LateChunks
-from engine.params import OutputEncoding
+from engine.params import OutputEncoding, Task
 from engine.request import ChunkRule, PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import TokenSequence, special_edges
-from engine.validation import Limits, Resolved, check_tokenized
+from engine.validation import (
+    Limits,
+    Resolved,
+    check_tokenized,
+    output_too_large,
+    response_budget,
+)
 
 Work = list[tuple[TokenSequence, bool | tuple[int, ...]]]
 Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
@@ -204,6 +211,19 @@ def plan_late_chunking(
                 "LATE_CHUNK_ACROSS_WINDOWS",
             )
         plans.append((spans, parts))
+
+    # One vector per chunk: the answer's size is known now, before the forward pass.
+    budget = response_budget(request, limits)
+    estimate = pooled_bytes(
+        Task.EMBED,
+        sum(len(spans) for spans, _ in plans),
+        info,
+        request.params.dimensions,
+        request.encoding,
+        budget,
+    )
+    if estimate > budget.max_bytes:
+        raise output_too_large("embed.texts", estimate, budget)
 
     def finish(raws: list[np.ndarray]) -> list[ItemOutput]:
         return [_chunks(request, model, spans, parts, raws) for spans, parts in plans]

@@ -222,6 +222,19 @@ def test_text_without_chunks_refused(minilm: LoadedModel) -> None:
         assert refusal(minilm, request) == ("embed.texts[1]", "LATE_CHUNKS_NONE")
 
 
+def test_answer_too_large_refused_before_the_forward_pass(minilm: LoadedModel) -> None:
+    """One vector per token of a long text, over a small response budget."""
+    import dataclasses
+
+    from engine.output_size import ResponseBudget
+
+    request = dataclasses.replace(
+        late([TEXT * 4], rule=ChunkRule.TOKENS, window=1),
+        response_budget=ResponseBudget(max_bytes=64 * 1024),
+    )
+    assert refusal(minilm, request) == ("embed.texts", "OUTPUT_TOO_LARGE")
+
+
 def test_refusals_of_task_texts_and_truncation(minilm: LoadedModel) -> None:
     spans = LateChunking(spans=((0, 4),))
     token = PoolRequest(Task.TOKEN_EMBED, texts=(TEXT,), late_chunking=spans)
