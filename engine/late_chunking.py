@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -81,14 +82,30 @@ def token_window_spans(
     return spans
 
 
-def chunk_tokens(
-    offsets: Sequence[tuple[int, int]], content: range, span: tuple[int, int]
-) -> tuple[int, int] | None:
-    """The token range [a, b) of sequence positions in `content` that a character span
-    covers; None where it covers no token (whitespace between tokens, say)."""
-    start, end = span
-    hits = [i for i in content if offsets[i][1] > start and offsets[i][0] < end]
-    return (hits[0], hits[-1] + 1) if hits else None
+class TokenFinder:
+    """Which content tokens a character span covers, found by binary search on the token
+    offsets (a rule may ask for a chunk per token of a long text); a tokenizer whose
+    offsets go backwards anywhere is searched token by token instead."""
+
+    def __init__(self, offsets: Sequence[tuple[int, int]], content: range) -> None:
+        self.content = content
+        pairs = np.asarray([offsets[i] for i in content], dtype=np.int64).reshape(-1, 2)
+        self.starts, self.ends = pairs[:, 0], pairs[:, 1]
+        self.sorted = bool(np.all(np.diff(self.starts) >= 0) and np.all(np.diff(self.ends) >= 0))
+
+    def __call__(self, span: tuple[int, int]) -> tuple[int, int] | None:
+        """The token range [a, b) of sequence positions from the first token whose span
+        overlaps `span` to the last; None where it covers no token."""
+        start, end = span
+        if self.sorted:
+            first = int(np.searchsorted(self.ends, start, side="right"))
+            last = int(np.searchsorted(self.starts, end, side="left")) - 1
+        else:
+            hits = np.flatnonzero((self.ends > start) & (self.starts < end))
+            first, last = (int(hits[0]), int(hits[-1])) if len(hits) else (1, 0)
+        if first > last:
+            return None
+        return self.content.start + first, self.content.start + last + 1
 
 
 def macro_windows(length: int, prefix: int, suffix: int, max_tokens: int) -> list[range]:
@@ -174,9 +191,9 @@ def plan_late_chunking(
                 f"gives no chunk under the {chunking.rule} rule (it holds no token)",
                 "LATE_CHUNKS_NONE",
             )
-        ranges = []
+        ranges, find = [], TokenFinder(offsets, content)
         for k, span in enumerate(spans):
-            found = chunk_tokens(offsets, content, span)
+            found = find(span)
             if found is None:
                 path = f"late_chunking.spans[{k}]" if chunking.spans else f"embed.texts[{index}]"
                 raise _refusal(
@@ -187,20 +204,24 @@ def plan_late_chunking(
                 )
             ranges.append(found)
         windows = macro_windows(len(sequence), prefix, suffix, info.max_input_tokens)
-        parts: list[_Part] = []
-        for window, own in zip(windows, owned(windows), strict=True):
-            pools: list[int] = []
-            local = window.start - prefix  # the window's first content token, locally prefix
-            for k, (a, b) in enumerate(ranges):
-                lo, hi = max(a, own.start), min(b, own.stop)
-                if lo < hi:
-                    parts.append(_Part(k, hi - lo, len(work), len(pools) // 2))
-                    pools += [lo - local, hi - local]
-            if pools:
-                head = list(range(prefix))
-                tail = list(range(len(sequence) - suffix, len(sequence)))
-                positions = head + list(window) + tail
-                work.append((sequence.window(positions), tuple(pools)))
+        owns = owned(windows)
+        firsts = [own.start for own in owns]
+        pools: list[list[int]] = [[] for _ in windows]
+        shares = []  # (chunk, tokens, window, pool): each chunk visits only its windows
+        for k, (a, b) in enumerate(ranges):
+            for w in range(bisect_right(firsts, a) - 1, bisect_right(firsts, b - 1)):
+                lo, hi = max(a, owns[w].start), min(b, owns[w].stop)
+                local = windows[w].start - prefix  # the window's first content position
+                shares.append((k, hi - lo, w, len(pools[w]) // 2))
+                pools[w] += [lo - local, hi - local]
+        items = {}
+        head = list(range(prefix))
+        tail = list(range(len(sequence) - suffix, len(sequence)))
+        for w, window in enumerate(windows):
+            if pools[w]:  # a window no chunk needs is not computed
+                items[w] = len(work)
+                work.append((sequence.window(head + list(window) + tail), tuple(pools[w])))
+        parts = [_Part(k, n, items[w], pool) for k, n, w, pool in shares]
         if info.projected and len({p.chunk for p in parts}) < len(parts):
             raise _refusal(
                 f"embed.texts[{index}]",
