@@ -258,3 +258,61 @@ def test_refused_without_mean_pooling(tmp_path: Path, minilm: LoadedModel) -> No
         validate_request(late([TEXT], spans=((0, 4),)), cls, limits)
     assert caught.value.violations[0].reason == "LATE_CHUNKING_POOLING"
     assert caught.value.kind.name == "FAILED_PRECONDITION"
+
+
+@pytest.fixture(scope="module")
+def projected(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, Path]:
+    """The 64-position BERT with a tanh Dense module and Normalize, as distiluse is."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import (
+        Dense,
+        Normalize,
+        Pooling,
+        Transformer,
+    )
+
+    root = tmp_path_factory.mktemp("late-dense")
+    base = tiny_mean_bert(root / "base")
+    torch.manual_seed(5)
+    transformer = Transformer(str(base))
+    width = transformer.get_embedding_dimension()
+    modules = [transformer, Pooling(width, pooling_mode="mean"), Dense(width, 16), Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(root / "dense"))
+    return load(root / "dense"), root / "dense"
+
+
+def test_dense_projects_each_chunk_mean(projected: tuple[LoadedModel, Path]) -> None:
+    """As sentence-transformers would embed a chunk from the text's token embeddings: the
+    chunk's mean, then its Dense module, then Normalize."""
+    from sentence_transformers import SentenceTransformer
+
+    model, folder = projected
+    reference = SentenceTransformer(str(folder), device="cpu")
+    tokens = reference.encode(TEXT, output_value="token_embeddings", convert_to_numpy=False)
+    rows = token_rows(model, TEXT)
+    spans = SPANS[:3]
+    expected = []
+    for start, end in spans:
+        hits = [
+            i
+            for i, (a, b) in enumerate(rows.offsets)
+            if not rows.special_tokens_mask[i] and b > start and a < end
+        ]
+        mean = tokens[hits[0] : hits[-1] + 1].mean(dim=0, keepdim=True)
+        with torch.no_grad():
+            vector = reference[2]({"sentence_embedding": mean})["sentence_embedding"][0]
+        expected.append((vector / vector.norm()).numpy())
+    (out,) = run_all(model, [late([TEXT], spans=tuple(spans))])[0]
+    assert vectors(out).shape == (3, 16)
+    np.testing.assert_allclose(vectors(out), np.stack(expected), atol=1e-5)
+
+
+def test_dense_refuses_a_chunk_across_windows(projected: tuple[LoadedModel, Path]) -> None:
+    model, _ = projected
+    text = " ".join(f"word{i % 7} sentence number {i}." for i in range(40))
+    assert refusal(model, late([text], spans=((0, len(text)),))) == (
+        "embed.texts[0]",
+        "LATE_CHUNK_ACROSS_WINDOWS",
+    )
+    (out,) = run_all(model, [late([text], spans=((0, 20), (len(text) - 20, len(text))))])[0]
+    assert vectors(out).shape == (2, 16)
