@@ -42,7 +42,8 @@ class ModelRunner:
 
     Per sequence it returns: HIDDEN head, the pooled vector (or every token's state
     when `keep_tokens`; or, where its keep value is a tuple of token ranges, late
-    chunking's mean state of each range, projected, as one row each); SEQUENCE head, the logits; TOKEN head, the logits per token;
+    chunking's mean state of each range, projected, as one row each); SEQUENCE head, the
+    logits; TOKEN head, the logits per token;
     SPARSE head, the SPLADE-pooled vocabulary vector (see pooling.splade); LLM_SCORE head,
     logit(true) - logit(false) at the last real token (engine/llm_scorer.py).
     """
