@@ -103,3 +103,24 @@ class RerankResult:
     model: str
     prompt_tokens: int
     ranking: list[Ranked]  # best first, at most top_n
+
+
+# Past this many values, a door builds and encodes an answer on a worker thread: about 20 ms
+# of the event loop's time in JSON, or a few ms of protobuf, that other calls would wait for.
+OFF_LOOP_VALUES = 100_000
+
+
+def values_in(result: object) -> int:
+    """How many float values an answer carries: what building and encoding it costs, which
+    decides whether a door does that on the event loop or on a worker thread."""
+    if not isinstance(result, PoolResult):
+        return 0
+    total = 0
+    for output in result.outputs:
+        if isinstance(output, Classification):
+            total += output.probs.size
+        elif isinstance(output, (Embedding, TokenRows, MultiVector)):
+            total += output.values.size
+        elif isinstance(output, LateChunks):
+            total += sum(embedding.values.size for embedding in output.embeddings)
+    return total

@@ -16,6 +16,7 @@ the runner hands its `render`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -68,13 +69,15 @@ class Call:
 
 @dataclass(frozen=True)
 class Ran(Generic[T]):
-    """A result with where its time went, the record that observed it, and the model the
-    call was resolved to (None for a call that names none: the model list)."""
+    """A result with where its time went, the record that observed it, the model the call
+    was resolved to (None for a call that names none: the model list), and its prompt
+    tokens (for the timing trailers, whatever form the door's answer took)."""
 
     result: T
     timings: Timings
     record: RequestRecord
     info: ModelInfo | None = None
+    prompt_tokens: int = 0
 
 
 class RequestRunner:
@@ -272,8 +275,11 @@ class RequestRunner:
             counted, tokens = _size(result)
             counted = counted if items is None else items
             answer = result if render is None else render(result)
+            if inspect.isawaitable(answer):  # a large answer, built on a worker thread
+                answer = await answer
             code, ok = call.status(None), True
-            return Ran(answer, record.timings, record, None if served is None else served.info)
+            info = None if served is None else served.info
+            return Ran(answer, record.timings, record, info, tokens)
         except PoolingError as error:
             code, reason = call.status(error), error.reason
             raise

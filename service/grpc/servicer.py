@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from engine.engine import Engine
 from engine.errors import PoolingError
 from engine.output_size import ResponseBudget
-from engine.outputs import PoolResult
+from engine.outputs import OFF_LOOP_VALUES, PoolResult, values_in
 from engine.request import PoolRequest
 from engine.validation import output_too_large, stream_request_id_error
 from service.errors import to_grpc_status, to_status_proto
@@ -56,10 +56,15 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         self.runner = runner
         self.max_stream_inflight = max_stream_inflight
 
-    def _render_pool(self, result: PoolResult) -> pb.PoolResponse:
+    def _render_pool(self, result: PoolResult) -> pb.PoolResponse | Awaitable[bytes]:
         """The protobuf answer, refused if too large to send: run by the runner inside the
-        recorded call, so metrics count the refusal."""
-        return _sendable(convert.response_to_proto(result), self.runner.limits.response)
+        recorded call, so metrics count the refusal. A large one (token vectors) is built
+        and serialized on a worker thread, as wire bytes the handlers pass through: tens of
+        ms each, which the event loop would otherwise spend while other calls wait."""
+        budget = self.runner.limits.response
+        if values_in(result) <= OFF_LOOP_VALUES:
+            return _sendable(convert.response_to_proto(result), budget)
+        return asyncio.to_thread(_wire_bytes, result, budget)
 
     async def Pool(
         self, request: pb.PoolRequest | Malformed, context: grpc.aio.ServicerContext
@@ -73,7 +78,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         except PoolingError as error:
             await context.abort_with_status(to_grpc_status(error))
             raise  # unreachable: abort raises
-        context.set_trailing_metadata(ran.record.trailing_metadata(ran.result.usage.prompt_tokens))
+        context.set_trailing_metadata(ran.record.trailing_metadata(ran.prompt_tokens))
         return ran.result
 
     async def Rerank(
@@ -267,6 +272,13 @@ def _sendable(response: _Message, budget: ResponseBudget) -> _Message:
     if size > budget.max_bytes:
         raise output_too_large("", size, budget)
     return response
+
+
+def _wire_bytes(result: PoolResult, budget: ResponseBudget) -> bytes:
+    data = convert.response_to_proto(result).SerializeToString()
+    if len(data) > budget.max_bytes:
+        raise output_too_large("", len(data), budget)
+    return data
 
 
 def _weight(request: PoolRequest) -> int:

@@ -27,6 +27,7 @@ from aiohttp import HttpVersion11, web
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError, internal_error
 from engine.output_size import ResponseBudget
+from engine.outputs import values_in
 from service.errors import Family, FieldMap, from_http, http_error
 from service.http import door as http_doors
 from service.http import tei
@@ -46,7 +47,7 @@ from service.http.guard import (
     declares_too_much,
 )
 from service.http.json_body import Body
-from service.http.openai import ROUTES, Route, values_in
+from service.http.openai import ROUTES, Route
 from service.ops.auth import BearerKeys
 from service.ops.memory import trimmer
 from service.runner import RequestRunner

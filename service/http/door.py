@@ -26,6 +26,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.model_info import ModelInfo
 from engine.output_size import MIB, ResponseBudget
+from engine.outputs import OFF_LOOP_VALUES
 from engine.validation import output_too_large
 from service.errors import Family, http_status
 from service.http import json_body
@@ -33,7 +34,6 @@ from service.http.guard import body_parsed, body_read, client_problem
 from service.runner import Call, RequestRunner
 
 # Answers of more float values than this are built and encoded off the event loop.
-OFF_LOOP_VALUES = 100_000
 OFF_LOOP_BODY = 1024 * 1024  # bodies larger than this are checked and decoded off the loop
 T = TypeVar("T")
 # What one output value costs in an answer's JSON, for its budget (engine/output_size.py):

@@ -321,18 +321,3 @@ def listing(request_id: str, result: PoolResult, data: list[Any]) -> dict[str, A
         "data": data,
         "usage": usage(result),
     }
-
-
-def values_in(result: object) -> int:
-    """How many float values an answer carries: what its JSON costs to build."""
-    if not isinstance(result, PoolResult):
-        return 0
-    total = 0
-    for output in result.outputs:
-        if isinstance(output, Classification):
-            total += output.probs.size
-        elif isinstance(output, (Embedding, TokenRows, MultiVector)):
-            total += output.values.size
-        elif isinstance(output, LateChunks):
-            total += sum(embedding.values.size for embedding in output.embeddings)
-    return total
