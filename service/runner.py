@@ -20,6 +20,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
@@ -84,6 +85,10 @@ class RequestRunner:
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         self.engine: Engine | None = None  # set once the models are loaded
+        # Large Tokenize calls take turns on one thread: each holds ~100 MB while its token
+        # arrays and answer exist, which four at once would quadruple. A turn lasts as long
+        # as its thread works, even past a caller's deadline.
+        self._large_tokenize = ThreadPoolExecutor(1, thread_name_prefix="tokenize-large")
 
     def ready(self) -> Engine:
         if self.engine is None:
@@ -207,7 +212,10 @@ class RequestRunner:
                         del tokenized
                         _trim()  # the pages a long text's lists and arrays took, handed back
 
-            return await _within(call.deadline, asyncio.to_thread(work))
+            if sum(map(len, texts)) < LARGE_TOKENIZE_CHARS:
+                return await _within(call.deadline, asyncio.to_thread(work))
+            turn = asyncio.get_running_loop().run_in_executor(self._large_tokenize, work)
+            return await _within(call.deadline, turn)  # the wait for a turn counts too
 
         return await self._run(
             call, "", "tokenize", model, run, lambda: {"texts": list(texts)}, None, len(texts)
@@ -317,6 +325,7 @@ async def _within(deadline: float | None, work: Awaitable[T]) -> T:
 OFF_LOOP_IDS = 65_536
 # A Tokenize of more tokens than this gives the allocator's free pages back when done.
 TRIM_AFTER_TOKENS = 100_000
+LARGE_TOKENIZE_CHARS = 1_000_000  # about 250k tokens and more: one such call at a time
 _trim = trimmer()
 
 
