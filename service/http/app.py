@@ -190,30 +190,35 @@ class HttpApi:
         """Bearer keys before anything is read; every failure, from any route family, in
         that family's envelope (service/errors.py), and counted once."""
         request[FAMILY] = self._families.get(request.path, Family.OPENAI)
+        # Each failure is answered inside its except block: an exception kept in a local
+        # would hold, through its traceback's frames, the request's body (16 MB) until the
+        # cyclic collector ran.
         try:
             if self._refused(request):
                 raise UNAUTHENTICATED
             return await handler(request)
         except PoolingError as error:
-            failed = error
+            return self._refusal(request, error)
         except web.HTTPException as exc:  # no route, a wrong method, a body over the limit
-            failed = from_http(exc.status, exc.reason, exc.text or exc.reason)
+            return self._refusal(request, from_http(exc.status, exc.reason, exc.text or exc.reason))
         except Exception:
             log.exception("HTTP %s %s failed", request.method, request.path)
-            failed = internal_error()
-        response = _error_response(request, failed)
-        self._count_refusal(request, failed, response.status)
-        return response
+            return self._refusal(request, internal_error())
 
-    def _count_refusal(self, request: web.Request, error: PoolingError, status: int) -> None:
-        """An error the runner did not count (a door's refusal: a body it could not read, a
-        field it refused, a missing key) is counted and logged here, as the runner would:
-        labelled with the route's operation and protocol, the status sent, model unknown."""
-        if any(counted is error for counted in request.get(COUNTED, ())):
-            return
-        rpc = self._rpcs.get(request.path, "unknown")
-        record = self.runner.telemetry.open(rpc, request.get(REQUEST_ID, ""), "none", (), "http")
-        record.finish(str(status), "unknown", reason=error.reason, ok=False)
+    def _refusal(self, request: web.Request, error: PoolingError) -> web.Response:
+        """The error in its family's envelope. One the runner did not count (a door's
+        refusal: a body it could not read, a field it refused, a missing key) is counted and
+        logged here, as the runner would: labelled with the route's operation and protocol,
+        the status sent, model unknown."""
+        response = _error_response(request, error)
+        counted = request.pop(COUNTED, ())  # the runner's errors, let go with their tracebacks
+        if not any(seen is error for seen in counted):
+            rpc = self._rpcs.get(request.path, "unknown")
+            record = self.runner.telemetry.open(
+                rpc, request.get(REQUEST_ID, ""), "none", (), "http"
+            )
+            record.finish(str(response.status), "unknown", reason=error.reason, ok=False)
+        return response
 
     def _refused(self, request: web.Request) -> bool:
         """A protected route without a valid key: answered 401 before anything is read."""
