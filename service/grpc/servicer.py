@@ -66,6 +66,16 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             return _sendable(convert.response_to_proto(result), budget)
         return asyncio.to_thread(_wire_bytes, result, budget)
 
+    def _render_streamed(self, result: PoolResult) -> pb.PoolResponse | Awaitable[pb.PoolResponse]:
+        """A stream's answer, a message inside its PoolStreamResponse: a large one is built
+        on a worker thread, for the same reason as a unary one."""
+        budget = self.runner.limits.response
+
+        def build() -> pb.PoolResponse:
+            return _sendable(convert.response_to_proto(result), budget)
+
+        return build() if values_in(result) <= OFF_LOOP_VALUES else asyncio.to_thread(build)
+
     async def Pool(
         self, request: pb.PoolRequest | Malformed, context: grpc.aio.ServicerContext
     ) -> pb.PoolResponse:
@@ -108,7 +118,7 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
         """Requests run concurrently; each response is sent as soon as it is ready (see
         _Stream). One call, one client: the connection's peer (`_call`)."""
         call = _call("PoolStream", context, _deadline(context))
-        stream = _Stream(self.runner, call, self._render_pool, self.max_stream_inflight)
+        stream = _Stream(self.runner, call, self._render_streamed, self.max_stream_inflight)
         async for response in stream.answer(request_iterator):
             yield response
 
@@ -173,7 +183,7 @@ class _Stream:
         self,
         runner: RequestRunner,
         call: Call,
-        render: Callable[[PoolResult], pb.PoolResponse],
+        render: Callable[[PoolResult], pb.PoolResponse | Awaitable[pb.PoolResponse]],
         max_inflight: int,
     ) -> None:
         self.runner, self.call, self.render = runner, call, render

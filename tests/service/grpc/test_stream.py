@@ -124,6 +124,17 @@ def test_every_id_is_answered_once_as_unary_would(stub: Stub) -> None:
         assert_same_response(answer.response, stub.Pool(request, timeout=30))
 
 
+def test_a_large_answer_on_a_stream_equals_the_unary_one(stub: Stub) -> None:
+    """token_embed of long texts (over 100k values: built off the event loop, unary as wire
+    bytes, on a stream as the message inside its PoolStreamResponse)."""
+    request = text_request("token_embed", "large", ["a long text of many words " * 40] * 4)
+    [answer] = stream(stub, [request])
+    assert answer.WhichOneof("result") == "response", answer.error.message
+    unary = stub.Pool(request, timeout=30)
+    assert sum(len(m.values) for m in unary.token_embed.items) > 100_000
+    assert_same_response(answer.response, unary)
+
+
 def test_invalid_requests_get_in_band_errors_and_the_stream_goes_on(stub: Stub) -> None:
     bad = {
         "bad-empty": pb.PoolRequest(
