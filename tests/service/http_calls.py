@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, free_port, start_server
 
 SERVER_KEY = object()  # `call`'s default: the server's own key
 
@@ -41,3 +45,15 @@ class HttpServer:
                 return response.status, dict(response.headers), json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, dict(error.headers), json.loads(error.read())
+
+
+@contextmanager
+def serving_http(args: list[str], log_dir: Path, name: str) -> Iterator[HttpServer]:
+    """A real server started with `args` and its HTTP door on a free port (no metrics port,
+    no key), stopped on leaving."""
+    http_port = free_port()
+    process = start_server([*args, "--http-port", str(http_port)], log_dir, name)
+    try:
+        yield HttpServer(process, http_port, 0)
+    finally:
+        process.stop(signal.SIGTERM)

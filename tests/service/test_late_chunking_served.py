@@ -7,7 +7,6 @@ plain embed beside it at once; refusals at each door."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,8 +32,7 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import tiny_mean_bert
 from tests.rpc_errors import decode_rpc_error
-from tests.server_process import free_port, start_server
-from tests.service.http_calls import HttpServer
+from tests.service.http_calls import HttpServer, serving_http
 
 TEXT = "Berlin is the capital of Germany. It has 3.8 million people!  The Spree runs through it."
 SPANS = [(0, 33), (34, 60), (62, 88), (7, 9), (3, 5)]
@@ -50,13 +48,9 @@ def short(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def http(short: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     args = ["--model", f"minilm={MINILM_ID}", "--model", f"short={short}"]
-    http_port = free_port()
-    args += ["--dtype", "float32", "--http-port", str(http_port)]
-    process = start_server(args, tmp_path_factory.mktemp("late-logs"), "late")
-    try:
-        yield HttpServer(process, http_port, 0)
-    finally:
-        process.stop(signal.SIGTERM)
+    args += ["--dtype", "float32"]
+    with serving_http(args, tmp_path_factory.mktemp("late-logs"), "late") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ computation done here with transformers; a decoder LM without a template refused
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,8 +23,7 @@ from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.engine.test_llm_reranker import CARD_TASK, card_format, card_inputs, card_scores
 from tests.fixture_models import QWEN3_RERANKER_TEMPLATE, tiny_qwen3_reranker
 from tests.rpc_errors import decode_rpc_error
-from tests.server_process import free_port, start_server
-from tests.service.http_calls import HttpServer
+from tests.service.http_calls import HttpServer, serving_http
 
 ATOL = 1e-5
 QUERY = "What is the capital of China?"
@@ -69,13 +67,9 @@ def http(
     args += ["--score-template", "", "--score-template", ""]
     args += ["--score-tokens", "", "--score-tokens", "yes,no"]
     args += ["--score-tokens", "", "--score-tokens", ""]
-    http_port = free_port()
-    args += ["--dtype", "float32", "--http-port", str(http_port)]
-    process = start_server(args, tmp_path_factory.mktemp("llm-reranker"), "llm-reranker")
-    try:
-        yield HttpServer(process, http_port, 0)
-    finally:
-        process.stop(signal.SIGTERM)
+    args += ["--dtype", "float32"]
+    with serving_http(args, tmp_path_factory.mktemp("llm-reranker"), "llm-reranker") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

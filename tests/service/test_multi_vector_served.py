@@ -8,7 +8,6 @@ the refusals of each door."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,8 +25,7 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import COLBERT_DIM, MINILM, tiny_colbert
 from tests.rpc_errors import decode_rpc_error
-from tests.server_process import free_port, start_server
-from tests.service.http_calls import HttpServer
+from tests.service.http_calls import HttpServer, serving_http
 
 ATOL = 1e-4
 QUERY = "what is the capital of france?"
@@ -46,13 +44,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     args = ["--model", f"colbert={folder}", "--model", f"minilm={MINILM_ID}"]
-    http_port = free_port()
-    args += ["--dtype", "float32", "--http-port", str(http_port)]
-    process = start_server(args, tmp_path_factory.mktemp("colbert-logs"), "colbert")
-    try:
-        yield HttpServer(process, http_port, 0)
-    finally:
-        process.stop(signal.SIGTERM)
+    args += ["--dtype", "float32"]
+    with serving_http(args, tmp_path_factory.mktemp("colbert-logs"), "colbert") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
