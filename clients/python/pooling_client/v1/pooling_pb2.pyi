@@ -18,6 +18,13 @@ class PoolingTask(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POOLING_TASK_TOKEN_CLASSIFY: _ClassVar[PoolingTask]
     POOLING_TASK_EMBED_SPARSE: _ClassVar[PoolingTask]
     POOLING_TASK_EMBED_MULTI: _ClassVar[PoolingTask]
+    POOLING_TASK_EMBED_OUTPUTS: _ClassVar[PoolingTask]
+
+class Modality(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODALITY_UNSPECIFIED: _ClassVar[Modality]
+    MODALITY_TEXT: _ClassVar[Modality]
+    MODALITY_IMAGE: _ClassVar[Modality]
 
 class PoolingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +59,10 @@ POOLING_TASK_TOKEN_EMBED: PoolingTask
 POOLING_TASK_TOKEN_CLASSIFY: PoolingTask
 POOLING_TASK_EMBED_SPARSE: PoolingTask
 POOLING_TASK_EMBED_MULTI: PoolingTask
+POOLING_TASK_EMBED_OUTPUTS: PoolingTask
+MODALITY_UNSPECIFIED: Modality
+MODALITY_TEXT: Modality
+MODALITY_IMAGE: Modality
 POOLING_TYPE_UNSPECIFIED: PoolingType
 POOLING_TYPE_MEAN: PoolingType
 POOLING_TYPE_CLS: PoolingType
@@ -71,22 +82,72 @@ CHUNK_RULE_SENTENCES: ChunkRule
 CHUNK_RULE_TOKENS: ChunkRule
 
 class PoolingParams(_message.Message):
-    __slots__ = ("use_activation", "dimensions", "task", "truncate_prompt_tokens")
+    __slots__ = ("use_activation", "dimensions", "task", "truncate_prompt_tokens", "output_weights")
     USE_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     use_activation: bool
     dimensions: int
     task: PoolingTask
     truncate_prompt_tokens: int
-    def __init__(self, use_activation: _Optional[bool] = ..., dimensions: _Optional[int] = ..., task: _Optional[_Union[PoolingTask, str]] = ..., truncate_prompt_tokens: _Optional[int] = ...) -> None: ...
+    output_weights: OutputWeights
+    def __init__(self, use_activation: _Optional[bool] = ..., dimensions: _Optional[int] = ..., task: _Optional[_Union[PoolingTask, str]] = ..., truncate_prompt_tokens: _Optional[int] = ..., output_weights: _Optional[_Union[OutputWeights, _Mapping]] = ...) -> None: ...
+
+class OutputWeights(_message.Message):
+    __slots__ = ("dense", "sparse", "multi")
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_FIELD_NUMBER: _ClassVar[int]
+    dense: float
+    sparse: float
+    multi: float
+    def __init__(self, dense: _Optional[float] = ..., sparse: _Optional[float] = ..., multi: _Optional[float] = ...) -> None: ...
+
+class ImageInput(_message.Message):
+    __slots__ = ("data", "mime_type")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    mime_type: str
+    def __init__(self, data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
+
+class Item(_message.Message):
+    __slots__ = ("text", "image")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    image: ImageInput
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[ImageInput, _Mapping]] = ...) -> None: ...
 
 class TextInput(_message.Message):
-    __slots__ = ("texts",)
+    __slots__ = ("texts", "items", "candidate_labels", "label_template")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_LABELS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, texts: _Optional[_Iterable[str]] = ...) -> None: ...
+    items: _containers.RepeatedCompositeFieldContainer[Item]
+    candidate_labels: _containers.RepeatedScalarFieldContainer[str]
+    label_template: str
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[Item, _Mapping]]] = ..., candidate_labels: _Optional[_Iterable[str]] = ..., label_template: _Optional[str] = ...) -> None: ...
+
+class OutputsInput(_message.Message):
+    __slots__ = ("texts", "dense", "sparse", "multi", "sparse_top_k", "return_tokens")
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_TOP_K_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    dense: bool
+    sparse: bool
+    multi: bool
+    sparse_top_k: int
+    return_tokens: bool
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., dense: _Optional[bool] = ..., sparse: _Optional[bool] = ..., multi: _Optional[bool] = ..., sparse_top_k: _Optional[int] = ..., return_tokens: _Optional[bool] = ...) -> None: ...
 
 class SparseInput(_message.Message):
     __slots__ = ("texts", "top_k", "return_tokens")
@@ -99,12 +160,16 @@ class SparseInput(_message.Message):
     def __init__(self, texts: _Optional[_Iterable[str]] = ..., top_k: _Optional[int] = ..., return_tokens: _Optional[bool] = ...) -> None: ...
 
 class ScoreInput(_message.Message):
-    __slots__ = ("text_1", "text_2")
+    __slots__ = ("text_1", "text_2", "items_1", "items_2")
     TEXT_1_FIELD_NUMBER: _ClassVar[int]
     TEXT_2_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_1_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_2_FIELD_NUMBER: _ClassVar[int]
     text_1: _containers.RepeatedScalarFieldContainer[str]
     text_2: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ...) -> None: ...
+    items_1: _containers.RepeatedCompositeFieldContainer[Item]
+    items_2: _containers.RepeatedCompositeFieldContainer[Item]
+    def __init__(self, text_1: _Optional[_Iterable[str]] = ..., text_2: _Optional[_Iterable[str]] = ..., items_1: _Optional[_Iterable[_Union[Item, _Mapping]]] = ..., items_2: _Optional[_Iterable[_Union[Item, _Mapping]]] = ...) -> None: ...
 
 class LateChunking(_message.Message):
     __slots__ = ("spans", "rule", "window_tokens", "overlap_tokens")
@@ -119,7 +184,7 @@ class LateChunking(_message.Message):
     def __init__(self, spans: _Optional[_Iterable[_Union[TokenSpan, _Mapping]]] = ..., rule: _Optional[_Union[ChunkRule, str]] = ..., window_tokens: _Optional[int] = ..., overlap_tokens: _Optional[int] = ...) -> None: ...
 
 class PoolRequest(_message.Message):
-    __slots__ = ("request_id", "model", "params", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi", "prompt_name", "prompt", "encoding", "late_chunking")
+    __slots__ = ("request_id", "model", "params", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi", "embed_outputs", "prompt_name", "prompt", "encoding", "late_chunking")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +195,7 @@ class PoolRequest(_message.Message):
     TOKEN_CLASSIFY_FIELD_NUMBER: _ClassVar[int]
     EMBED_SPARSE_FIELD_NUMBER: _ClassVar[int]
     EMBED_MULTI_FIELD_NUMBER: _ClassVar[int]
+    EMBED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
@@ -144,11 +210,12 @@ class PoolRequest(_message.Message):
     token_classify: TextInput
     embed_sparse: SparseInput
     embed_multi: TextInput
+    embed_outputs: OutputsInput
     prompt_name: str
     prompt: str
     encoding: EmbeddingEncoding
     late_chunking: LateChunking
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., embed: _Optional[_Union[TextInput, _Mapping]] = ..., classify: _Optional[_Union[TextInput, _Mapping]] = ..., score: _Optional[_Union[ScoreInput, _Mapping]] = ..., token_embed: _Optional[_Union[TextInput, _Mapping]] = ..., token_classify: _Optional[_Union[TextInput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseInput, _Mapping]] = ..., embed_multi: _Optional[_Union[TextInput, _Mapping]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ..., late_chunking: _Optional[_Union[LateChunking, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., embed: _Optional[_Union[TextInput, _Mapping]] = ..., classify: _Optional[_Union[TextInput, _Mapping]] = ..., score: _Optional[_Union[ScoreInput, _Mapping]] = ..., token_embed: _Optional[_Union[TextInput, _Mapping]] = ..., token_classify: _Optional[_Union[TextInput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseInput, _Mapping]] = ..., embed_multi: _Optional[_Union[TextInput, _Mapping]] = ..., embed_outputs: _Optional[_Union[OutputsInput, _Mapping]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ..., late_chunking: _Optional[_Union[LateChunking, _Mapping]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "total_tokens")
@@ -159,16 +226,18 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("values", "data", "dimensions", "encoding")
+    __slots__ = ("values", "data", "dimensions", "encoding", "modality")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
+    MODALITY_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[float]
     data: bytes
     dimensions: int
     encoding: EmbeddingEncoding
-    def __init__(self, values: _Optional[_Iterable[float]] = ..., data: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ...) -> None: ...
+    modality: Modality
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., data: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., encoding: _Optional[_Union[EmbeddingEncoding, str]] = ..., modality: _Optional[_Union[Modality, str]] = ...) -> None: ...
 
 class EmbedOutput(_message.Message):
     __slots__ = ("embeddings", "chunked")
@@ -193,14 +262,16 @@ class EmbeddedChunk(_message.Message):
     def __init__(self, span: _Optional[_Union[TokenSpan, _Mapping]] = ..., embedding: _Optional[_Union[Embedding, _Mapping]] = ...) -> None: ...
 
 class Classification(_message.Message):
-    __slots__ = ("probs", "label_id", "label")
+    __slots__ = ("probs", "label_id", "label", "modality")
     PROBS_FIELD_NUMBER: _ClassVar[int]
     LABEL_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    MODALITY_FIELD_NUMBER: _ClassVar[int]
     probs: _containers.RepeatedScalarFieldContainer[float]
     label_id: int
     label: str
-    def __init__(self, probs: _Optional[_Iterable[float]] = ..., label_id: _Optional[int] = ..., label: _Optional[str] = ...) -> None: ...
+    modality: Modality
+    def __init__(self, probs: _Optional[_Iterable[float]] = ..., label_id: _Optional[int] = ..., label: _Optional[str] = ..., modality: _Optional[_Union[Modality, str]] = ...) -> None: ...
 
 class ClassifyOutput(_message.Message):
     __slots__ = ("classifications",)
@@ -292,8 +363,24 @@ class EmbedMultiOutput(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[MultiVectorMatrix]
     def __init__(self, items: _Optional[_Iterable[_Union[MultiVectorMatrix, _Mapping]]] = ...) -> None: ...
 
+class TextOutputs(_message.Message):
+    __slots__ = ("dense", "sparse", "multi")
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_FIELD_NUMBER: _ClassVar[int]
+    dense: Embedding
+    sparse: SparseEmbedding
+    multi: MultiVectorMatrix
+    def __init__(self, dense: _Optional[_Union[Embedding, _Mapping]] = ..., sparse: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi: _Optional[_Union[MultiVectorMatrix, _Mapping]] = ...) -> None: ...
+
+class EmbedOutputsOutput(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[TextOutputs]
+    def __init__(self, items: _Optional[_Iterable[_Union[TextOutputs, _Mapping]]] = ...) -> None: ...
+
 class PoolResponse(_message.Message):
-    __slots__ = ("request_id", "model", "usage", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi")
+    __slots__ = ("request_id", "model", "usage", "embed", "classify", "score", "token_embed", "token_classify", "embed_sparse", "embed_multi", "embed_outputs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -304,6 +391,7 @@ class PoolResponse(_message.Message):
     TOKEN_CLASSIFY_FIELD_NUMBER: _ClassVar[int]
     EMBED_SPARSE_FIELD_NUMBER: _ClassVar[int]
     EMBED_MULTI_FIELD_NUMBER: _ClassVar[int]
+    EMBED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     usage: Usage
@@ -314,7 +402,8 @@ class PoolResponse(_message.Message):
     token_classify: TokenClassifyOutput
     embed_sparse: SparseEmbedOutput
     embed_multi: EmbedMultiOutput
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., embed: _Optional[_Union[EmbedOutput, _Mapping]] = ..., classify: _Optional[_Union[ClassifyOutput, _Mapping]] = ..., score: _Optional[_Union[ScoreOutput, _Mapping]] = ..., token_embed: _Optional[_Union[TokenEmbedOutput, _Mapping]] = ..., token_classify: _Optional[_Union[TokenClassifyOutput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseEmbedOutput, _Mapping]] = ..., embed_multi: _Optional[_Union[EmbedMultiOutput, _Mapping]] = ...) -> None: ...
+    embed_outputs: EmbedOutputsOutput
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., embed: _Optional[_Union[EmbedOutput, _Mapping]] = ..., classify: _Optional[_Union[ClassifyOutput, _Mapping]] = ..., score: _Optional[_Union[ScoreOutput, _Mapping]] = ..., token_embed: _Optional[_Union[TokenEmbedOutput, _Mapping]] = ..., token_classify: _Optional[_Union[TokenClassifyOutput, _Mapping]] = ..., embed_sparse: _Optional[_Union[SparseEmbedOutput, _Mapping]] = ..., embed_multi: _Optional[_Union[EmbedMultiOutput, _Mapping]] = ..., embed_outputs: _Optional[_Union[EmbedOutputsOutput, _Mapping]] = ...) -> None: ...
 
 class PoolStreamRequest(_message.Message):
     __slots__ = ("request",)
@@ -337,7 +426,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source", "multi_vector")
+    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source", "multi_vector", "modalities", "image_size", "outputs")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +460,9 @@ class ModelCard(_message.Message):
     CALIBRATION_SOURCE_FIELD_NUMBER: _ClassVar[int]
     SCORE_TEMPLATE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    MODALITIES_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     tasks: _containers.RepeatedScalarFieldContainer[PoolingTask]
     hidden_size: int
@@ -397,7 +489,10 @@ class ModelCard(_message.Message):
     calibration_source: str
     score_template_source: str
     multi_vector: MultiVectorSettings
-    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ..., multi_vector: _Optional[_Union[MultiVectorSettings, _Mapping]] = ...) -> None: ...
+    modalities: _containers.RepeatedScalarFieldContainer[Modality]
+    image_size: int
+    outputs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ..., multi_vector: _Optional[_Union[MultiVectorSettings, _Mapping]] = ..., modalities: _Optional[_Iterable[_Union[Modality, str]]] = ..., image_size: _Optional[int] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MultiVectorSettings(_message.Message):
     __slots__ = ("query_prefix", "document_prefix", "query_length", "document_length", "query_expansion", "attend_to_expansion_tokens", "skiplist_words")
@@ -460,7 +555,7 @@ class TokenizeResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[TokenizedText, _Mapping]]] = ..., max_input_tokens: _Optional[int] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
-    __slots__ = ("request_id", "model", "query", "documents", "top_n", "return_documents", "params", "instruction")
+    __slots__ = ("request_id", "model", "query", "documents", "top_n", "return_documents", "params", "instruction", "items")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -469,6 +564,7 @@ class RerankRequest(_message.Message):
     RETURN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     query: str
@@ -477,17 +573,20 @@ class RerankRequest(_message.Message):
     return_documents: bool
     params: PoolingParams
     instruction: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., instruction: _Optional[str] = ...) -> None: ...
+    items: _containers.RepeatedCompositeFieldContainer[Item]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., query: _Optional[str] = ..., documents: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., return_documents: _Optional[bool] = ..., params: _Optional[_Union[PoolingParams, _Mapping]] = ..., instruction: _Optional[str] = ..., items: _Optional[_Iterable[_Union[Item, _Mapping]]] = ...) -> None: ...
 
 class RerankResult(_message.Message):
-    __slots__ = ("index", "relevance_score", "document")
+    __slots__ = ("index", "relevance_score", "document", "modality")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     RELEVANCE_SCORE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    MODALITY_FIELD_NUMBER: _ClassVar[int]
     index: int
     relevance_score: float
     document: str
-    def __init__(self, index: _Optional[int] = ..., relevance_score: _Optional[float] = ..., document: _Optional[str] = ...) -> None: ...
+    modality: Modality
+    def __init__(self, index: _Optional[int] = ..., relevance_score: _Optional[float] = ..., document: _Optional[str] = ..., modality: _Optional[_Union[Modality, str]] = ...) -> None: ...
 
 class RerankResponse(_message.Message):
     __slots__ = ("request_id", "model", "results", "usage")
