@@ -31,6 +31,20 @@ class LateChunking:
 
 
 @dataclass(frozen=True)
+class Image:
+    """One encoded image as the door received it (PNG, JPEG, WebP, GIF...).
+
+    Kept encoded until the front end's intake thread decodes it (engine/images.py),
+    so a door never spends its event loop on pixels."""
+
+    data: bytes
+    mime_type: str = ""  # the client's claim, if any; the bytes decide the format
+
+
+Item = str | Image  # one input of an image model: a text or an image
+
+
+@dataclass(frozen=True)
 class PoolRequest:
     """One task over a batch of texts (or text pairs for score).
 
@@ -60,13 +74,22 @@ class PoolRequest:
     max_tokens: int | None = None
     # embed only: one vector per chunk of each text instead of one per text.
     late_chunking: LateChunking | None = None
+    # Image models: inputs that may be texts or images, in place of texts (embed,
+    # classify) or of text_1/text_2 (score). A request uses texts or items, never both.
+    items: tuple[Item, ...] = ()
+    items_1: tuple[Item, ...] = ()
+    items_2: tuple[Item, ...] = ()
+    # classify on an image model: zero-shot over these labels, each put in label_template
+    # ("{label}" replaced; None: the server's default, "a photo of a {label}.").
+    candidate_labels: tuple[str, ...] = ()
+    label_template: str | None = None
 
     @property
     def num_items(self) -> int:
-        """Texts for the text tasks, pairs for score (1:N counts N)."""
+        """Texts (or items) for the text tasks, pairs for score (1:N counts N)."""
         if self.task is Task.SCORE:
-            return max(len(self.text_1), len(self.text_2))
-        return len(self.texts)
+            return max(len(self.text_1 or self.items_1), len(self.text_2 or self.items_2))
+        return len(self.texts or self.items)
 
 
 @dataclass(frozen=True)
@@ -84,6 +107,8 @@ class RerankRequest:
     # An LLM reranker's instruction (its score template's {instruction}), carried as the
     # score request's prompt; None: the template's default.
     instruction: str | None = None
+    # Image models: the documents as items (texts or images) in place of `documents`.
+    items: tuple[Item, ...] = ()
 
     @cached_property
     def score(self) -> PoolRequest:
@@ -94,8 +119,10 @@ class RerankRequest:
             request_id=self.request_id,
             model=self.model,
             declared_task=self.declared_task,
-            text_1=(self.query,),
+            text_1=() if self.items else (self.query,),
             text_2=self.documents,
+            items_1=(self.query,) if self.items else (),
+            items_2=self.items,
             truncation_side=self.truncation_side,
             prompt=self.instruction,
         )
