@@ -72,6 +72,9 @@ _HEAD_CLASSES = {
     HeadKind.LLM_SCORE: AutoModelForCausalLM,
 }
 
+# Two-tower image-text models (engine/towers_loader.py): CLIP, SigLIP and SigLIP 2.
+TOWER_MODEL_TYPES = frozenset({"clip", "siglip", "siglip2"})
+
 _ST_POOLING_KEYS = {
     "pooling_mode_mean_tokens": PoolingType.MEAN,
     "pooling_mode_cls_token": PoolingType.CLS,
@@ -212,7 +215,7 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
             splade = _st_splade(path / module.get("path", ""))
         elif kind == "Normalize":
             normalize = True
-        elif kind not in ("Transformer", "MLMTransformer"):
+        elif kind not in ("Transformer", "MLMTransformer", "CLIPModel"):
             raise ValueError(
                 f"{path}: sentence-transformers module {module.get('type')} is not supported"
             )
@@ -225,6 +228,22 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     return SentenceTransformersConfig(
         pooling_type, normalize, max_seq_length, include_prompt, splade=splade, dense=tuple(dense)
     )
+
+
+def st_model_folder(path: Path) -> Path:
+    """Where the model's own files are: sentence-transformers' CLIP layout (clip-ViT-B-32)
+    keeps them in its first module's folder (0_CLIPModel), beside modules.json; every other
+    layout at the root."""
+    modules_file = path / "modules.json"
+    if not modules_file.is_file() or (path / "config.json").is_file():
+        return path
+    modules = json.loads(modules_file.read_text())
+    first = modules[0] if modules else {}
+    inner = path / first.get("path", "")
+    kind = first.get("type", "").rsplit(".", 1)[-1]
+    if kind in ("CLIPModel", "Transformer") and (inner / "config.json").is_file():
+        return inner
+    return path
 
 
 def _st_splade(folder: Path) -> tuple[SpladeStrategy, SpladeActivation]:
@@ -267,6 +286,8 @@ def _st_pooling_type(folder: Path) -> PoolingType | None:
 def head_kind(config: PretrainedConfig, pooling_type: PoolingType | None = None) -> HeadKind:
     """SPLADE pooling needs the masked-LM head; otherwise the architecture decides."""
     architectures = config.architectures or []
+    if getattr(config, "model_type", "") in TOWER_MODEL_TYPES:
+        return HeadKind.TOWERS
     if pooling_type is PoolingType.SPLADE:
         if not any(arch.endswith("ForMaskedLM") for arch in architectures):
             found = ", ".join(architectures) or "none"
@@ -353,6 +374,10 @@ def load_model(
     """`runtime` and `threads`: the backends' cache and the cores their forward may use.
     `cuda_graphs`: capture the torch forward as CUDA graphs (on CUDA only); None: eager."""
     folder = _read_folder(spec)
+    if folder.head is HeadKind.TOWERS:
+        from engine.towers_loader import load_towers
+
+        return load_towers(spec, folder, device, dtype, is_default)
     projection = _load_projection(folder, device)
     module = _load_module(folder, device, dtype, attn_implementation)
     info = _model_info(spec, folder, module, projection, is_default)
@@ -434,15 +459,16 @@ def _attach_graphs(
 def _read_folder(spec: ModelSpec) -> _Folder:
     """Find the model's folder, refuse code it may not run, and read its config (with
     --hf-overrides), sentence-transformers modules, prompts and tokenizer."""
-    path = resolve_path(spec.source, spec.revision)
-    check_custom_code(path, spec)
-    prompts, default_prompt_name = read_prompts(path, spec)
+    root = resolve_path(spec.source, spec.revision)
+    check_custom_code(root, spec)
+    prompts, default_prompt_name = read_prompts(root, spec)
+    path = st_model_folder(root)
     hub = {"trust_remote_code": spec.trust_remote_code, "revision": spec.revision}
     config = AutoConfig.from_pretrained(path, **hub)
     for key, value in spec.hf_overrides.items():
         setattr(config, key, value)
     multi = read_folder(path)
-    st = None if multi is not None else read_sentence_transformers(path)
+    st = None if multi is not None else read_sentence_transformers(root)
     head = head_kind(config, spec.pooling_type or (st.pooling_type if st else None))
     hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     if multi is not None:

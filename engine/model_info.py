@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from engine.multi_output import OUTPUTS, MultiOutputSettings
 from engine.multi_vector import MultiVectorSettings
 from engine.params import Task
 from engine.score_template import ScoreTemplate
@@ -44,6 +45,9 @@ class HeadKind(StrEnum):
     # AutoModelForCausalLM with a score template: logit(true) - logit(false) at the last
     # position, from two rows of the LM head (engine/score_template.py, engine/llm_scorer.py)
     LLM_SCORE = "llm_score"
+    # A two-tower image-text model (CLIPModel, SiglipModel): get_text_features for texts,
+    # get_image_features for images, both into one space (engine/towers.py)
+    TOWERS = "towers"
 
 
 class Activation(StrEnum):
@@ -64,6 +68,8 @@ TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
     HeadKind.TOKEN: (Task.TOKEN_CLASSIFY,),
     HeadKind.SPARSE: (Task.EMBED_SPARSE,),
     HeadKind.LLM_SCORE: (Task.SCORE,),
+    # classify: zero-shot over the request's candidate labels
+    HeadKind.TOWERS: (Task.EMBED, Task.SCORE, Task.CLASSIFY),
 }
 
 
@@ -71,6 +77,25 @@ TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
 # four, so these leave room for any real text while bounding what one text can cost.
 CHARS_PER_TOKEN = 64
 LONG_CHARS_PER_TOKEN = 1024
+
+
+@dataclass(frozen=True)
+class TowerSettings:
+    """A two-tower image-text model's settings, read from its folder at load.
+
+    Zero-shot logits are exp(logit_scale) * cosine (+ logit_bias, SigLIP's), turned into
+    probabilities by softmax over the labels (CLIP) or a sigmoid each (SigLIP)."""
+
+    family: str  # "clip" or "siglip" (SigLIP and SigLIP 2)
+    logit_scale: float  # the model's learned log temperature, before exp()
+    logit_bias: float | None  # SigLIP's; None for CLIP
+    image_size: tuple[int, int]  # (height, width) the processor resizes to
+    patches: int  # what one image costs in a batch's token budget
+    # Texts padded to this many tokens as the model was trained (SigLIP: max_length);
+    # 0: to the longest in the batch, with an attention mask (CLIP).
+    text_length: int = 0
+    text_mask: bool = True  # whether the model's tokenizer makes an attention mask
+    folder: str = ""  # where the image processor's config lives, for every front end
 
 
 @dataclass(frozen=True)
@@ -120,15 +145,30 @@ class ModelInfo:
     # A ColBERT folder (PyLate or MultiVectorEncoder): its query/document settings; None
     # for single-vector models.
     multi_vector: MultiVectorSettings | None = None
+    # A bge-m3 folder (sparse_linear.pt and colbert_linear.pt beside the encoder): where
+    # its outputs lie in each token's row; None for other models.
+    multi_output: MultiOutputSettings | None = None
     # Dense modules project the pooled vector (sentence-transformers' Dense): a late
     # chunk's mean must be whole before it is projected (engine/late_chunking.py).
     projected: bool = False
+    # What inputs the model accepts (engine/modality.py's values); an image model's towers.
+    modalities: tuple[str, ...] = ("text",)
+    towers: TowerSettings | None = None
+
+    @property
+    def accepts_images(self) -> bool:
+        return self.towers is not None
 
     @property
     def is_cross_encoder(self) -> bool:
         """Scores each pair in one pass (a classifier head, or an LLM reranker's template),
         rather than by the cosine of two embeddings."""
         return Task.SCORE in self.tasks and self.head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """A multi-output model's outputs (ModelCard.outputs); none for others."""
+        return OUTPUTS if self.multi_output is not None else ()
 
     @property
     def score_template_source(self) -> str:
@@ -140,6 +180,7 @@ class ModelInfo:
         return self.long_input is LongInput.CHUNK and self.head not in (
             HeadKind.SEQUENCE,
             HeadKind.LLM_SCORE,
+            HeadKind.TOWERS,  # the text tower gives one projected vector, not token states
         )
 
     def char_limit(self, long: bool) -> int:

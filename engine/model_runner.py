@@ -18,7 +18,8 @@ import torch
 
 from engine.backends import Backend
 from engine.cuda_graphs import GraphedForward
-from engine.model_info import HeadKind, ModelInfo
+from engine.modality import PixelFrame, is_image
+from engine.model_info import HeadKind, ModelInfo, TowerSettings
 from engine.pooling import pool, pool_array, splade
 from engine.tokenization import TokenSequence
 
@@ -143,6 +144,8 @@ class ModelRunner:
     ) -> list[np.ndarray]:
         """A backend's output stays in numpy through pooling (see pool_array); the torch
         module's stays a tensor on its device until the pooled vectors come back."""
+        if self.info.towers is not None:
+            return self._towers(batch, self.info.towers)
         output: np.ndarray | torch.Tensor
         mask: np.ndarray | torch.Tensor
         if self.backend is not None:
@@ -201,11 +204,54 @@ class ModelRunner:
             outputs[i] = means
         return outputs
 
+    def _towers(self, batch: Sequence[Any], settings: TowerSettings) -> list[np.ndarray]:
+        """A two-tower model: texts through get_text_features, images through
+        get_image_features, each tower once for its part of the batch (the queue forms
+        batches of one tower; a mixed one, the warm-up's, runs both)."""
+        outputs: list[np.ndarray] = [None] * len(batch)  # type: ignore[list-item]
+        texts = [i for i, e in enumerate(batch) if not is_image(e)]
+        images = [i for i, e in enumerate(batch) if is_image(e)]
+        for positions, tower in ((texts, self._text_tower), (images, self._image_tower)):
+            if positions:
+                rows = tower([batch[i] for i in positions], settings)
+                for i, row in zip(positions, rows, strict=True):
+                    outputs[i] = row
+        return outputs
+
+    def _text_tower(self, batch: Sequence[TokenSequence], settings: TowerSettings) -> np.ndarray:
+        """Padded as the model's processor pads (SigLIP: to its fixed length), with the
+        attention mask only where its tokenizer makes one."""
+        arrays = self.arrays(batch)
+        ids, mask = arrays["input_ids"], arrays["attention_mask"]
+        missing = settings.text_length - ids.shape[1]
+        if missing > 0:
+            ids = np.pad(ids, ((0, 0), (0, missing)), constant_values=self.pad_token_id)
+            mask = np.pad(mask, ((0, 0), (0, missing)))
+        inputs = {"input_ids": torch.from_numpy(ids).to(self.device)}
+        if settings.text_mask:
+            inputs["attention_mask"] = torch.from_numpy(mask).to(self.device)
+        assert self.module is not None
+        return _features(self.module.get_text_features(**inputs))
+
+    def _image_tower(self, batch: Sequence[PixelFrame], settings: TowerSettings) -> np.ndarray:
+        assert self.module is not None
+        pixels = torch.from_numpy(np.stack([frame.pixels for frame in batch]))
+        dtype = next(self.module.parameters()).dtype
+        pixels = pixels.to(self.device, dtype=dtype, non_blocking=True)
+        return _features(self.module.get_image_features(pixel_values=pixels))
+
     def warm_up(self, alone: bool = True) -> None:
         """Run once on the thread that will serve: torch's thread pools, and CUDA's handles,
         belong to the calling thread, so warming anywhere else leaves the first request slow."""
         if self.warm_up_batch:
             self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)
+
+
+def _features(output: Any) -> np.ndarray:
+    """A tower's vectors as float32 rows: transformers 5 returns them as the output's
+    pooler_output, earlier releases as a bare tensor."""
+    tensor = output if isinstance(output, torch.Tensor) else output.pooler_output
+    return tensor.float().cpu().numpy()
 
 
 def _span_means(rows: Any, pools: tuple[int, ...]) -> Any:

@@ -6,7 +6,9 @@ builds one from what the engine process describes, without torch or transformers
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from engine.model_info import ModelInfo
 from engine.tokenization import ModelTokenizer, TokenizerSpec
@@ -16,6 +18,26 @@ from engine.tokenization import ModelTokenizer, TokenizerSpec
 class ServedModel:
     info: ModelInfo
     tokenizer: ModelTokenizer
+    # An image model's preprocessing (engine/images.py's ImagePreprocessor), run where
+    # texts are tokenized; None for text-only models.
+    images: Any = field(default=None, kw_only=True)
+
+
+def image_preprocessor(info: ModelInfo) -> Any:
+    """The image processor of an image model's folder (None for a text-only model),
+    loaded by each process that plans requests: the engine's in-process front end or a
+    front-end process, which reads the same folder on the same host."""
+    if info.towers is None:
+        return None
+    from engine.images import load_image_processor  # Pillow, only where images are served
+
+    processor = load_image_processor(Path(info.towers.folder))
+    if processor is None:
+        raise ValueError(
+            f"model {info.name}: its folder {info.towers.folder} has no image processor "
+            "config (preprocessor_config.json)"
+        )
+    return processor
 
 
 @dataclass(frozen=True)
@@ -28,4 +50,5 @@ class ModelDescription:
     def served(self, engines_per_device: int = 1) -> ServedModel:
         """As a front end serves it, with how many engine processes compute it per device."""
         info = replace(self.info, engines_per_device=engines_per_device)
-        return ServedModel(info, ModelTokenizer(self.tokenizer, info.max_input_tokens))
+        tokenizer = ModelTokenizer(self.tokenizer, info.max_input_tokens)
+        return ServedModel(info, tokenizer, images=image_preprocessor(info))

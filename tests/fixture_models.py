@@ -367,3 +367,105 @@ def tiny_mean_bert(folder: Path, max_positions: int = 64) -> Path:
         json.dumps({"max_seq_length": max_positions, "do_lower_case": False})
     )
     return folder
+
+
+BGE_M3_COLBERT_DIM = 24  # unlike the hidden size (32), so a slice off by one shows
+
+
+def tiny_bge_m3(folder: Path, *, body: str = "xlm-roberta") -> Path:
+    """A random-weight encoder in bge-m3's layout: the body (XLMRobertaModel, as the real
+    BAAI/bge-m3, or a BertModel) and tokenizer saved with save_pretrained, sentence-
+    transformers' CLS pooling and Normalize modules, and FlagEmbedding's two heads saved as
+    torch state dicts: sparse_linear.pt (hidden -> 1) and colbert_linear.pt (hidden -> 24)."""
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    tokenizer = AutoTokenizer.from_pretrained(MINILM)
+    torch.manual_seed(11)
+    if body == "xlm-roberta":
+        config = XLMRobertaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            # XLM-R counts positions from pad_token_id + 1.
+            max_position_embeddings=MAX_POSITIONS + tokenizer.pad_token_id + 1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model: torch.nn.Module = XLMRobertaModel(config, add_pooling_layer=False)
+    else:
+        model = BertModel(_bert_config(), add_pooling_layer=False)
+    model.save_pretrained(folder)  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(folder)
+    _sentence_transformers_layout(folder, "cls", normalize=True)
+    torch.save(torch.nn.Linear(32, 1).state_dict(), folder / "sparse_linear.pt")
+    colbert = torch.nn.Linear(32, BGE_M3_COLBERT_DIM)
+    torch.save(colbert.state_dict(), folder / "colbert_linear.pt")
+    return folder
+
+
+# Image models: tiny two-tower CLIP and SigLIP folders with their image processors; texts
+# through MiniLM's tokenizer (CLIP's text tower pools at its [SEP], SigLIP's at the last of
+# its fixed-length padding).
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+CLIP_PROJECTION = 24
+SIGLIP_TEXT_LENGTH = 16
+
+
+def _tower_configs(max_positions: int) -> tuple[dict[str, object], dict[str, object]]:
+    layers = {"num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+    text = {"vocab_size": 30522, "hidden_size": 32, "max_position_embeddings": max_positions}
+    vision = {"hidden_size": 32, "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE}
+    return {**text, **layers}, {**vision, **layers}
+
+
+def tiny_clip(folder: Path) -> Path:
+    """A random-weight CLIPModel (32x32 images, 8-pixel patches) with CLIP's processor."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    text, vision = _tower_configs(77)
+    text.update(bos_token_id=101, eos_token_id=102, pad_token_id=0)  # [CLS], [SEP], [PAD]
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=CLIP_PROJECTION)
+    torch.manual_seed(0)
+    CLIPModel(config).save_pretrained(folder)
+    names = ["input_ids", "attention_mask"]  # as CLIP's tokenizer: no token types
+    AutoTokenizer.from_pretrained(MINILM, model_input_names=names).save_pretrained(folder)
+    CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    ).save_pretrained(folder)
+    return folder
+
+
+def tiny_siglip(folder: Path) -> Path:
+    """A random-weight SiglipModel with SigLIP's processor: texts padded to a fixed length
+    and no attention mask, as SigLIP's tokenizer gives them."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    text, vision = _tower_configs(SIGLIP_TEXT_LENGTH)
+    text.update(bos_token_id=101, eos_token_id=102, pad_token_id=0)
+    config = SiglipConfig(text_config=text, vision_config=vision)
+    torch.manual_seed(1)
+    model = SiglipModel(config)
+    with torch.no_grad():  # as trained: a temperature and a negative bias (init gives 0, 0)
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-1.5)
+    model.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(
+        MINILM, model_input_names=["input_ids"], model_max_length=SIGLIP_TEXT_LENGTH
+    )
+    tokenizer.save_pretrained(folder)
+    SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(folder)
+    return folder
+
+
+def tiny_st_clip(folder: Path, clip: Path) -> Path:
+    """sentence-transformers' CLIP layout (as clip-ViT-B-32 ships): modules.json naming a
+    CLIPModel module whose folder, 0_CLIPModel, holds the transformers model."""
+    import shutil
+
+    shutil.copytree(clip, folder / "0_CLIPModel")
+    module = {"idx": 0, "name": "0", "path": "0_CLIPModel"}
+    module["type"] = "sentence_transformers.models.CLIPModel"
+    (folder / "modules.json").write_text(json.dumps([module]))
+    return folder

@@ -1,0 +1,153 @@
+"""Loading a two-tower image-text model: CLIP, SigLIP or SigLIP 2, from a transformers
+folder or sentence-transformers' CLIP layout.
+
+Both towers run on torch (text through get_text_features, images through
+get_image_features); the image processor named by the folder runs in the front ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from transformers import AutoModel
+
+from engine.backends import BackendKind
+from engine.encodings import read_calibration_ranges
+from engine.modality import Modality, PixelFrame
+from engine.model_info import (
+    TASKS_BY_HEAD,
+    Activation,
+    HeadKind,
+    LongInput,
+    ModelInfo,
+    PoolingType,
+    TowerSettings,
+)
+from engine.model_runner import ModelRunner
+from engine.model_spec import ModelSpec
+from engine.served import image_preprocessor
+from engine.tokenization import ModelTokenizer
+
+if TYPE_CHECKING:
+    from engine.loader import LoadedModel, _Folder
+
+log = logging.getLogger(__name__)
+
+
+def load_towers(
+    spec: ModelSpec,
+    folder: _Folder,
+    device: torch.device,
+    dtype: torch.dtype,
+    is_default: bool,
+) -> LoadedModel:
+    """The model on the device with both towers warm; its info lists both modalities."""
+    from engine.loader import LoadedModel, loaded_revision, max_input_tokens
+
+    _refuse_backends(spec)
+    config = folder.config
+    module = AutoModel.from_pretrained(folder.path, config=config, dtype=dtype, **folder.hub)
+    module = module.to(device).eval()
+    text_config = config.get_text_config()
+    st_max = folder.st.max_seq_length if folder.st else None
+    maximum = max_input_tokens(text_config, folder.hf_tokenizer, st_max)
+    tokenizer = ModelTokenizer(folder.tokenizer.spec, maximum)
+    family = "clip" if config.model_type == "clip" else "siglip"
+    settings = TowerSettings(
+        family=family,
+        logit_scale=float(module.logit_scale.detach().float().item()),
+        logit_bias=(
+            float(module.logit_bias.detach().float().item()) if family == "siglip" else None
+        ),
+        image_size=(0, 0),
+        patches=0,
+        # SigLIP was trained on texts padded to the tokenizer's max_length, and pools the
+        # last position: its processor pads every text so, and so must the engine.
+        text_length=maximum if family == "siglip" else 0,
+        text_mask="attention_mask" in folder.hf_tokenizer.model_input_names,
+        folder=str(folder.path),
+    )
+    weights = next(module.parameters())
+    st = folder.st
+    long_input = spec.long_input
+    if long_input is LongInput.CHUNK:
+        log.warning("model %s: --long-input chunk does not apply to image models", spec.name)
+        long_input = LongInput.REJECT
+    info = ModelInfo(
+        name=spec.served_name,
+        architecture=(config.architectures or [type(module).__name__])[0],
+        head=HeadKind.TOWERS,
+        tasks=TASKS_BY_HEAD[HeadKind.TOWERS],
+        hidden_size=0,  # the towers' shared width, measured below
+        max_input_tokens=maximum,
+        num_special_tokens=folder.hf_tokenizer.num_special_tokens_to_add(pair=False),
+        pooling_type=PoolingType.CLS,  # unused: each tower pools as the model does
+        # A transformers folder: normalised, as the model's own logits compare its
+        # features; sentence-transformers' layout: as its modules say (clip-ViT-B-32 has
+        # no Normalize module, so encode() returns the raw features).
+        default_normalize=st.normalize if st is not None else True,
+        activation=Activation.SOFTMAX if family == "clip" else Activation.SIGMOID,
+        truncation_side=spec.truncation_side,
+        long_input=long_input,
+        max_input_chars=spec.max_input_chars,
+        is_default=is_default,
+        prompts=folder.prompts,
+        default_prompt_name=folder.default_prompt_name,
+        dtype=str(weights.dtype).removeprefix("torch."),
+        device=str(weights.device),
+        revision=loaded_revision(spec.source, folder.path, spec.revision),
+        backend=str(BackendKind.TORCH),
+        precision=str(dtype).removeprefix("torch."),
+        modalities=(Modality.TEXT.value, Modality.IMAGE.value),
+        towers=settings,
+    )
+    processor = image_preprocessor(info)
+    settings = _with_processor(settings, processor)
+    warm_up: list[Any] = list(tokenizer.tokenize(["warm up"]))
+    warm_up.append(PixelFrame(np.zeros((3, *settings.image_size), np.float32), settings.patches))
+    runner = ModelRunner(module, _replace(info, towers=settings), tokenizer.pad_token_id, device)
+    width = int(runner.forward(warm_up[:1], [False])[0].shape[-1])
+    ranges = read_calibration_ranges(Path(folder.path), width)
+    info = _replace(info, towers=settings, hidden_size=width, calibration_ranges=ranges)
+    runner.info = info
+    runner.warm_up_batch = warm_up
+    log.info(
+        "model %s: %s towers on torch %s, %d dimensions, images %dx%d (%d patches)",
+        info.name,
+        family,
+        info.precision,
+        width,
+        *settings.image_size,
+        settings.patches,
+    )
+    return LoadedModel(info, tokenizer, runner, images=processor)
+
+
+def _with_processor(settings: TowerSettings, processor: Any) -> TowerSettings:
+    height, width = processor.size
+    return _replace(settings, image_size=(int(height), int(width)), patches=int(processor.patches))
+
+
+def _replace(value: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(value, **changes)
+
+
+def _refuse_backends(spec: ModelSpec) -> None:
+    """The exported backends (ONNX Runtime, OpenVINO) know one forward; an image model
+    has two towers, served on torch only."""
+    options = spec.backend
+    if options.kind not in (BackendKind.AUTO, BackendKind.TORCH) or options.file:
+        raise ValueError(
+            f"model {spec.served_name}: an image model (CLIP, SigLIP) runs on --backend torch "
+            f"only, not {options.kind}{' with --backend-file' if options.file else ''}"
+        )
+    if options.quantize:
+        raise ValueError(
+            f"model {spec.served_name}: --quantize does not apply to an image model (CLIP, SigLIP)"
+        )
