@@ -46,6 +46,13 @@ class Limits:
     max_client_batch_size: int = 1024
     max_request_chars: int = 4 * 1024 * 1024  # all texts of one request together
     response: ResponseBudget = GRPC_BUDGET  # the largest answer (gRPC's send limit)
+    # Images (engine/images.py): encoded bytes of one image (OpenAI's own cap for an image
+    # input), its pixels as its header claims them (refused before decoding: 50 MP holds
+    # 8K frames and 48/50 MP phone photos, 150 MB as RGB; Pillow warns past 89 MP), and
+    # images in one request (each costs a decode and a tower pass).
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 50_000_000
+    max_images_per_request: int = 64
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs microseconds per request

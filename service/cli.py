@@ -546,6 +546,27 @@ def _batching_flags(batching: Group) -> None:
         help="the most characters of all texts in one request together (default %(default)s)",
     )
     batching.add_argument(
+        "--max-image-bytes",
+        type=positive_int,
+        default=Limits.max_image_bytes,
+        help="the most encoded bytes of one image (default %(default)s: 20 MiB); more is "
+        "refused (IMAGE_TOO_LARGE) before decoding",
+    )
+    batching.add_argument(
+        "--max-image-pixels",
+        type=positive_int,
+        default=Limits.max_image_pixels,
+        help="the most pixels (width x height) of one image, read from its header: a larger "
+        "one (a decompression bomb) is refused (IMAGE_TOO_LARGE) before it is decoded "
+        "(default %(default)s)",
+    )
+    batching.add_argument(
+        "--max-images-per-request",
+        type=positive_int,
+        default=Limits.max_images_per_request,
+        help="the most images in one request (TOO_MANY_IMAGES; default %(default)s)",
+    )
+    batching.add_argument(
         "--max-batch-tokens",
         type=positive_int,
         default=BatchConfig.max_batch_tokens,
@@ -812,6 +833,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=Limits(
             max_client_batch_size=args.max_client_batch_size,
             max_request_chars=args.max_request_chars,
+            max_image_bytes=args.max_image_bytes,
+            max_image_pixels=args.max_image_pixels,
+            max_images_per_request=args.max_images_per_request,
             response=ResponseBudget(max_bytes=args.max_message_mb * MIB),
         ),
         batch=BatchConfig(

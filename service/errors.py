@@ -68,6 +68,11 @@ TABLE: dict[tuple[ErrorKind, str], Row] = {
     (ErrorKind.INVALID_ARGUMENT, "OUTPUT_TOO_LARGE"): _SIZE,
     (ErrorKind.INVALID_ARGUMENT, "INPUT_TOO_LONG"): replace(_INVALID, tei=(422, "Tokenizer")),
     (ErrorKind.INVALID_ARGUMENT, "TOKEN_ID_INVALID"): replace(_INVALID, tei=(422, "Tokenizer")),
+    # Images: bytes or pixels over the limits, or too many in a request, are sizes (TEI's
+    # 413); IMAGE_INVALID, IMAGE_FORMAT_UNSUPPORTED and IMAGE_URL_NOT_ALLOWED take the
+    # kind's row.
+    (ErrorKind.INVALID_ARGUMENT, "IMAGE_TOO_LARGE"): _SIZE,
+    (ErrorKind.INVALID_ARGUMENT, "TOO_MANY_IMAGES"): _SIZE,
     # HTTP's own refusals, before a route reads the request.
     (ErrorKind.INVALID_ARGUMENT, "METHOD_NOT_ALLOWED"): Row(
         _G.UNIMPLEMENTED, 405, (405, "Validation"), 405

@@ -132,7 +132,13 @@ def test_flag_defaults_are_the_config_defaults() -> None:
         "engine_stall_s",
     ):
         assert getattr(config, name) == getattr(defaults, name), name
-    for name in ("max_client_batch_size", "max_request_chars"):
+    for name in (
+        "max_client_batch_size",
+        "max_request_chars",
+        "max_image_bytes",
+        "max_image_pixels",
+        "max_images_per_request",
+    ):
         assert getattr(config.limits, name) == getattr(Limits(), name), name
     for name in ("max_batch_tokens", "max_queued_items", "min_padding_efficiency"):
         assert getattr(config.batch, name) == getattr(BatchConfig(), name), name

@@ -1,0 +1,391 @@
+"""Images: decoding the bytes a request carries, within bounds, and preprocessing them to
+the pixel arrays a vision tower reads, as the model's own image processor would.
+
+Front ends run this (on intake threads, never on an event loop) and hold neither torch nor
+transformers, so the processor's steps are done here with Pillow and numpy, read from the
+folder's `preprocessor_config.json`; tests/engine/test_image_decoding.py checks the output
+against transformers' own processor on the same images.
+
+Decoding refuses before it spends: bytes over the limit before opening, and a header that
+claims more pixels than the limit before the pixels are decoded (a decompression bomb costs
+a header read). Formats: PNG, JPEG, WebP and GIF (its first frame).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from PIL import Image as PILImage
+from PIL import ImageOps, UnidentifiedImageError
+
+from engine.errors import FieldViolation, PoolingError
+
+if TYPE_CHECKING:
+    from engine.validation import Limits
+
+
+class EncodedImage(Protocol):
+    """An image as a request carries it (engine.request.Image): encoded bytes, and the
+    mime type the client gave ("" for none)."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def mime_type(self) -> str: ...
+
+
+# Pillow's format name -> the mime types a client may name it by.
+FORMATS: dict[str, tuple[str, ...]] = {
+    "PNG": ("image/png",),
+    "JPEG": ("image/jpeg", "image/jpg", "image/pjpeg"),
+    "WEBP": ("image/webp",),
+    "GIF": ("image/gif",),
+}
+MIME_FORMATS = {mime: name for name, mimes in FORMATS.items() for mime in mimes}
+SUPPORTED = "PNG, JPEG, WebP or GIF"
+
+
+def sniff(data: bytes) -> str | None:
+    """The supported format the bytes begin as, from their signature; None: none of them."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def _refuse(path: str, reason: str, description: str) -> PoolingError:
+    return PoolingError.invalid([FieldViolation(path, description, reason)])
+
+
+def _other_format(data: bytes) -> str | None:
+    """The name of an image format Pillow knows but we do not serve (for the message)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with PILImage.open(io.BytesIO(data)) as image:  # header only
+                return image.format
+    except Exception:  # anything unreadable is simply not a format Pillow knows
+        return None
+
+
+def decode_image(image: EncodedImage, limits: Limits, path: str) -> PILImage.Image:
+    """`image` decoded to an RGB picture, upright (EXIF orientation applied), its first frame
+    for an animation, transparency laid on white (as transformers' convert_to_rgb does).
+
+    Refused (INVALID_ARGUMENT, the violation at `path`): IMAGE_TOO_LARGE for bytes over
+    `limits.max_image_bytes` or a header of more than `limits.max_image_pixels` pixels (both
+    before decoding), IMAGE_FORMAT_UNSUPPORTED for a format other than PNG, JPEG, WebP or GIF
+    (by the bytes, or by the mime type given), IMAGE_INVALID for bytes that do not decode
+    (corrupt, truncated, empty) or a mime type the bytes disagree with."""
+    data = image.data
+    if len(data) > limits.max_image_bytes:
+        raise _refuse(
+            path,
+            "IMAGE_TOO_LARGE",
+            f"the image has {len(data)} bytes, more than {limits.max_image_bytes} "
+            "(--max-image-bytes)",
+        )
+    if not data:
+        raise _refuse(path, "IMAGE_INVALID", "the image is empty")
+    declared = _declared_format(image.mime_type, path)
+    found = sniff(data)
+    if found is None:
+        other = _other_format(data)
+        if other is not None:
+            raise _refuse(
+                path,
+                "IMAGE_FORMAT_UNSUPPORTED",
+                f"{other} images are not supported; send {SUPPORTED}",
+            )
+        raise _refuse(path, "IMAGE_INVALID", f"the data is not an image ({SUPPORTED})")
+    if declared is not None and declared != found:
+        raise _refuse(
+            path,
+            "IMAGE_INVALID",
+            f"mime_type {image.mime_type} does not match the data, which is {found}",
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow's bomb warning: the limit below rules
+            opened = PILImage.open(io.BytesIO(data), formats=[found])
+    except PILImage.DecompressionBombError as error:
+        raise _too_many_pixels(path, None, limits) from error
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+        raise _refuse(path, "IMAGE_INVALID", f"the {found} data does not decode") from error
+    with opened:
+        width, height = opened.size
+        if width * height > limits.max_image_pixels:
+            raise _too_many_pixels(path, (width, height), limits)
+        if width <= 0 or height <= 0:
+            raise _refuse(path, "IMAGE_INVALID", "the image has no pixels")
+        try:
+            opened.seek(0)  # an animation's first frame
+            opened.load()
+            return to_rgb(ImageOps.exif_transpose(opened))
+        except (OSError, ValueError, SyntaxError, EOFError) as error:
+            raise _refuse(
+                path, "IMAGE_INVALID", f"the {found} data is corrupt or truncated"
+            ) from error
+
+
+def _declared_format(mime_type: str, path: str) -> str | None:
+    """The format a mime type names; None for none given (the bytes then decide)."""
+    mime = mime_type.partition(";")[0].strip().lower()
+    if not mime:
+        return None
+    if mime in MIME_FORMATS:
+        return MIME_FORMATS[mime]
+    if mime.startswith("image/"):
+        raise _refuse(
+            path,
+            "IMAGE_FORMAT_UNSUPPORTED",
+            f"{clip_mime(mime)} is not supported; send {SUPPORTED}",
+        )
+    raise _refuse(path, "IMAGE_INVALID", f"{clip_mime(mime)} is not an image mime type")
+
+
+def clip_mime(mime: str) -> str:
+    return mime if len(mime) <= 64 else f"{mime[:61]}..."
+
+
+def _too_many_pixels(path: str, size: tuple[int, int] | None, limits: Limits) -> PoolingError:
+    # None: Pillow's own bomb check refused it first (over twice its MAX_IMAGE_PIXELS).
+    claimed = (
+        f"more than {2 * (PILImage.MAX_IMAGE_PIXELS or 0)}"
+        if size is None
+        else f"{size[0]}x{size[1]} = {size[0] * size[1]}"
+    )
+    return _refuse(
+        path,
+        "IMAGE_TOO_LARGE",
+        f"the image has {claimed} pixels, more than {limits.max_image_pixels} (--max-image-pixels)",
+    )
+
+
+def to_rgb(image: PILImage.Image) -> PILImage.Image:
+    """RGB as transformers' convert_to_rgb makes it (transparency composited on white),
+    except that 16-bit and 32-bit grey keep their brightness (Pillow's own conversion clips
+    every value over 255 to white)."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        values = np.asarray(image.convert("I"), dtype=np.int64)  # 16-bit values
+        image = PILImage.fromarray(np.clip(values // 257, 0, 255).astype(np.uint8), "L")
+    elif image.mode == "F":
+        values = np.asarray(image, dtype=np.float32)
+        image = PILImage.fromarray(np.clip(values, 0, 255).astype(np.uint8), "L")
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = PILImage.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return PILImage.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+# ------------------------------------------------------------------ preprocessing
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+STANDARD_MEAN = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class ProcessorDefaults:
+    """An image processor class's defaults: what its config may leave out."""
+
+    size: Mapping[str, int]
+    crop: bool
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+# The fixed-resolution processors (the fast variants read the same config).
+PROCESSORS: dict[str, ProcessorDefaults] = {
+    "CLIPImageProcessor": ProcessorDefaults(
+        {"shortest_edge": 224}, True, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+    ),
+    "SiglipImageProcessor": ProcessorDefaults(
+        {"height": 224, "width": 224}, False, STANDARD_MEAN, STANDARD_MEAN
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ImagePreprocessor:
+    """A model's image processor in Pillow and numpy: resize (Pillow, the processor's
+    filter), centre crop, rescale and normalize, giving float32 [n, 3, H, W].
+
+    `patches` is an image's cost in a batch: the tower's patch count, plus one where the
+    model has a CLS token (CLIP; SigLIP has none)."""
+
+    size: tuple[int, int]  # (height, width) of the output
+    patches: int
+    resize: Mapping[str, int] | None  # the processor's `size`; None: no resize
+    crop: tuple[int, int] | None  # (height, width); None: no crop
+    resample: int
+    rescale: float | None
+    mean: np.ndarray | None  # float32 [3]; None: no normalize
+    std: np.ndarray | None
+
+    def __call__(self, images: list[PILImage.Image]) -> np.ndarray:
+        out = np.empty((len(images), 3, *self.size), dtype=np.float32)
+        for i, image in enumerate(images):
+            out[i] = self.one(image)
+        return out
+
+    def one(self, image: PILImage.Image) -> np.ndarray:
+        """One image as float32 [3, H, W]."""
+        image = to_rgb(image)
+        if self.resize is not None:
+            height, width = self._resized(image.height, image.width)
+            if (width, height) != image.size:
+                image = image.resize((width, height), resample=self.resample)
+        pixels = np.asarray(image)  # [H, W, 3] uint8
+        if self.crop is not None:
+            pixels = _center_crop(pixels, *self.crop)
+        values: np.ndarray = pixels
+        if self.rescale is not None:
+            values = (values.astype(np.float64) * self.rescale).astype(np.float32)
+        elif not np.issubdtype(values.dtype, np.floating):
+            values = values.astype(np.float32)
+        if self.mean is not None and self.std is not None:
+            values = (values - self.mean) / self.std
+        return np.ascontiguousarray(values.transpose(2, 0, 1), dtype=np.float32)
+
+    def _resized(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) transformers' resize gives for this `size`."""
+        size = self.resize or {}
+        short_edge = size.get("shortest_edge")
+        long_edge = size.get("longest_edge")
+        if short_edge and long_edge:
+            return _aspect_size(height, width, short_edge, long_edge)
+        if short_edge:
+            short, long = (width, height) if width <= height else (height, width)
+            new_short, new_long = short_edge, int(short_edge * long / short)
+            return (new_long, new_short) if width <= height else (new_short, new_long)
+        return size["height"], size["width"]
+
+
+def _aspect_size(height: int, width: int, size: int, max_size: int) -> tuple[int, int]:
+    """transformers' get_size_with_aspect_ratio: the short edge to `size`, the long edge
+    kept within `max_size`."""
+    raw: float | None = None
+    low, high = float(min(height, width)), float(max(height, width))
+    if high / low * size > max_size:
+        raw = max_size * low / high
+        size = round(raw)
+    if (height <= width and height == size) or (width <= height and width == size):
+        return height, width
+    if width < height:
+        return (int((raw if raw is not None else size) * height / width), size)
+    return (size, int((raw if raw is not None else size) * width / height))
+
+
+def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """transformers' center_crop on [H, W, C]: an image smaller than the crop is padded
+    with zeros around it."""
+    h, w = pixels.shape[:2]
+    top, left = (h - height) // 2, (w - width) // 2
+    if top >= 0 and left >= 0:
+        return pixels[top : top + height, left : left + width]
+    new_h, new_w = max(height, h), max(width, w)
+    padded = np.zeros((new_h, new_w, pixels.shape[2]), dtype=pixels.dtype)
+    pad_top, pad_left = -(-(new_h - h) // 2), -(-(new_w - w) // 2)
+    padded[pad_top : pad_top + h, pad_left : pad_left + w] = pixels
+    top, left = top + pad_top, left + pad_left
+    return padded[max(0, top) : min(new_h, top + height), max(0, left) : min(new_w, left + width)]
+
+
+def _size_dict(value: Any, square: bool) -> dict[str, int]:
+    """A config's size as transformers' get_size_dict reads it: an int is a square (crops)
+    or a shortest edge (CLIP's resize), a pair is (height, width)."""
+    if isinstance(value, int):
+        return {"height": value, "width": value} if square else {"shortest_edge": value}
+    if isinstance(value, (list, tuple)):
+        return {"height": int(value[0]), "width": int(value[1])}
+    return {key: int(v) for key, v in dict(value).items() if v is not None}
+
+
+def image_model_folder(folder: Path) -> Path | None:
+    """The folder holding the image processor: the model's, or for a sentence-transformers
+    layout, the module's that has one (clip-ViT-B-32's `0_CLIPModel`)."""
+    if (folder / "preprocessor_config.json").is_file():
+        return folder
+    modules = folder / "modules.json"
+    if modules.is_file():
+        for module in json.loads(modules.read_text()):
+            path = folder / module.get("path", "")
+            if (path / "preprocessor_config.json").is_file():
+                return path
+    return None
+
+
+def load_image_processor(folder: Path) -> ImagePreprocessor | None:
+    """The model's image processor from its preprocessor_config.json (and config.json for
+    the patch count); None for a folder without one (a text model).
+
+    Raises ValueError for a processor this server does not reproduce (e.g. SigLIP2's
+    variable-resolution NaFlex)."""
+    where = image_model_folder(folder)
+    if where is None:
+        return None
+    config = json.loads((where / "preprocessor_config.json").read_text())
+    kind = str(config.get("image_processor_type", "CLIPImageProcessor")).removesuffix("Fast")
+    kind = kind.removesuffix("Pil")
+    defaults = PROCESSORS.get(kind)
+    if defaults is None:
+        raise ValueError(
+            f"{where}: image processor {kind} is not supported (supported: {', '.join(PROCESSORS)})"
+        )
+    resize = _size_dict(config.get("size", defaults.size), square=False)
+    if not config.get("do_resize", True):
+        resize = {}
+    crop: tuple[int, int] | None = None
+    if config.get("do_center_crop", defaults.crop):
+        crop_dict = _size_dict(config.get("crop_size", {"height": 224, "width": 224}), True)
+        crop = (crop_dict["height"], crop_dict["width"])
+    if crop is not None:
+        out = crop
+    elif "height" in resize and "width" in resize:
+        out = (resize["height"], resize["width"])
+    else:
+        raise ValueError(f"{where}: the image processor gives no fixed size (no crop, no height)")
+    rescale = (
+        float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None
+    )
+    normalize = config.get("do_normalize", True)
+    mean = np.asarray(config.get("image_mean", defaults.mean), dtype=np.float32)
+    std = np.asarray(config.get("image_std", defaults.std), dtype=np.float32)
+    return ImagePreprocessor(
+        size=out,
+        patches=_patches(where, out),
+        resize=resize or None,
+        crop=crop,
+        resample=int(config.get("resample", PILImage.Resampling.BICUBIC)),
+        rescale=rescale,
+        mean=mean if normalize else None,
+        std=std if normalize else None,
+    )
+
+
+def _patches(folder: Path, size: tuple[int, int]) -> int:
+    """The vision tower's positions for one image: patches, plus CLS for CLIP."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    vision = config.get("vision_config", config)
+    patch = int(vision.get("patch_size", 32))
+    model_type = str(config.get("model_type", vision.get("model_type", "clip")))
+    cls = 0 if model_type.startswith("siglip") else 1
+    return (size[0] // patch) * (size[1] // patch) + cls

@@ -1,0 +1,307 @@
+"""engine/images.py: every format decodes, every bad image is refused with its reason and
+field path (a decompression bomb from its header alone), awkward modes come out as RGB, and
+preprocessing equals transformers' own image processors on the same pictures."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import time
+import tracemalloc
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+from transformers import CLIPConfig, CLIPImageProcessorPil, SiglipConfig, SiglipImageProcessorPil
+
+from engine.errors import PoolingError
+from engine.images import decode_image, load_image_processor, sniff
+from engine.validation import Limits
+
+PATH = "embed.items[2].image"
+LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Encoded:
+    data: bytes
+    mime_type: str = ""
+
+
+def picture(width: int = 40, height: int = 30, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def encode(image: PILImage.Image, fmt: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def refused(image: Encoded, limits: Limits = LIMITS) -> PoolingError:
+    with pytest.raises(PoolingError) as caught:
+        decode_image(image, limits, PATH)
+    error = caught.value
+    assert error.kind == "INVALID_ARGUMENT"
+    assert [v.field for v in error.violations] == [PATH]
+    return error
+
+
+# ------------------------------------------------------------------ formats
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mime"), [("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp")]
+)
+def test_each_format_decodes_to_rgb(fmt: str, mime: str) -> None:
+    pixels = picture()
+    lossless = {"lossless": True} if fmt == "WEBP" else {}
+    data = encode(PILImage.fromarray(pixels), fmt, **lossless)
+    assert sniff(data) == fmt
+    for given in ("", mime, mime.upper() + "; charset=binary"):
+        decoded = decode_image(Encoded(data, given), LIMITS, PATH)
+        assert decoded.mode == "RGB" and decoded.size == (40, 30)
+        if fmt != "JPEG":  # lossless: the very pixels
+            np.testing.assert_array_equal(np.asarray(decoded), pixels)
+
+
+def test_gif_gives_its_first_frame() -> None:
+    frames = [PILImage.fromarray(np.full((8, 8, 3), v, np.uint8)) for v in (10, 200, 90)]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
+    assert PILImage.open(io.BytesIO(data)).n_frames == 3
+    decoded = decode_image(Encoded(data, "image/gif"), LIMITS, PATH)
+    assert decoded.mode == "RGB"
+    assert np.asarray(decoded).max() <= 12  # the first frame (grey 10), not the others
+
+
+def test_animated_webp_gives_its_first_frame() -> None:
+    frames = [PILImage.fromarray(np.full((8, 8, 3), v, np.uint8)) for v in (30, 220)]
+    data = encode(frames[0], "WEBP", save_all=True, append_images=frames[1:], lossless=True)
+    decoded = decode_image(Encoded(data), LIMITS, PATH)
+    assert np.asarray(decoded).max() == 30
+
+
+# ------------------------------------------------------------------ modes
+
+
+def test_cmyk_jpeg_becomes_rgb_as_pillow_converts_it() -> None:
+    cmyk = PILImage.fromarray(picture(seed=1)).convert("CMYK")
+    data = encode(cmyk, "JPEG", quality=95)
+    decoded = decode_image(Encoded(data), LIMITS, PATH)
+    assert decoded.mode == "RGB"
+    expected = np.asarray(PILImage.open(io.BytesIO(data)).convert("RGB"))
+    np.testing.assert_array_equal(np.asarray(decoded), expected)
+
+
+def test_sixteen_bit_grey_keeps_its_brightness() -> None:
+    values = np.array([[0, 257, 32896, 65535]], dtype=np.uint16)
+    data = encode(PILImage.fromarray(values), "PNG")
+    decoded = decode_image(Encoded(data), LIMITS, PATH)
+    # Pillow's own RGB conversion clips at 255 (all but the first white): ours scales.
+    np.testing.assert_array_equal(np.asarray(decoded)[0, :, 0], [0, 1, 128, 255])
+
+
+def test_transparency_is_laid_on_white() -> None:
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[:2, :, :3] = (10, 20, 30)
+    rgba[:2, :, 3] = 255  # the top half opaque, the bottom half fully transparent
+    for mode in ("RGBA", "LA"):
+        image = PILImage.fromarray(rgba, "RGBA").convert(mode)
+        decoded = np.asarray(decode_image(Encoded(encode(image, "PNG")), LIMITS, PATH))
+        assert (decoded[2:] == 255).all()
+        assert (decoded[:2] < 255).all()
+
+
+def test_palette_with_a_transparent_index_is_laid_on_white() -> None:
+    image = PILImage.new("P", (4, 4), 0)
+    image.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)
+    image.paste(1, (0, 0, 2, 4))
+    data = encode(image, "PNG", transparency=0)
+    decoded = np.asarray(decode_image(Encoded(data), LIMITS, PATH))
+    assert (decoded[:, :2] == (255, 0, 0)).all()
+    assert (decoded[:, 2:] == 255).all()
+
+
+def test_exif_orientation_is_applied() -> None:
+    pixels = picture(40, 30, seed=2)
+    exif = PILImage.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees clockwise to view
+    data = encode(PILImage.fromarray(pixels), "PNG", exif=exif)
+    decoded = decode_image(Encoded(data), LIMITS, PATH)
+    assert decoded.size == (30, 40)
+    np.testing.assert_array_equal(np.asarray(decoded), np.rot90(pixels, k=-1))
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A valid PNG header of this size, followed by a few bytes of pixels."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\x00" * 1024)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+def test_a_decompression_bomb_is_refused_from_its_header() -> None:
+    bomb = png_claiming(50_000, 50_000)  # 2.5 gigapixels: 7.5 GB as RGB
+    assert len(bomb) < 200
+    tracemalloc.start()
+    start = time.perf_counter()
+    error = refused(Encoded(bomb, "image/png"))
+    took = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert error.reason == "IMAGE_TOO_LARGE"
+    assert "--max-image-pixels" in error.message
+    assert peak < 5 * 1024 * 1024 and took < 1.0
+    error = refused(Encoded(png_claiming(10_000, 6_000)))  # under Pillow's own bomb limit
+    assert error.reason == "IMAGE_TOO_LARGE" and "10000x6000 = 60000000 pixels" in error.message
+
+
+def test_pixels_and_bytes_over_their_limits_are_refused() -> None:
+    data = encode(PILImage.fromarray(picture(40, 30)), "PNG")
+    error = refused(Encoded(data), Limits(max_image_pixels=40 * 30 - 1))
+    assert error.reason == "IMAGE_TOO_LARGE"
+    decode_image(Encoded(data), Limits(max_image_pixels=40 * 30), PATH)
+    error = refused(Encoded(data), Limits(max_image_bytes=len(data) - 1))
+    assert error.reason == "IMAGE_TOO_LARGE" and "--max-image-bytes" in error.message
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF"])
+def test_truncated_images_are_invalid(fmt: str) -> None:
+    data = encode(PILImage.fromarray(picture(64, 64, seed=3)), fmt)
+    error = refused(Encoded(data[: len(data) // 2]))
+    assert error.reason == "IMAGE_INVALID"
+
+
+def test_corrupt_and_empty_data_are_invalid() -> None:
+    data = bytearray(encode(PILImage.fromarray(picture(64, 64)), "PNG"))
+    data[60:200] = bytes(140)  # the compressed pixels wiped
+    assert refused(Encoded(bytes(data))).reason == "IMAGE_INVALID"
+    assert refused(Encoded(b"\x89PNG\r\n\x1a\n" + b"junk" * 10)).reason == "IMAGE_INVALID"
+    assert refused(Encoded(b"plain text, no image")).reason == "IMAGE_INVALID"
+    assert refused(Encoded(b"")).reason == "IMAGE_INVALID"
+
+
+def test_other_formats_are_unsupported() -> None:
+    for fmt in ("BMP", "TIFF"):
+        data = encode(PILImage.fromarray(picture()), fmt)
+        error = refused(Encoded(data))
+        assert error.reason == "IMAGE_FORMAT_UNSUPPORTED"
+        assert fmt in error.message and "PNG, JPEG, WebP or GIF" in error.message
+    png = encode(PILImage.fromarray(picture()), "PNG")
+    assert refused(Encoded(png, "image/tiff")).reason == "IMAGE_FORMAT_UNSUPPORTED"
+
+
+def test_a_mime_type_must_agree_with_the_bytes() -> None:
+    png = encode(PILImage.fromarray(picture()), "PNG")
+    error = refused(Encoded(png, "image/jpeg"))
+    assert error.reason == "IMAGE_INVALID" and "PNG" in error.message
+    assert refused(Encoded(png, "text/plain")).reason == "IMAGE_INVALID"
+
+
+# ------------------------------------------------------------------ preprocessing
+
+
+def clip_folder(tmp_path: Path, processor: object) -> Path:
+    folder = tmp_path / "clip"
+    vision = {"image_size": 224, "patch_size": 32, "hidden_size": 32, "num_attention_heads": 2}
+    CLIPConfig(
+        vision_config=vision, text_config={"hidden_size": 32, "num_attention_heads": 2}
+    ).save_pretrained(folder)
+    processor.save_pretrained(folder)  # type: ignore[attr-defined]
+    return folder
+
+
+def siglip_folder(tmp_path: Path, processor: object) -> Path:
+    folder = tmp_path / "siglip"
+    vision = {"image_size": 224, "patch_size": 16, "hidden_size": 32, "num_attention_heads": 2}
+    SiglipConfig(
+        vision_config=vision, text_config={"hidden_size": 32, "num_attention_heads": 2}
+    ).save_pretrained(folder)
+    processor.save_pretrained(folder)  # type: ignore[attr-defined]
+    return folder
+
+
+SIZES = [(224, 224), (300, 200), (180, 400), (97, 61), (640, 480)]
+
+
+def _pictures() -> list[PILImage.Image]:
+    images = [PILImage.fromarray(picture(w, h, seed=i)) for i, (w, h) in enumerate(SIZES)]
+    jpeg = encode(PILImage.fromarray(picture(333, 250, seed=9)), "JPEG")
+    return [*images, decode_image(Encoded(jpeg), LIMITS, PATH)]
+
+
+@pytest.mark.parametrize(
+    "processor",
+    [
+        CLIPImageProcessorPil(),
+        CLIPImageProcessorPil(size={"shortest_edge": 160}, crop_size={"height": 128, "width": 96}),
+        CLIPImageProcessorPil(resample=2, image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.3, 0.4]),
+        CLIPImageProcessorPil(size={"shortest_edge": 100}, crop_size={"height": 128, "width": 128}),
+        CLIPImageProcessorPil(size={"shortest_edge": 200, "longest_edge": 260}),
+    ],
+    ids=["default", "other-sizes", "bilinear-other-stats", "crop-pads", "longest-edge"],
+)
+def test_clip_preprocessing_equals_transformers(tmp_path: Path, processor: object) -> None:
+    ours = load_image_processor(clip_folder(tmp_path, processor))
+    assert ours is not None
+    images = _pictures()
+    expected = processor(images, return_tensors="np")["pixel_values"]  # type: ignore[operator]
+    got = ours(images)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert got.shape[2:] == ours.size
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "processor",
+    [SiglipImageProcessorPil(), SiglipImageProcessorPil(size={"height": 96, "width": 128})],
+    ids=["default", "other-size"],
+)
+def test_siglip_preprocessing_equals_transformers(tmp_path: Path, processor: object) -> None:
+    ours = load_image_processor(siglip_folder(tmp_path, processor))
+    assert ours is not None
+    images = _pictures()
+    expected = processor(images, return_tensors="np")["pixel_values"]  # type: ignore[operator]
+    np.testing.assert_allclose(ours(images), expected, rtol=0, atol=1e-6)
+
+
+def test_patch_counts(tmp_path: Path) -> None:
+    clip = load_image_processor(clip_folder(tmp_path, CLIPImageProcessorPil()))
+    siglip = load_image_processor(siglip_folder(tmp_path, SiglipImageProcessorPil()))
+    assert clip is not None and siglip is not None
+    assert (clip.size, clip.patches) == ((224, 224), 7 * 7 + 1)  # ViT-B/32 and its CLS
+    assert (siglip.size, siglip.patches) == ((224, 224), 14 * 14)  # no CLS
+
+
+def test_sentence_transformers_layout_and_text_models(tmp_path: Path) -> None:
+    inner = clip_folder(tmp_path, CLIPImageProcessorPil())
+    root = tmp_path
+    modules = [{"idx": 0, "name": "0", "path": inner.name, "type": "CLIPModel"}]
+    (root / "modules.json").write_text(json.dumps(modules))
+    found = load_image_processor(root)
+    assert found is not None and found.patches == 50
+    text_only = tmp_path / "text"
+    text_only.mkdir()
+    assert load_image_processor(text_only) is None
+
+
+def test_an_unknown_processor_is_named(tmp_path: Path) -> None:
+    folder = clip_folder(tmp_path, CLIPImageProcessorPil())
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    config["image_processor_type"] = "Siglip2ImageProcessor"
+    (folder / "preprocessor_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="Siglip2ImageProcessor"):
+        load_image_processor(folder)
