@@ -474,12 +474,15 @@ def _prompt_for_task(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     for name in ("prompt_name", "prompt"):
         if name == "prompt" and r.info.score_template is not None:
             continue  # an LLM reranker's instruction (its template's {instruction})
-        if getattr(request, name) is not None:
-            yield FieldViolation(
-                name,
-                f"prompts apply to {takes}; {request.task} takes none: leave {name} unset",
-                "PROMPT_NOT_SUPPORTED_FOR_TASK",
+        if getattr(request, name) is None:
+            continue
+        description = f"prompts apply to {takes}; {request.task} takes none: leave {name} unset"
+        if name == "prompt" and request.task is Task.SCORE:  # Rerank's instruction
+            description = (
+                f"an instruction applies only to an LLM reranker (a model with a score "
+                f'template); model "{r.info.name}" has none: leave it unset'
             )
+        yield FieldViolation(name, description, "PROMPT_NOT_SUPPORTED_FOR_TASK")
 
 
 def _prompt_name(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:

@@ -34,7 +34,7 @@ import msgspec
 
 from engine.engine import Engine
 from engine.errors import ErrorKind, PoolingError
-from service.errors import http_error
+from service.errors import FieldMap, http_error
 from service.http.door import MAX_RESPONSE_BYTES, budget
 from service.http.json_body import BodyError, malformed, parse_body
 from service.http.openai import ROUTES, Parsed
@@ -95,9 +95,12 @@ def _output(custom_id: Any, status: int, request_id: str, body: dict[str, Any]) 
     return _encode.encode(line) + b"\n"
 
 
-def _pooling_error_line(custom_id: Any, request_id: str, error: PoolingError) -> bytes:
-    """An error line, as the HTTP API's OpenAI/vLLM routes answer it (service/errors.py)."""
-    answer = http_error(error)
+def _pooling_error_line(
+    custom_id: Any, request_id: str, error: PoolingError, names: FieldMap | None = None
+) -> bytes:
+    """An error line, as the HTTP API's OpenAI/vLLM routes answer it (service/errors.py),
+    its fields in the route's names."""
+    answer = http_error(error, names=names)
     return _output(custom_id, answer.status, request_id, answer.body)
 
 
@@ -181,7 +184,7 @@ class LineRunner:
                 if error.kind is ErrorKind.RESOURCE_EXHAUSTED and error.reason == "QUEUE_FULL":
                     await asyncio.sleep(QUEUE_FULL_RETRY_S)  # the window outgrew the queue
                     continue
-                return _pooling_error_line(custom_id, request.request_id, error)
+                return _pooling_error_line(custom_id, request.request_id, error, parsed.names)
 
 
 # ------------------------------------------------------------------ files

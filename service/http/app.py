@@ -60,6 +60,8 @@ _json = msgspec.json.Encoder()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Each family's names for the engine's fields (the OpenAI/vLLM routes show the engine's).
 FIELD_MAPS = {Family.TEI: tei.TEI_FIELDS, Family.COHERE: COHERE_FIELDS}
+# A route's own names for the engine's fields, where its parse gave some (Parsed.names).
+ROUTE_FIELDS = web.RequestKey("route_fields", FieldMap)
 UNAUTHENTICATED = PoolingError(
     ErrorKind.UNAUTHENTICATED, "UNAUTHENTICATED", "missing or invalid credentials"
 )
@@ -234,6 +236,8 @@ class HttpApi:
         async def handle(request: web.Request) -> web.Response:
             body = await self._body(request)
             parsed = route.parse(body, http_doors.request_id(request, route.prefix))
+            if parsed.names is not None:
+                request[ROUTE_FIELDS] = parsed.names
             parsed = parsed.budgeted(self.budget(parsed.float_bytes))
             ran = await parsed.run(self.runner, http_doors.call(request, route.rpc))
             result = ran.result
@@ -291,7 +295,8 @@ def _error_response(request: web.Request, error: PoolingError) -> web.Response:
     """`error` in the envelope of the request's route family (OpenAI's where none matched),
     from service/errors.py; also the guard's refusals (service/http/guard.py)."""
     family = request.get(FAMILY, Family.OPENAI)
-    return _pooling_error(error, family, FIELD_MAPS.get(family), request.get(REQUEST_ID, ""))
+    names = request.get(ROUTE_FIELDS) or FIELD_MAPS.get(family)
+    return _pooling_error(error, family, names, request.get(REQUEST_ID, ""))
 
 
 def _pooling_error(

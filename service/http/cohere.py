@@ -6,9 +6,10 @@ the model's prompts (INPUT_TYPE_PROMPTS; --cohere-input-type-prompt adds or over
 `embedding_types` (float, int8, uint8, binary, ubinary, base64: one engine run at float,
 then each type packed by engine/encodings.py exactly as the engine packs it),
 `truncate` (NONE, START, END: Cohere's default END cuts the end of a long input),
-`max_tokens` and `output_dimension`. /v2/rerank takes `query`, `documents`, `top_n` and
-`max_tokens_per_doc`. Answers and errors ({"id", "message"}) are in Cohere's shapes; the
-app renders errors from service/errors.py, COHERE_FIELDS naming the engine's fields.
+`max_tokens` and `output_dimension`. /v2/rerank takes `query`, `documents`, `top_n`,
+`max_tokens_per_doc` and (this server's extension) an LLM reranker's `instruction`.
+Answers and errors ({"id", "message"}) are in Cohere's shapes; the app renders errors
+from service/errors.py, COHERE_FIELDS naming the engine's fields.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class _Rerank(msgspec.Struct):
     top_n: int | None = None
     max_tokens_per_doc: int | None = None
     return_documents: bool = False
+    instruction: str | None = None  # an LLM reranker's (this server's extension)
 
 
 # ------------------------------------------------------------------- ids
@@ -282,6 +284,7 @@ class CohereRoutes:
             request_id=request[REQUEST_ID],
             model=body.model,
             top_n=top_n or 0,
+            instruction=body.instruction,
         )
         ran = await self.runner.rerank(rerank, call(request, "Rerank"))
         results = []

@@ -68,6 +68,7 @@ class _Fields(msgspec.Struct):
     add_special_tokens: msgspec.Raw = msgspec.Raw()
     prompt_name: msgspec.Raw = msgspec.Raw()  # /pooling embed_multi: "query" or "document"
     late_chunking: msgspec.Raw = msgspec.Raw()  # /v1/embeddings and /pooling (embed)
+    instruction: msgspec.Raw = msgspec.Raw()  # rerank and score: an LLM reranker's
 
 
 class _Document(msgspec.Struct):

@@ -34,6 +34,7 @@ from engine.outputs import (
 from engine.params import PoolingParams, Task
 from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
 from engine.validation import unknown_value
+from service.errors import FieldMap
 from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats
 from service.http.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
@@ -48,6 +49,8 @@ class Parsed:
     request: PoolRequest | RerankRequest
     render: Render
     float_bytes: int = JSON_FLOAT_BYTES  # for the door's answer budget
+    # The route's names for the engine's request paths in its refusals (None: the engine's).
+    names: FieldMap | None = None
 
     def budgeted(self, budget: ResponseBudget) -> Parsed:
         """The same, its answer bounded by the door's budget (a rerank's needs none)."""
@@ -104,7 +107,9 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
 
 
 def parse_score(body: Body, request_id: str) -> Parsed:
-    """vLLM's POST /v1/score: text_1 and text_2, each a string or a list."""
+    """vLLM's POST /v1/score: text_1 and text_2, each a string or a list; `instruction`:
+    an LLM reranker's (its template's {instruction}), carried as gRPC's Pool carries it,
+    as the score request's prompt, and named `instruction` in a refusal."""
     request = PoolRequest(
         task=Task.SCORE,
         params=pooling_params(body),
@@ -112,6 +117,7 @@ def parse_score(body: Body, request_id: str) -> Parsed:
         model=body.string("model", ""),
         text_1=tuple(body.texts("text_1")),
         text_2=tuple(body.texts("text_2")),
+        prompt=instruction(body),
     )
 
     def render(result: PoolResult) -> dict[str, Any]:
@@ -121,7 +127,7 @@ def parse_score(body: Body, request_id: str) -> Parsed:
             data.append({"index": index, "object": "score", "score": float(output.value)})
         return listing(request_id, result, data)
 
-    return Parsed(request, render)
+    return Parsed(request, render, names=SCORE_FIELDS)
 
 
 def parse_classify(body: Body, request_id: str) -> Parsed:
@@ -188,7 +194,8 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
 
 
 def parse_rerank(body: Body, request_id: str) -> Parsed:
-    """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank."""
+    """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank, plus
+    an LLM reranker's `instruction`, as gRPC's RerankRequest.instruction."""
     texts = body.documents()
     if not body.has("query"):
         raise BodyError("query", "must be a string")
@@ -201,6 +208,7 @@ def parse_rerank(body: Body, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.string("model", ""),
         top_n=body.integer("top_n") or 0,
+        instruction=instruction(body),
     )
 
     def render(result: RerankResult) -> dict[str, Any]:
@@ -232,6 +240,15 @@ ROUTES: dict[str, Route] = {
 
 
 # ------------------------------------------------------------------ helpers
+
+# /score carries its `instruction` as the score request's prompt (as gRPC's Pool does).
+SCORE_FIELDS = FieldMap(fields={"prompt": "instruction"})
+
+
+def instruction(body: Body) -> str | None:
+    """An LLM reranker's instruction (its score template's {instruction}); None: absent,
+    the template's default. Another model refuses it (engine/validation.py)."""
+    return body.string("instruction", "") if body.has("instruction") else None
 
 
 class _LateChunkingBody(msgspec.Struct, forbid_unknown_fields=True):

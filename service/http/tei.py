@@ -141,6 +141,7 @@ class _Rerank(msgspec.Struct):
     truncate: bool | None = None
     truncation_direction: str | None = None
     model: str = ""
+    instruction: str | None = None  # an LLM reranker's (this server's extension)
 
 
 class _SimilarityInputs(msgspec.Struct):
@@ -473,6 +474,7 @@ class TeiRoutes:
             request_id=request_id(request, "rerank"),
             model=body.model,
             truncation_side=_side(body.truncation_direction),
+            instruction=body.instruction,
         )
         ran = await self.runner.rerank(rerank, call(request, "Rerank"))
         ranks: list[dict[str, Any]] = []

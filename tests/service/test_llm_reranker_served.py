@@ -171,6 +171,65 @@ def test_http_doors_rank_as_grpc(http: HttpServer, expected: dict[str | None, np
     np.testing.assert_allclose(got, reference, atol=ATOL)
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/rerank", {"query": QUERY, "documents": DOCUMENTS}),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCUMENTS}),
+        ("/v2/rerank", {"query": QUERY, "documents": DOCUMENTS}),  # Cohere's
+        ("/rerank", {"query": QUERY, "texts": DOCUMENTS}),  # TEI's
+        ("/score", {"text_1": QUERY, "text_2": DOCUMENTS}),
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS}),
+    ],
+)
+def test_http_doors_take_the_instruction(
+    http: HttpServer, expected: dict[str | None, np.ndarray], path: str, body: dict[str, object]
+) -> None:
+    """`instruction` on every door that ranks or scores, as gRPC's RerankRequest.instruction."""
+    status, _, answer = http.call(path, {**body, "model": "rr", "instruction": INSTRUCTION})
+    assert status == 200, answer
+    if "text_1" in body:
+        got = np.array([d["score"] for d in answer["data"]])
+    else:
+        ranked = answer if isinstance(answer, list) else answer["results"]
+        key = "score" if "texts" in body else "relevance_score"
+        got = by_index([(r["index"], r[key]) for r in ranked])
+    np.testing.assert_allclose(got, expected[INSTRUCTION], atol=ATOL)
+    assert not np.allclose(got, expected[None], atol=ATOL)  # the instruction was used
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/rerank", {"query": QUERY, "documents": ["a"]}),
+        ("/v2/rerank", {"query": QUERY, "documents": ["a"]}),
+        ("/rerank", {"query": QUERY, "texts": ["a"]}),
+        ("/score", {"text_1": QUERY, "text_2": ["a"]}),
+    ],
+)
+def test_an_http_instruction_on_another_model_is_refused(
+    stub: pooling_pb2_grpc.PoolingServiceStub, http: HttpServer, path: str, body: dict[str, object]
+) -> None:
+    """Refused as gRPC's Rerank refuses it: the same reason and words, the field named
+    `instruction` on every door."""
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Rerank(
+            pb.RerankRequest(model="minilm", query=QUERY, documents=["a"], instruction="x"),
+            timeout=60,
+        )
+    grpc_error = decode_rpc_error(caught.value)
+    assert grpc_error.fields == ["instruction"]
+    description = grpc_error.description("instruction")
+    assert "LLM reranker" in description
+    status, _, answer = http.call(path, {**body, "model": "minilm", "instruction": "x"})
+    assert status == (422 if "texts" in body else 400), answer  # TEI's validation status
+    error = answer.get("error", answer)  # TEI's and Cohere's: flat
+    message = error["message"] if isinstance(error, dict) else error
+    assert message.endswith(f"instruction: {description}")  # Cohere: "invalid request: ..."
+    status, _, answer = http.call(path, {**body, "model": "rr", "instruction": 3})
+    assert status in (400, 422) and "instruction" in json.dumps(answer), answer
+
+
 def test_a_decoder_lm_without_a_template_refuses_score(
     stub: pooling_pb2_grpc.PoolingServiceStub, http: HttpServer
 ) -> None:
@@ -207,6 +266,9 @@ def test_batch_job_ranks_and_scores(
         json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": body}),
         json.dumps({"custom_id": "s", "method": "POST", "url": "/v1/score", "body": pairs}),
     ]
+    for custom_id, url, given in (("ri", "/v1/rerank", body), ("si", "/v1/score", pairs)):
+        line = {"custom_id": custom_id, "url": url, "body": {**given, "instruction": INSTRUCTION}}
+        lines.append(json.dumps(line))
     command = [sys.executable, "-m", "service.launch", "batch", "--model"]
     command += [f"rr={folders['bare']}", "--score-template", str(folders["template_json"])]
     command += ["--backend", "torch", "--dtype", "float32", "--no-progress"]
@@ -228,3 +290,8 @@ def test_batch_job_ranks_and_scores(
     np.testing.assert_allclose(got, expected[None], atol=ATOL)
     np.testing.assert_allclose(scored, expected[None], atol=ATOL)
     assert answers["r"]["status_code"] == answers["s"]["status_code"] == 200
+    ranked = answers["ri"]["body"]["results"]
+    got = by_index([(r["index"], r["relevance_score"]) for r in ranked])
+    np.testing.assert_allclose(got, expected[INSTRUCTION], atol=ATOL)
+    scored = [d["score"] for d in answers["si"]["body"]["data"]]
+    np.testing.assert_allclose(scored, expected[INSTRUCTION], atol=ATOL)
