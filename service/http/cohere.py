@@ -23,7 +23,7 @@ import numpy as np
 from aiohttp import web
 
 from engine.encodings import quantize, ranges_array
-from engine.errors import PoolingError, internal_error
+from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from engine.model_info import ModelInfo
 from engine.outputs import Embedding
 from engine.params import OutputEncoding, PoolingParams, Task
@@ -214,6 +214,8 @@ class CohereRoutes:
         def prepare(info: ModelInfo) -> PoolRequest:
             """What depends on the model, once the runner has resolved it: the calibration
             int8 needs, max_tokens as a ceiling, input_type's prompt."""
+            if Task.EMBED not in info.tasks and Task.EMBED_MULTI in info.tasks:
+                raise _multi_vector_refusal(info)
             for n, name in enumerate(types):
                 wanted = EMBEDDING_TYPES[name]
                 if (
@@ -316,6 +318,20 @@ class CohereRoutes:
             offsets = tokens.offsets
             cut.append(text[: offsets[limit - 1][1]] if len(offsets) > limit else text)
         return cut
+
+
+def _multi_vector_refusal(info: ModelInfo) -> PoolingError:
+    """A multi-vector (ColBERT) model on /v2/embed: Cohere's API has no embedding type for
+    a matrix per text, so the refusal says where the matrices are served."""
+    description = (
+        f'model "{info.name}" is a multi-vector (ColBERT) model: it gives a matrix of token '
+        "vectors per text, which Cohere's /v2/embed has no embedding type for; request the "
+        'matrices by gRPC Pool embed_multi, or POST /pooling with "task": "embed_multi" '
+        '(prompt_name "query" or "document")'
+    )
+    error = PoolingError.invalid([FieldViolation("model", description, "TASK_NOT_SUPPORTED")])
+    error.kind = ErrorKind.FAILED_PRECONDITION  # as the engine refuses a task a model lacks
+    return error
 
 
 def _embed_texts(body: _Embed, max_inputs: int) -> list[str]:

@@ -33,7 +33,14 @@ from aiohttp import web
 from engine.errors import PoolingError, internal_error
 from engine.heads import activate
 from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
-from engine.outputs import Classification, Embedding, Score, SparseEmbedding, TokenRows
+from engine.outputs import (
+    Classification,
+    Embedding,
+    MultiVector,
+    Score,
+    SparseEmbedding,
+    TokenRows,
+)
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from service.errors import Family, FieldMap
@@ -68,6 +75,7 @@ TEI_FIELDS = FieldMap(
     fields={
         "embed.texts": "inputs",
         "token_embed.texts": "inputs",
+        "embed_multi.texts": "inputs",
         "embed_sparse.texts": "inputs",
         "classify.texts": "inputs",
         "score.text_1": "inputs",
@@ -324,11 +332,23 @@ class TeiRoutes:
         return await render(lambda: matrix(rows), values, self._max_bytes)
 
     async def embed_all(self, request: web.Request) -> web.Response:
-        """[[[float]]]: one vector per token of each input."""
+        """[[[float]]]: one vector per token of each input. On a multi-vector (ColBERT)
+        model, which has no raw token states to give, each input's ColBERT matrix, as
+        embed_multi gives it: one normalised, projected row per kept token, in document
+        mode unless `prompt_name` names the query mode."""
         body = await _decode(request, _Embed)
         pool = self._embed_request(body, Task.TOKEN_EMBED, "embed_all", request)
-        result = await self._pool(request, pool)
-        rows = [_of(output, TokenRows).values for output in result.outputs]
+        pool = _with_budget(pool, self._max_bytes)
+
+        def prepare(info: ModelInfo) -> PoolRequest:
+            if Task.TOKEN_EMBED in info.tasks or Task.EMBED_MULTI not in info.tasks:
+                return pool  # token states (or the engine's refusal)
+            params = PoolingParams(truncate_prompt_tokens=pool.params.truncate_prompt_tokens)
+            mode = pool.prompt_name if pool.prompt_name is not None else "document"
+            return replace(pool, task=Task.EMBED_MULTI, params=params, prompt_name=mode)
+
+        ran = await self.runner.pool(pool, call(request, "Pool"), prepare=prepare)
+        rows = [_of(output, (TokenRows, MultiVector)).values for output in ran.result.outputs]
         values = sum(row.size for row in rows)
 
         def build() -> msgspec.Raw:
@@ -637,7 +657,7 @@ def _predictions(output: Any, info: ModelInfo, function: str | None) -> list[dic
     return [{"score": float(scores[i]), "label": info.label(int(i))} for i in order]
 
 
-def _of(output: Any, kind: type) -> Any:
+def _of(output: Any, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(output, kind):
         raise internal_error()
     return output

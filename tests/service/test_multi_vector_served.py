@@ -240,18 +240,42 @@ def test_batch_job_pools_and_ranks(folder: Path, expected: np.ndarray) -> None:
 
 
 def test_tei_and_cohere_doors(http: HttpServer, expected: np.ndarray) -> None:
-    """TEI's /rerank ranks by MaxSim (colbert is the default model); the single-vector
-    embedding routes of TEI and Cohere have no multi-vector form and refuse, naming
-    embed_multi."""
+    """TEI's /rerank ranks by MaxSim (colbert is the default model); TEI's and Cohere's
+    single-vector embedding routes have no multi-vector form and refuse, naming embed_multi
+    (Cohere's also /pooling)."""
     status, _, answer = http.call("/rerank", {"query": QUERY, "texts": DOCUMENTS})
     assert status == 200, answer
     np.testing.assert_allclose(
         by_index([(r["index"], r["score"]) for r in answer]), expected, atol=ATOL
     )
-    for path, body in (
-        ("/embed", {"inputs": ["a"]}),
-        ("/embed_all", {"inputs": ["a"]}),
-        ("/v2/embed", {"model": "colbert", "texts": ["a"], "input_type": "search_query"}),
-    ):
-        status, _, answer = http.call(path, body)
-        assert status >= 400 and "embed_multi" in json.dumps(answer), (path, answer)
+    status, _, answer = http.call("/embed", {"inputs": ["a"]})
+    assert status >= 400 and "embed_multi" in json.dumps(answer), answer
+    body = {"model": "colbert", "texts": ["a"], "input_type": "search_query"}
+    status, _, answer = http.call("/v2/embed", body)
+    assert status == 400, answer
+    assert answer["reason"] == "TASK_NOT_SUPPORTED", answer
+    assert "embed_multi" in answer["message"] and "POST /pooling" in answer["message"]
+    status, _, answer = http.call("/v2/embed", {**body, "model": "minilm"})
+    assert status == 200, answer  # a single-vector model beside it is served as ever
+
+
+def test_tei_embed_all_gives_the_colbert_matrices(
+    http: HttpServer, reference: MultiVectorEncoder
+) -> None:
+    """TEI's /embed_all on a multi-vector model: each text's ColBERT matrix (a row per kept
+    token), in document mode unless prompt_name asks for the query mode; token states on a
+    single-vector model, as before."""
+    status, _, answer = http.call("/embed_all", {"inputs": DOCUMENTS})
+    assert status == 200, answer
+    want = reference.encode_document(DOCUMENTS, convert_to_numpy=True)
+    assert len(answer) == len(DOCUMENTS)
+    for got, rows in zip(answer, want, strict=True):
+        np.testing.assert_allclose(np.array(got), np.asarray(rows), atol=ATOL)
+    status, _, answer = http.call("/embed_all", {"inputs": QUERY, "prompt_name": "query"})
+    assert status == 200, answer
+    want = reference.encode_query([QUERY], convert_to_numpy=True)
+    np.testing.assert_allclose(np.array(answer[0]), np.asarray(want[0]), atol=ATOL)
+    status, _, answer = http.call("/embed_all", {"inputs": ["a b"], "model": "minilm"})
+    assert status == 200 and np.array(answer[0]).shape[1] == 384, answer
+    status, _, answer = http.call("/embed_all", {"inputs": ["a"], "prompt_name": "passage"})
+    assert status == 422 and "prompt_name" in answer["error"], answer
