@@ -51,6 +51,8 @@ from engine.model_info import (
 )
 from engine.model_runner import ModelRunner
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
+from engine.multi_output import MultiOutputSettings, find_heads, unused_ids
+from engine.multi_output_module import MultiOutputModule, load_head
 from engine.multi_vector import DOCUMENT, QUERY, MultiVectorSettings, read_folder
 from engine.multi_vector import resolve as resolve_multi_vector
 from engine.multi_vector_module import MultiVectorModule, load_projection, register_prefixes
@@ -358,6 +360,8 @@ class _Folder:
     # A ColBERT folder: its query/document settings and its token projection's folder.
     multi_vector: MultiVectorSettings | None = None
     multi_vector_dense: Path | None = None
+    # A bge-m3 folder: its sparse_linear.pt and colbert_linear.pt.
+    multi_output_heads: tuple[Path, Path] | None = None
 
 
 def load_model(
@@ -393,7 +397,11 @@ def load_model(
         torch.nn.Sequential(*projection) if projection else None,
     )
     del module  # the runner holds it; a backend that replaces the runner lets it go
-    if folder.head is HeadKind.LLM_SCORE or folder.multi_vector is not None:
+    if (
+        folder.head is HeadKind.LLM_SCORE
+        or folder.multi_vector is not None
+        or folder.multi_output_heads is not None
+    ):
         runner.info = _torch_only(spec, runner.info, dtype)
     else:
         runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
@@ -489,6 +497,14 @@ def _read_folder(spec: ModelSpec) -> _Folder:
         folder.multi_vector_dense = multi.dense
         # The modes as MultiVectorEncoder names them: prompt_name "query" / "document".
         folder.prompts = {**prompts, QUERY: multi.query_prefix, DOCUMENT: multi.document_prefix}
+    heads = find_heads(path)
+    dense = bool(st and st.dense)
+    if heads is not None and (head is not HeadKind.HIDDEN or multi is not None or dense):
+        raise ValueError(
+            f"{path}: a multi-output (bge-m3) folder needs a plain encoder body without "
+            "ColBERT settings or Dense modules beside its sparse and ColBERT heads"
+        )
+    folder.multi_output_heads = heads
     return folder
 
 
@@ -550,6 +566,11 @@ def _load_module(
         body = AutoModel.from_pretrained(folder.path, **kwargs)
         projection = load_projection(folder.multi_vector_dense)
         module = MultiVectorModule(body, projection, folder.multi_vector)
+    elif folder.multi_output_heads is not None:
+        body = AutoModel.from_pretrained(folder.path, **kwargs)
+        hidden = int(folder.config.hidden_size)
+        sparse, colbert = (load_head(file, hidden) for file in folder.multi_output_heads)
+        module = MultiOutputModule(body, sparse, colbert)
     elif folder.template is None:
         module = _HEAD_CLASSES[folder.head].from_pretrained(folder.path, **kwargs)
     else:
@@ -588,6 +609,8 @@ def _model_info(
         return _llm_score_info(spec, folder, module, is_default)
     if folder.multi_vector is not None:
         return _multi_vector_info(spec, folder, module, is_default)
+    if folder.multi_output_heads is not None:
+        return _multi_output_info(spec, folder, module, is_default)
     if head is HeadKind.TOKEN:
         pooling_type = PoolingType.ALL
     else:
@@ -729,6 +752,48 @@ def _multi_vector_info(
     )
 
 
+def _multi_output_info(
+    spec: ModelSpec, folder: _Folder, module: torch.nn.Module, is_default: bool
+) -> ModelInfo:
+    """A bge-m3 model's facts: embed (dense), embed_sparse (lexical weights), embed_multi
+    (ColBERT), embed_outputs (any of them from one pass) and score (dense cosine, or the
+    weighted outputs). No chunking of long texts: a chunk's lexical weights and matrix
+    would not be the text's; they are refused or truncated instead."""
+    config = folder.config
+    assert isinstance(module, MultiOutputModule)
+    hidden = int(config.hidden_size)
+    settings = MultiOutputSettings(
+        hidden, module.colbert.out_features, unused_ids(folder.hf_tokenizer)
+    )
+    long_input = spec.long_input
+    if long_input is LongInput.CHUNK:
+        log.warning("model %s: --long-input chunk does not apply to bge-m3 models", spec.name)
+        long_input = LongInput.REJECT
+    weights = next(module.parameters())
+    return ModelInfo(
+        name=spec.served_name,
+        architecture=(config.architectures or [type(module.body).__name__])[0],
+        head=HeadKind.HIDDEN,
+        tasks=(Task.EMBED, Task.EMBED_SPARSE, Task.EMBED_MULTI, Task.EMBED_OUTPUTS, Task.SCORE),
+        hidden_size=hidden,
+        max_input_tokens=folder.tokenizer.max_input_tokens,
+        num_special_tokens=folder.hf_tokenizer.num_special_tokens_to_add(pair=False),
+        pooling_type=PoolingType.CLS,  # the dense vector is the first token's state
+        default_normalize=True,
+        activation=Activation.IDENTITY,
+        truncation_side=spec.truncation_side,
+        long_input=long_input,
+        max_input_chars=spec.max_input_chars,
+        is_default=is_default,
+        prompts=folder.prompts,
+        default_prompt_name=folder.default_prompt_name,
+        dtype=str(weights.dtype).removeprefix("torch."),
+        device=str(weights.device),
+        revision=loaded_revision(spec.source, folder.path, spec.revision),
+        multi_output=settings,
+    )
+
+
 def _key_extra(spec: ModelSpec, attn_implementation: str | None) -> dict[str, Any]:
     """The settings beside the folder's files that shape the forward (cache keys)."""
     return {
@@ -750,6 +815,8 @@ def _computed_ranges(
     other models' info as it was."""
     info = runner.info
     if info.calibration_ranges is not None or Task.EMBED not in info.tasks:
+        return info
+    if info.multi_output is not None:  # its pooled rows carry the token heads too
         return info
     if info.hidden_size != int(folder.config.hidden_size):
         # token_embed rows keep the transformer's width, which one set of ranges of the
@@ -804,7 +871,11 @@ def _torch_only(spec: ModelSpec, info: ModelInfo, dtype: torch.dtype) -> ModelIn
     scorer reads two rows of the head at one position. Multi-vector models too: the exports
     know nothing of their projection and expansion mask."""
     options = spec.backend
-    kind = "a multi-vector model" if info.multi_vector else "an LLM reranker (score template)"
+    kind = "an LLM reranker (score template)"
+    if info.multi_vector is not None:
+        kind = "a multi-vector model"
+    elif info.multi_output is not None:
+        kind = "a multi-output (bge-m3) model"
     if options.kind not in (BackendKind.AUTO, BackendKind.TORCH) or options.file:
         raise ValueError(
             f"model {info.name}: {kind} runs on --backend torch "

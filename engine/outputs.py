@@ -67,6 +67,15 @@ class MultiVector:
 
 
 @dataclass(frozen=True)
+class TextOutputs:
+    """embed_outputs: one text's outputs of a multi-output model, those asked for set."""
+
+    dense: Embedding | None = None
+    sparse: SparseEmbedding | None = None
+    multi: MultiVector | None = None
+
+
+@dataclass(frozen=True)
 class LateChunks:
     """embed with late chunking: one embedding per chunk of a text, each with its
     character span [start, end) in the text, in chunk order."""
@@ -76,7 +85,14 @@ class LateChunks:
 
 
 ItemOutput = (
-    Embedding | Classification | Score | TokenRows | SparseEmbedding | MultiVector | LateChunks
+    Embedding
+    | Classification
+    | Score
+    | TokenRows
+    | SparseEmbedding
+    | MultiVector
+    | LateChunks
+    | TextOutputs
 )
 
 
@@ -123,4 +139,7 @@ def values_in(result: object) -> int:
             total += output.values.size
         elif isinstance(output, LateChunks):
             total += sum(embedding.values.size for embedding in output.embeddings)
+        elif isinstance(output, TextOutputs):
+            total += sum(part.values.size for part in (output.dense, output.multi) if part)
+            total += output.sparse.values.size if output.sparse is not None else 0
     return total

@@ -7,7 +7,7 @@ can mix requests with different parameters.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -17,6 +17,15 @@ from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
 from engine.late_chunking import plan_late_chunking
 from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType, SpladeStrategy
+from engine.multi_output import (
+    colbert,
+    colbert_score,
+    combined,
+    dense,
+    lexical,
+    lexical_score,
+    weighted_outputs,
+)
 from engine.multi_vector import QUERY, MultiVectorSettings, maxsim
 from engine.outputs import (
     Classification,
@@ -25,9 +34,10 @@ from engine.outputs import (
     MultiVector,
     Score,
     SparseEmbedding,
+    TextOutputs,
     TokenRows,
 )
-from engine.params import OutputEncoding, Task
+from engine.params import Output, OutputEncoding, Task
 from engine.request import PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import TokenSequence, special_edges
@@ -71,8 +81,14 @@ def plan_request(
 
 def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     request = resolved.request
+    if model.info.towers is not None:  # an image model: texts and images (engine/towers.py)
+        from engine.towers import plan_towers
+
+        return plan_towers(resolved, model, limits)
     if request.task is Task.SCORE and model.info.score_refusal:
         raise _no_score_template(model.info)
+    if model.info.multi_output is not None:
+        return _plan_multi_output(resolved, model, limits)
     if request.task is Task.SCORE and model.info.head is HeadKind.LLM_SCORE:
         return _plan_llm_score(resolved, model, limits)
     if request.task is Task.SCORE and model.info.multi_vector is not None:
@@ -468,5 +484,119 @@ def _plan_maxsim(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan
         ]
         first, second = matrices[: len(queries)], matrices[len(queries) :]
         return [Score(maxsim(first[i], second[j])) for i, j in _pair_index(request)]
+
+    return Plan(work, finish)
+
+
+# What each task asks of a multi-output (bge-m3) model; embed_outputs names its own.
+_OUTPUT_OF_TASK = {
+    Task.EMBED: Output.DENSE,
+    Task.EMBED_SPARSE: Output.SPARSE,
+    Task.EMBED_MULTI: Output.MULTI,
+}
+
+
+def _plan_multi_output(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    """embed, embed_sparse, embed_multi and embed_outputs on a bge-m3 model: each text's
+    outputs sliced from its rows of [hidden | sparse weight | ColBERT vector]. Only the
+    dense vector alone comes back pooled (one row); the others need every token's row."""
+    request = resolved.request
+    if request.task is Task.SCORE:
+        return _plan_weighted_score(resolved, model, limits)
+    assert request.task is not None
+    task = request.task
+    wanted = request.outputs if task is Task.EMBED_OUTPUTS else {_OUTPUT_OF_TASK[task]}
+    texts = _tokenize(resolved, model, limits, request.texts, f"{task}.texts")
+    keep_tokens = bool(set(wanted) - {Output.DENSE}) or any(t.pooling for t in texts)
+
+    def finish_one(text: _Text, raws: list[np.ndarray]) -> ItemOutput:
+        outputs = _text_outputs(request, model, text, raws, wanted)
+        if task is Task.EMBED_OUTPUTS:
+            return outputs
+        found = {Output.DENSE: outputs.dense, Output.SPARSE: outputs.sparse}
+        result = found.get(_OUTPUT_OF_TASK[task], outputs.multi)
+        assert result is not None
+        return result
+
+    return _plan_texts(texts, keep_tokens, finish_one)
+
+
+def _first_row(text: _Text, raws: list[np.ndarray]) -> np.ndarray:
+    """The row the dense vector is read from: the pooled one, or the first token's (after
+    the prompt, where include_prompt is false), from token rows."""
+    if text.pooling is not None:
+        return _pooled_vector(text, raws)
+    return raws[0] if raws[0].ndim == 1 else raws[0][0]
+
+
+def _text_outputs(
+    request: PoolRequest,
+    model: ServedModel,
+    text: _Text,
+    raws: list[np.ndarray],
+    wanted: Set[Output],
+) -> TextOutputs:
+    info = model.info
+    settings = info.multi_output
+    assert settings is not None
+    found: dict[str, object] = {}
+    if Output.DENSE in wanted:
+        values = dense(settings, _first_row(text, raws), _use_activation(request, True))
+        found["dense"] = (
+            Embedding(values)
+            if request.encoding is OutputEncoding.FLOAT
+            else Embedding(values, request.encoding, _encoded(request, info, values))
+        )
+    if Output.SPARSE in wanted:
+        ids, weights = lexical(settings, text.sequence.input_ids, raws[0], request.sparse_top_k)
+        tokens = model.tokenizer.tokens(ids.tolist()) if request.sparse_tokens else []
+        found["sparse"] = SparseEmbedding(ids, weights, tokens)
+    if Output.MULTI in wanted:
+        matrix = colbert(settings, raws[0])
+        found["multi"] = (
+            MultiVector(matrix)
+            if request.encoding is OutputEncoding.FLOAT
+            else MultiVector(matrix, request.encoding, _encoded(request, info, matrix))
+        )
+    return TextOutputs(**found)  # type: ignore[arg-type]
+
+
+def _plan_weighted_score(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    """score (and so Rerank) on a bge-m3 model: the dense cosine alone, or with
+    params.output_weights the weighted mean of the dense, lexical and ColBERT scores (as
+    the model card's compute_score), each text encoded once with the outputs of positive
+    weight."""
+    request = resolved.request
+    settings = model.info.multi_output
+    assert settings is not None
+    weights = request.params.output_weights
+    needed = weighted_outputs(weights)
+    firsts = _tokenize(resolved, model, limits, request.text_1, "score.text_1")
+    seconds = _tokenize(resolved, model, limits, request.text_2, "score.text_2")
+    texts = firsts + seconds
+    keep_tokens = bool(set(needed) - {Output.DENSE}) or any(t.pooling for t in texts)
+    work = [(part, keep_tokens) for text in texts for part in text.parts]
+
+    def finish(raws: list[np.ndarray]) -> list[ItemOutput]:
+        encoded = [
+            _text_outputs(request, model, text, [raw], needed)
+            for text, raw in zip(texts, raws, strict=True)
+        ]
+        first, second = encoded[: len(firsts)], encoded[len(firsts) :]
+        scores = []
+        for i, j in _pair_index(request):
+            a, b = first[i], second[j]
+            parts: dict[Output, float] = {}
+            if a.dense is not None and b.dense is not None:
+                parts[Output.DENSE] = cosine(a.dense.values, b.dense.values)
+            if a.sparse is not None and b.sparse is not None:
+                parts[Output.SPARSE] = lexical_score(
+                    (a.sparse.indices, a.sparse.values), (b.sparse.indices, b.sparse.values)
+                )
+            if a.multi is not None and b.multi is not None:
+                parts[Output.MULTI] = colbert_score(a.multi.values, b.multi.values)
+            value = parts[Output.DENSE] if weights is None else combined(parts, weights)
+            scores.append(Score(float(value)))
+        return scores
 
     return Plan(work, finish)

@@ -7,7 +7,7 @@ from enum import StrEnum
 from functools import cached_property
 
 from engine.output_size import ResponseBudget
-from engine.params import OutputEncoding, PoolingParams, Task
+from engine.params import Output, OutputEncoding, PoolingParams, Task
 
 
 class ChunkRule(StrEnum):
@@ -74,6 +74,9 @@ class PoolRequest:
     max_tokens: int | None = None
     # embed only: one vector per chunk of each text instead of one per text.
     late_chunking: LateChunking | None = None
+    # embed_outputs: which of a multi-output (bge-m3) model's outputs each text gets
+    # (sparse_top_k and sparse_tokens shape its sparse one).
+    outputs: frozenset[Output] = frozenset()
     # Image models: inputs that may be texts or images, in place of texts (embed,
     # classify) or of text_1/text_2 (score). A request uses texts or items, never both.
     items: tuple[Item, ...] = ()

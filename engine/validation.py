@@ -29,7 +29,7 @@ from engine.output_size import (
     token_rows_bytes,
     tokenize_bytes,
 )
-from engine.params import PROMPT_TASKS, TASK_PARAMS, OutputEncoding, Task
+from engine.params import PROMPT_TASKS, TASK_PARAMS, Output, OutputEncoding, Task
 from engine.request import ChunkRule, PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
@@ -273,6 +273,11 @@ def _task_hint(task: Task, info: ModelInfo) -> str:
         )
     if info.multi_vector is not None and task in (Task.EMBED, Task.TOKEN_EMBED):
         return " (a multi-vector ColBERT model gives one matrix per text by embed_multi)"
+    if task is Task.EMBED_OUTPUTS:
+        return (
+            " (embed_outputs needs a multi-output model: a bge-m3 folder with "
+            "sparse_linear.pt and colbert_linear.pt beside its encoder)"
+        )
     return ""
 
 
@@ -365,6 +370,48 @@ def _late_chunking(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         else:
             continue
         yield FieldViolation(f"{path}.spans[{i}]", f"[{start}, {end}) {problem}", reason)
+
+
+def _outputs_asked(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """embed_outputs names the outputs it wants: at least one."""
+    request = r.request
+    if request.task is Task.EMBED_OUTPUTS and not request.outputs:
+        yield FieldViolation(
+            "embed_outputs",
+            "ask for at least one output: set dense, sparse or multi",
+            "OUTPUTS_NONE",
+        )
+
+
+def _output_weights_model(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """output_weights weigh a multi-output model's three scores: no other model has them."""
+    request, info = r.request, r.info
+    if request.params.output_weights is None or request.task is not Task.SCORE:
+        return  # on other tasks, _params_for_task refuses it
+    if info.multi_output is None:
+        yield FieldViolation(
+            "params.output_weights",
+            f'model "{info.name}" is not a multi-output (bge-m3) model: output_weights weigh '
+            "the dense, sparse and multi scores of one; leave it unset",
+            "OUTPUT_WEIGHTS_NOT_SUPPORTED",
+        )
+
+
+def _output_weights(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """Weights of a mean: none negative (or not a number), at least one positive."""
+    weights = r.request.params.output_weights
+    if weights is None or r.request.task is not Task.SCORE:
+        return
+    values = {output: weights.of(output) for output in Output}
+    bad = [f"{o.value} {v}" for o, v in values.items() if not (0 <= v < float("inf"))]
+    if bad or not any(values.values()):
+        problem = f"got {', '.join(bad)}" if bad else "all are 0"
+        yield FieldViolation(
+            "params.output_weights",
+            "output_weights must be finite and non-negative, with at least one positive "
+            f"(the combined score is their weighted mean); {problem}",
+            "OUTPUT_WEIGHTS_INVALID",
+        )
 
 
 def _late_chunking_model(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
@@ -515,9 +562,13 @@ def named_prompt(name: str, info: ModelInfo) -> str:
 
 def _sparse_top_k(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request = r.request
-    if request.task is Task.EMBED_SPARSE and request.sparse_top_k < 0:
+    path = {
+        Task.EMBED_SPARSE: "embed_sparse.top_k",
+        Task.EMBED_OUTPUTS: "embed_outputs.sparse_top_k",
+    }
+    if request.task in path and request.sparse_top_k < 0:
         yield FieldViolation(
-            "embed_sparse.top_k",
+            path[request.task],  # type: ignore[index]
             f"top_k must be 0 (every non-zero weight) or a positive count, "
             f"got {request.sparse_top_k}",
             "TOP_K_INVALID",
@@ -528,11 +579,15 @@ def _sparse_activation(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """use_activation=false skips SPLADE's log saturation after max pooling; sum pooling
     saturates each token before summing, so it has no unsaturated form to return."""
     request, info = r.request, r.info
-    if (
-        request.task is Task.EMBED_SPARSE
-        and request.params.use_activation is False
-        and info.splade_strategy is SpladeStrategy.SUM
-    ):
+    unsaturated = request.task is Task.EMBED_SPARSE and request.params.use_activation is False
+    if unsaturated and info.multi_output is not None:
+        yield FieldViolation(
+            "params.use_activation",
+            f'model "{info.name}" gives lexical weights as relu(sparse_linear(h)), with no '
+            "other form to return; leave use_activation unset",
+            "USE_ACTIVATION_NOT_SUPPORTED",
+        )
+    elif unsaturated and info.splade_strategy is SpladeStrategy.SUM:
         yield FieldViolation(
             "params.use_activation",
             f'model "{info.name}" sums saturated SPLADE weights over tokens, so its weights '
@@ -542,7 +597,7 @@ def _sparse_activation(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 
 # Which tasks take an output encoding other than the default `repeated float`.
-ENCODING_TASKS = frozenset({Task.EMBED, Task.TOKEN_EMBED, Task.EMBED_MULTI})
+ENCODING_TASKS = frozenset({Task.EMBED, Task.TOKEN_EMBED, Task.EMBED_MULTI, Task.EMBED_OUTPUTS})
 
 
 def _encoding(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
@@ -553,7 +608,8 @@ def _encoding(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     if request.task not in ENCODING_TASKS:
         yield FieldViolation(
             "encoding",
-            f"encoding {encoding} is only for embed, token_embed and embed_multi, not "
+            f"encoding {encoding} is only for embed, token_embed, embed_multi and "
+            f"embed_outputs, not "
             f"{request.task}; leave it unset",
             "ENCODING_NOT_SUPPORTED_FOR_TASK",
         )
@@ -736,9 +792,13 @@ RULES: tuple[Stage, ...] = (
             _characters,
             _sparse_top_k,
             _late_chunking,
+            _outputs_asked,
         ),
     ),
-    Stage(ErrorKind.FAILED_PRECONDITION, (_task_supported, _late_chunking_model)),
+    Stage(
+        ErrorKind.FAILED_PRECONDITION,
+        (_task_supported, _late_chunking_model, _output_weights_model),
+    ),
     Stage(
         ErrorKind.INVALID_ARGUMENT,
         (
@@ -749,6 +809,7 @@ RULES: tuple[Stage, ...] = (
             _prompt_for_task,
             _prompt_name,
             _sparse_activation,
+            _output_weights,
             _output_size,
         ),
     ),
