@@ -39,6 +39,7 @@ import numpy as np
 
 from engine.errors import ErrorKind, PoolingError
 from engine.jobs import Job, settle
+from engine.modality import PixelFrame
 from engine.tokenization import TokenSequence
 
 if TYPE_CHECKING:  # the runner's torch is needed only where a model runs
@@ -160,6 +161,9 @@ class BatchQueue:
         self._wakes = [threading.Condition(self._lock) for _ in self._workers]
         self._warmed = [concurrent.futures.Future[None]() for _ in self._workers]
         self._busy = [False] * len(self._workers)
+        # A two-tower model's batches hold one tower's items: texts or images (PixelFrame,
+        # whose length is its patch count), never both.
+        self._towers = getattr(runner.info, "towers", None) is not None
 
     @property
     def depth(self) -> int:
@@ -345,7 +349,11 @@ class BatchQueue:
             window += part
         sizes = np.array([len(part) for _, part in parts])
         lengths = np.fromiter(map(_length, window), dtype=np.int64, count=len(window))
-        chosen = self._choose(lengths, sizes)
+        images = None
+        if self._towers:
+            kinds = (type(item.sequence) is PixelFrame for item in window)
+            images = np.fromiter(kinds, dtype=bool, count=len(window))
+        chosen = self._choose(lengths, sizes, images)
         batch = [window[i] for i in chosen]
         keep = np.ones(len(window), dtype=bool)
         keep[chosen] = False
@@ -367,7 +375,9 @@ class BatchQueue:
         self._size -= len(batch)
         return batch
 
-    def _choose(self, lengths: np.ndarray, sizes: np.ndarray) -> list[int]:
+    def _choose(
+        self, lengths: np.ndarray, sizes: np.ndarray, images: np.ndarray | None = None
+    ) -> list[int]:
         """Positions in the window (`lengths`: its items' lengths, the anchor first; `sizes`:
         each client's share, in turn) of the batch, ascending: the anchor, then the others
         by closeness in length, then rank (depth in their client's queue, then turn), each
@@ -384,6 +394,8 @@ class BatchQueue:
         rank = owner + turns * depth  # unique, so the order is total
         distance = np.abs(lengths - lengths[0])
         order = np.argsort(distance * (turns * int(sizes.max())) + rank)  # order[0] == 0
+        if images is not None:  # a two-tower model: the anchor's tower only
+            order = order[images[order] == images[0]]
         ordered = lengths[order]
         longest = np.maximum.accumulate(ordered)
         real = np.cumsum(ordered)

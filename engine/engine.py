@@ -22,6 +22,7 @@ from engine.batch_queue import BatchConfig, BatchQueue
 from engine.engine_client import EngineClient, LocalEngineClient
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.jobs import Job, RequestTiming, settle
+from engine.modality import Modality
 from engine.model_info import ModelInfo
 from engine.output_size import ResponseBudget
 from engine.outputs import PoolResult, Ranked, RerankResult, Score
@@ -348,9 +349,17 @@ def _finisher(resolved: Resolved, model: ServedModel, plan: Plan) -> Callable[..
     return finish
 
 
+def _modality(item: object) -> Modality:
+    return Modality.TEXT if isinstance(item, str) else Modality.IMAGE
+
+
 def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
     """Documents by decreasing score, ties in input order; the best top_n (0: all)."""
     scores = np.array([o.value for o in result.outputs if isinstance(o, Score)], dtype=np.float32)
     order = np.argsort(-scores, kind="stable")[: request.top_n or None]
-    ranking = [Ranked(int(i), float(scores[i])) for i in order]
+    if request.items:  # an image model's documents: each says whether it was an image
+        items = request.items
+        ranking = [Ranked(int(i), float(scores[i]), _modality(items[int(i)])) for i in order]
+    else:
+        ranking = [Ranked(int(i), float(scores[i])) for i in order]
     return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.modality import Modality
 from engine.params import OutputEncoding, Task
 
 
@@ -17,13 +18,18 @@ class Embedding:
     values: np.ndarray
     encoding: OutputEncoding = OutputEncoding.FLOAT
     data: bytes = b""
+    modality: Modality = Modality.TEXT  # what was embedded (an image model's items)
 
 
 @dataclass(frozen=True)
 class Classification:
+    """`probs` over the model's labels, or over the request's candidate labels (zero-shot
+    on an image model: `label` is then the best candidate)."""
+
     probs: np.ndarray
     label_id: int
     label: str
+    modality: Modality = Modality.TEXT
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,7 @@ class Ranked:
 
     index: int
     score: float
+    modality: Modality = Modality.TEXT  # the document's (image documents of an image model)
 
 
 @dataclass(frozen=True)

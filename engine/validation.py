@@ -30,7 +30,7 @@ from engine.output_size import (
     tokenize_bytes,
 )
 from engine.params import PROMPT_TASKS, TASK_PARAMS, Output, OutputEncoding, Task
-from engine.request import ChunkRule, PoolRequest, RerankRequest
+from engine.request import ChunkRule, Image, Item, PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
 TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})  # one output row per token
@@ -127,20 +127,23 @@ def _input_not_empty(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         return
     if request.task is Task.SCORE:
         for name in ("text_1", "text_2"):
-            if not getattr(request, name):
+            items = f"items_{name[-1]}"
+            if not getattr(request, name) and not getattr(request, items):
                 yield FieldViolation(f"score.{name}", "must hold at least one text", "EMPTY_INPUT")
-    elif not request.texts:
+    elif not request.texts and not request.items:
         yield FieldViolation(f"{request.task}.texts", "must hold at least one text", "EMPTY_INPUT")
 
 
 def _score_shape(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request = r.request
-    n1, n2 = len(request.text_1), len(request.text_2)
+    n1 = len(request.text_1 or request.items_1)
+    n2 = len(request.text_2 or request.items_2)
     if request.task is Task.SCORE and n1 and n2 and n1 != 1 and n1 != n2:
+        second = "score.items_2" if request.items_2 else "score.text_2"
         yield FieldViolation(
-            "score.text_2",
-            f"text_1 has {n1} texts and text_2 has {n2}: send one text_1 (1:N) "
-            "or as many text_1 as text_2 (N:N)",
+            second,
+            f"the first side has {n1} inputs and the second {n2}: send one first input (1:N) "
+            "or as many first inputs as second (N:N)",
             "SCORE_SHAPE_MISMATCH",
         )
 
@@ -148,8 +151,15 @@ def _score_shape(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 def _batch_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request = r.request
     if request.task is not None and request.num_items > limits.max_client_batch_size:
-        path = "score.text_2" if request.task is Task.SCORE else f"{request.task}.texts"
+        path = _list_path(request)
         yield too_many_inputs(path, request.num_items, limits.max_client_batch_size)
+
+
+def _list_path(request: PoolRequest) -> str:
+    """The path of a request's (second) input list, as the request gave it."""
+    if request.task is Task.SCORE:
+        return "score.items_2" if request.items_2 else "score.text_2"
+    return f"{request.task}.items" if request.items else f"{request.task}.texts"
 
 
 def too_many_inputs(path: str, count: int | None, limit: int) -> FieldViolation:
@@ -204,13 +214,165 @@ def stream_request_id_error(request_id: str, seen: Set[str], index: int) -> Pool
     )
 
 
-def _inputs(request: PoolRequest) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """Each input list with its field path."""
+def _inputs(request: PoolRequest) -> Iterator[tuple[str, Sequence[str]]]:
+    """Each input list with its field path (an image item counts as an empty text)."""
     if request.task is Task.SCORE:
-        yield "score.text_1", request.text_1
-        yield "score.text_2", request.text_2
+        yield from _texts_of("score.text_1", request.text_1, "score.items_1", request.items_1)
+        yield from _texts_of("score.text_2", request.text_2, "score.items_2", request.items_2)
     elif request.task is not None:
-        yield f"{request.task}.texts", request.texts
+        task = request.task
+        yield from _texts_of(f"{task}.texts", request.texts, f"{task}.items", request.items)
+
+
+def _texts_of(
+    path: str, texts: tuple[str, ...], items_path: str, items: tuple[Item, ...]
+) -> Iterator[tuple[str, Sequence[str]]]:
+    if items:
+        yield items_path, [item if isinstance(item, str) else "" for item in items]
+    else:
+        yield path, texts
+
+
+# ---- image models: items (texts and images), zero-shot classification
+
+# The tasks whose requests may carry items (TextInput.items, ScoreInput.items_1/items_2).
+ITEM_TASKS = frozenset({Task.EMBED, Task.CLASSIFY, Task.SCORE})
+DEFAULT_LABEL_TEMPLATE = "a photo of a {label}."
+
+
+def item_lists(request: PoolRequest) -> Iterator[tuple[str, tuple[Item, ...]]]:
+    """Each item list a request carries, with its field path."""
+    if request.task is Task.SCORE:
+        for path, items in (("score.items_1", request.items_1), ("score.items_2", request.items_2)):
+            if items:
+                yield path, items
+    elif request.items and request.task is not None:
+        yield f"{request.task}.items", request.items
+
+
+def _items_shape(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """Items stand in place of texts: never both in one list, only where a task takes
+    them, and no more images than the limit per request."""
+    request = r.request
+    if request.task is None:
+        return
+    given = list(item_lists(request))
+    if not given:
+        return
+    if request.task not in ITEM_TASKS:
+        yield FieldViolation(
+            given[0][0],
+            f"items (texts and images) are for embed, classify and score, not {request.task}; "
+            "send texts",
+            "ITEMS_NOT_SUPPORTED_FOR_TASK",
+        )
+        return
+    if request.task is Task.SCORE:
+        lists = [
+            ("score.text_1", request.text_1, request.items_1),
+            ("score.text_2", request.text_2, request.items_2),
+        ]
+    else:
+        lists = [(f"{request.task}.texts", request.texts, request.items)]
+    for path, texts, items in lists:
+        if texts and items:
+            yield FieldViolation(
+                path,
+                "send texts or items, not both: items hold texts and images together",
+                "ITEMS_AND_TEXTS",
+            )
+    images = sum(isinstance(item, Image) for _, items in given for item in items)
+    if images > limits.max_images_per_request:
+        yield FieldViolation(
+            given[-1][0],
+            f"{images} images exceed the limit of {limits.max_images_per_request} per request "
+            "(--max-images-per-request); split the request",
+            "TOO_MANY_IMAGES",
+        )
+
+
+def _candidate_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """Zero-shot labels belong to classify: each non-blank, no more than a request's
+    inputs, in a template that places the label."""
+    request = r.request
+    labels, template = request.candidate_labels, request.label_template
+    path = "classify.candidate_labels"
+    if not labels:
+        if template is not None and request.task is Task.CLASSIFY:
+            yield FieldViolation(
+                "classify.label_template",
+                "label_template shapes candidate_labels, and there are none; send some",
+                "CANDIDATE_LABELS_MISSING",
+            )
+        return
+    if request.task is not Task.CLASSIFY:
+        yield FieldViolation(
+            path,
+            f"candidate labels are for zero-shot classify, not {request.task}",
+            "CANDIDATE_LABELS_NOT_SUPPORTED_FOR_TASK",
+        )
+        return
+    if len(labels) > limits.max_client_batch_size:
+        yield too_many_inputs(path, len(labels), limits.max_client_batch_size)
+        return
+    for i, label in enumerate(labels):
+        if not label.strip():
+            yield FieldViolation(
+                f"{path}[{i}]", "a label must not be blank", "CANDIDATE_LABEL_EMPTY"
+            )
+    if template is not None and "{label}" not in template:
+        yield FieldViolation(
+            "classify.label_template",
+            'the template must hold "{label}", where each candidate label goes '
+            f'(default "{DEFAULT_LABEL_TEMPLATE}")',
+            "LABEL_TEMPLATE_INVALID",
+        )
+    limit = r.info.char_limit(r.may_run_long)
+    longest = max(len(label) for label in labels) + len(template or DEFAULT_LABEL_TEMPLATE)
+    if longest > limit:
+        yield FieldViolation(
+            path,
+            f"a label in its template has {longest} characters, more than this model's "
+            f"limit of {limit}",
+            "INPUT_TOO_LONG",
+        )
+
+
+def _modalities(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """Images need an image model (ModelCard.modalities), as zero-shot labels do."""
+    request, info = r.request, r.info
+    if info.accepts_images:
+        return
+    for path, items in item_lists(request):
+        for i, item in enumerate(items):
+            if isinstance(item, Image):
+                yield FieldViolation(
+                    f"{path}[{i}].image",
+                    f'model "{info.name}" takes texts only; send images to a model whose '
+                    "modalities include image (CLIP, SigLIP)",
+                    "MODALITY_NOT_SUPPORTED",
+                )
+                return
+    classifies = request.task is Task.CLASSIFY and Task.CLASSIFY in info.tasks
+    if request.candidate_labels and classifies:
+        yield FieldViolation(  # (a model without classify: _task_supported speaks)
+            "classify.candidate_labels",
+            f'model "{info.name}" classifies into its own labels; zero-shot candidate labels '
+            "need an image-text model (CLIP, SigLIP)",
+            "ZERO_SHOT_NOT_SUPPORTED",
+        )
+
+
+def _zero_shot_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """An image model has no labels of its own: classify names them."""
+    request, info = r.request, r.info
+    if info.accepts_images and request.task is Task.CLASSIFY and not request.candidate_labels:
+        yield FieldViolation(
+            "classify.candidate_labels",
+            f'model "{info.name}" classifies zero-shot: send candidate_labels (each put in '
+            f'label_template, by default "{DEFAULT_LABEL_TEMPLATE}")',
+            "CANDIDATE_LABELS_MISSING",
+        )
 
 
 def _characters(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
@@ -793,11 +955,13 @@ RULES: tuple[Stage, ...] = (
             _sparse_top_k,
             _late_chunking,
             _outputs_asked,
+            _items_shape,
+            _candidate_labels,
         ),
     ),
     Stage(
         ErrorKind.FAILED_PRECONDITION,
-        (_task_supported, _late_chunking_model, _output_weights_model),
+        (_task_supported, _late_chunking_model, _output_weights_model, _modalities),
     ),
     Stage(
         ErrorKind.INVALID_ARGUMENT,
@@ -810,6 +974,7 @@ RULES: tuple[Stage, ...] = (
             _prompt_name,
             _sparse_activation,
             _output_weights,
+            _zero_shot_labels,
             _output_size,
         ),
     ),
@@ -860,10 +1025,12 @@ def rerank_violation(violation: FieldViolation) -> FieldViolation:
     head, bracket, rest = path.partition("[")
     if violation.reason == "TASK_NOT_SUPPORTED":
         path, description = "model", f"rerank needs the score task; {description}"
-    elif head == "score.text_1":
+    elif head in ("score.text_1", "score.items_1"):
         path = "query"
     elif head in ("score.text_2", "score"):  # "score": all the texts together
         path = f"documents{bracket}{rest}"
+    elif head == "score.items_2":  # image documents: Rerank's items
+        path = f"items{bracket}{rest}"
     elif path == "prompt":  # an LLM reranker's instruction, as Rerank names it
         path = "instruction"
     return FieldViolation(path, description, violation.reason)

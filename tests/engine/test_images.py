@@ -1,0 +1,395 @@
+"""Image models (two towers: CLIP, SigLIP) on tiny random-weight folders: embeddings equal to
+transformers' get_image_features / get_text_features through the model's own processor and
+to sentence-transformers' encode on its CLIP layout, text-image scores, zero-shot
+probabilities equal to the model's logits softmaxed (CLIP) or sigmoid'd (SigLIP), mixed
+text and image batches (in one forward pass and through the queue), and the refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image as PILImage
+from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
+
+from engine.batch_queue import BatchConfig
+from engine.engine import Engine
+from engine.errors import ErrorKind, PoolingError
+from engine.loader import LoadedModel, load_model
+from engine.modality import Modality
+from engine.model_spec import ModelSpec
+from engine.outputs import Classification, Embedding, ItemOutput
+from engine.params import PoolingParams, Task
+from engine.plans import Plan, plan_request
+from engine.request import Image, Item, PoolRequest, RerankRequest
+from engine.validation import Limits, validate_request, validate_rerank
+from tests.fixture_models import (
+    MINILM,
+    SIGLIP_TEXT_LENGTH,
+    tiny_clip,
+    tiny_siglip,
+    tiny_st_clip,
+)
+
+ATOL = 2e-4  # our Pillow/numpy preprocessing against transformers' own processor
+TEXTS = ["a photo of a cat", "two dogs playing in the snow, on a sunny winter day", "x"]
+LABELS = ("cat", "dog", "red car")
+
+
+def picture(seed: int, size: tuple[int, int] = (40, 48)) -> PILImage.Image:
+    rng = np.random.default_rng(seed)
+    return PILImage.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8), "RGB")
+
+
+def encoded(image: PILImage.Image, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    return buffer.getvalue()
+
+
+# One of each format; the references decode the same bytes (JPEG is lossy).
+FORMATS = ("PNG", "JPEG", "WEBP")
+IMAGES = [Image(encoded(picture(k), fmt)) for k, fmt in enumerate(FORMATS)]
+DECODED = [PILImage.open(io.BytesIO(image.data)).convert("RGB") for image in IMAGES]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("images")
+    clip = tiny_clip(root / "clip")
+    return {
+        "clip": clip,
+        "siglip": tiny_siglip(root / "siglip"),
+        "st-clip": tiny_st_clip(root / "st-clip", clip),
+    }
+
+
+def load(folder: Path, name: str | None = None) -> LoadedModel:
+    spec = ModelSpec(str(folder), name=name or folder.name)
+    return load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def models(folders: dict[str, Path]) -> dict[str, LoadedModel]:
+    loaded = {name: load(folder, name) for name, folder in folders.items()}
+    loaded["minilm"] = load(MINILM, "minilm")
+    return loaded
+
+
+class Reference:
+    """The transformers model with its own tokenizer and image processor."""
+
+    def __init__(self, folder: Path) -> None:
+        self.model = AutoModel.from_pretrained(folder).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.processor = AutoImageProcessor.from_pretrained(folder)
+        self.siglip = self.model.config.model_type == "siglip"
+
+    def text_inputs(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        if self.siglip:  # as SigLIP's processor: padded to max_length
+            return self.tokenizer(
+                list(texts),
+                padding="max_length",
+                max_length=SIGLIP_TEXT_LENGTH,
+                return_tensors="pt",
+            )
+        return self.tokenizer(list(texts), padding=True, return_tensors="pt")
+
+    def pixels(self, images: Sequence[PILImage.Image]) -> torch.Tensor:
+        return self.processor(images=list(images), return_tensors="pt")["pixel_values"]
+
+    @torch.inference_mode()
+    def text(self, texts: Sequence[str]) -> np.ndarray:
+        return _rows(self.model.get_text_features(**self.text_inputs(texts)))
+
+    @torch.inference_mode()
+    def image(self, images: Sequence[PILImage.Image]) -> np.ndarray:
+        return _rows(self.model.get_image_features(pixel_values=self.pixels(images)))
+
+    @torch.inference_mode()
+    def logits_per_image(
+        self, images: Sequence[PILImage.Image], texts: Sequence[str]
+    ) -> np.ndarray:
+        inputs = dict(self.text_inputs(texts))
+        output = self.model(**inputs, pixel_values=self.pixels(images))
+        return output.logits_per_image.numpy()
+
+
+def _rows(output: object) -> np.ndarray:
+    tensor = output if isinstance(output, torch.Tensor) else output.pooler_output  # type: ignore[attr-defined]
+    return tensor.float().numpy()
+
+
+@pytest.fixture(scope="module")
+def references(folders: dict[str, Path]) -> dict[str, Reference]:
+    return {name: Reference(folders[name]) for name in ("clip", "siglip")}
+
+
+def run_all(model: LoadedModel, requests: Sequence[PoolRequest]) -> list[list[ItemOutput]]:
+    """Every request planned, then all their inputs in ONE forward pass (a mixed batch)."""
+    limits = Limits()
+    plans: list[Plan] = [
+        plan_request(validate_request(r, model.info, limits), model, limits) for r in requests
+    ]
+    work = [item for plan in plans for item in plan.work]
+    raws = model.runner.forward([s for s, _ in work], [keep for _, keep in work])
+    results, start = [], 0
+    for plan in plans:
+        results.append(plan.finish(raws[start : start + len(plan.work)]))
+        start += len(plan.work)
+    return results
+
+
+def embed(items: Sequence[Item], normalize: bool | None = None) -> PoolRequest:
+    return PoolRequest(
+        Task.EMBED, params=PoolingParams(use_activation=normalize), items=tuple(items)
+    )
+
+
+def vectors(outputs: Sequence[ItemOutput]) -> np.ndarray:
+    return np.stack([o.values for o in outputs if isinstance(o, Embedding)])
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_model_card(models: dict[str, LoadedModel], name: str) -> None:
+    info = models[name].info
+    assert info.modalities == ("text", "image")
+    assert info.towers is not None and info.towers.image_size == (32, 32)
+    assert info.towers.patches == (17 if name == "clip" else 16)  # CLIP adds its class token
+    assert info.hidden_size == (24 if name == "clip" else 32)
+    assert set(info.tasks) == {Task.EMBED, Task.SCORE, Task.CLASSIFY}
+    assert models["minilm"].info.modalities == ("text",)
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_embeddings_equal_the_towers_features(
+    models: dict[str, LoadedModel], references: dict[str, Reference], name: str
+) -> None:
+    """Texts and images mixed in one request, in one pass: each row the tower's own
+    features (use_activation false), or them normalised (the default)."""
+    model, reference = models[name], references[name]
+    items: list[Item] = [TEXTS[0], IMAGES[0], IMAGES[1], TEXTS[1], IMAGES[2], TEXTS[2]]
+    raw, normed = run_all(model, [embed(items, False), embed(items)])
+    texts, images = reference.text(TEXTS), reference.image(DECODED)
+    expected = np.stack([texts[0], images[0], images[1], texts[1], images[2], texts[2]])
+    np.testing.assert_allclose(vectors(raw), expected, atol=ATOL)
+    np.testing.assert_allclose(vectors(normed), unit(expected), atol=ATOL)
+    modalities = [o.modality for o in raw]  # type: ignore[union-attr]
+    assert modalities == [
+        Modality.TEXT,
+        *[Modality.IMAGE] * 2,
+        Modality.TEXT,
+        Modality.IMAGE,
+        Modality.TEXT,
+    ]
+
+
+def test_texts_without_items_embed_through_the_text_tower(
+    models: dict[str, LoadedModel], references: dict[str, Reference]
+) -> None:
+    [out] = run_all(models["clip"], [PoolRequest(Task.EMBED, texts=tuple(TEXTS))])
+    np.testing.assert_allclose(vectors(out), unit(references["clip"].text(TEXTS)), atol=ATOL)
+
+
+def test_sentence_transformers_clip_layout(
+    models: dict[str, LoadedModel], folders: dict[str, Path]
+) -> None:
+    """clip-ViT-B-32's layout: no Normalize module, so encode() returns raw features, and
+    so does embed by default."""
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(folders["st-clip"]), device="cpu")
+    model = models["st-clip"]
+    assert not model.info.default_normalize
+    [out] = run_all(model, [embed([*TEXTS, *IMAGES])])
+    expected = np.concatenate([reference.encode(list(TEXTS)), reference.encode(list(DECODED))])
+    np.testing.assert_allclose(vectors(out), expected, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_scores_are_cosines_of_both_towers(
+    models: dict[str, LoadedModel], references: dict[str, Reference], name: str
+) -> None:
+    """Text-image (1:N), image-image (N:N) and text-text pairs, by cosine."""
+    model, reference = models[name], references[name]
+    texts, images = unit(reference.text(TEXTS)), unit(reference.image(DECODED))
+    requests = [
+        PoolRequest(Task.SCORE, items_1=(TEXTS[0],), items_2=tuple(IMAGES)),
+        PoolRequest(Task.SCORE, items_1=tuple(IMAGES), items_2=tuple(reversed(IMAGES))),
+        PoolRequest(Task.SCORE, text_1=(TEXTS[0],), text_2=(TEXTS[1],)),
+    ]
+    one_n, n_n, plain = (np.array([s.value for s in out]) for out in run_all(model, requests))  # type: ignore[union-attr]
+    np.testing.assert_allclose(one_n, images @ texts[0], atol=ATOL)
+    np.testing.assert_allclose(n_n, np.sum(images * images[::-1], axis=1), atol=ATOL)
+    np.testing.assert_allclose(plain, [texts[0] @ texts[1]], atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_zero_shot_equals_the_models_logits(
+    models: dict[str, LoadedModel], references: dict[str, Reference], name: str
+) -> None:
+    """CLIP: softmax of logits_per_image over the labels' prompts; SigLIP: each sigmoid'd
+    (its logit_bias included). use_activation false gives the logits themselves."""
+    model, reference = models[name], references[name]
+    prompts = [f"a photo of a {label}." for label in LABELS]
+    logits = reference.logits_per_image(DECODED, prompts)
+    expected = (
+        torch.sigmoid(torch.from_numpy(logits))
+        if name == "siglip"
+        else torch.from_numpy(logits).softmax(-1)
+    ).numpy()
+    request = PoolRequest(Task.CLASSIFY, items=tuple(IMAGES), candidate_labels=LABELS)
+    raw = PoolRequest(
+        Task.CLASSIFY,
+        items=tuple(IMAGES),
+        candidate_labels=LABELS,
+        params=PoolingParams(use_activation=False),
+    )
+    probs, plain = run_all(model, [request, raw])
+    got = np.stack([c.probs for c in probs])  # type: ignore[union-attr]
+    np.testing.assert_allclose(got, expected, atol=ATOL)
+    np.testing.assert_allclose(np.stack([c.probs for c in plain]), logits, atol=ATOL * 50)  # type: ignore[union-attr]
+    for c, row in zip(probs, expected, strict=True):
+        assert isinstance(c, Classification) and c.modality is Modality.IMAGE
+        assert c.label == LABELS[int(np.argmax(row))]
+
+
+def test_label_template(models: dict[str, LoadedModel], references: dict[str, Reference]) -> None:
+    template = "an image showing {label}"
+    logits = references["clip"].logits_per_image(
+        DECODED[:1], [template.format(label=x) for x in LABELS]
+    )
+    request = PoolRequest(
+        Task.CLASSIFY, items=(IMAGES[0],), candidate_labels=LABELS, label_template=template
+    )
+    [[out]] = run_all(models["clip"], [request])
+    np.testing.assert_allclose(
+        out.probs, torch.from_numpy(logits[0]).softmax(-1).numpy(), atol=ATOL
+    )  # type: ignore[union-attr]
+
+
+def test_rerank_with_image_documents(
+    models: dict[str, LoadedModel], references: dict[str, Reference]
+) -> None:
+    """Through the engine and its queue: a text query against image and text documents,
+    ranked by cosine, each result with its document's modality; the queue keeps the
+    towers' batches apart."""
+    model, reference = models["clip"], references["clip"]
+    documents: tuple[Item, ...] = (IMAGES[0], TEXTS[1], IMAGES[1], IMAGES[2])
+
+    async def body(engine: Engine) -> tuple[object, object]:
+        rerank = engine.rerank(RerankRequest(TEXTS[0], (), items=documents))
+        pooled = engine.pool(embed([TEXTS[2], IMAGES[2]]))
+        return await asyncio.gather(rerank, pooled)
+
+    async def main() -> tuple[object, object]:
+        engine = Engine([model], batch_config=BatchConfig())
+        await engine.start()
+        try:
+            return await asyncio.wait_for(body(engine), 60)
+        finally:
+            await engine.stop()
+
+    ranked, pooled = asyncio.run(main())
+    query = unit(reference.text(TEXTS[:1]))[0]
+    images = unit(reference.image(DECODED))
+    expected = [
+        images[0] @ query,
+        unit(reference.text(TEXTS[1:2]))[0] @ query,
+        images[1] @ query,
+        images[2] @ query,
+    ]
+    order = np.argsort(-np.array(expected), kind="stable")
+    assert [r.index for r in ranked.ranking] == order.tolist()  # type: ignore[attr-defined]
+    np.testing.assert_allclose(
+        [r.score for r in ranked.ranking], np.array(expected)[order], atol=ATOL
+    )  # type: ignore[attr-defined]
+    modalities = [r.modality for r in ranked.ranking]  # type: ignore[attr-defined]
+    assert modalities == [
+        Modality.TEXT if documents[i] is TEXTS[1] else Modality.IMAGE for i in order
+    ]
+    assert [o.modality for o in pooled.outputs] == [Modality.TEXT, Modality.IMAGE]  # type: ignore[attr-defined]
+
+
+# ---- refusals
+
+
+def refusal(model: LoadedModel, request: PoolRequest, limits: Limits | None = None) -> PoolingError:
+    limits = limits or Limits()
+    with pytest.raises(PoolingError) as caught:
+        plan_request(validate_request(request, model.info, limits), model, limits)
+    return caught.value
+
+
+def reasons(error: PoolingError) -> list[tuple[str, str]]:
+    return [(v.field, v.reason) for v in error.violations]
+
+
+def test_images_to_a_text_only_model(models: dict[str, LoadedModel]) -> None:
+    error = refusal(models["minilm"], embed(["a text", IMAGES[0]]))
+    assert error.kind is ErrorKind.FAILED_PRECONDITION
+    assert reasons(error) == [("embed.items[1].image", "MODALITY_NOT_SUPPORTED")]
+    error = refusal(
+        models["minilm"], PoolRequest(Task.CLASSIFY, texts=("a",), candidate_labels=LABELS)
+    )
+    assert reasons(error) == [("classify", "TASK_NOT_SUPPORTED")]  # MiniLM does not classify
+
+
+def test_item_shape_refusals(models: dict[str, LoadedModel]) -> None:
+    clip = models["clip"]
+    both = PoolRequest(Task.EMBED, texts=("a",), items=(IMAGES[0],))
+    assert reasons(refusal(clip, both)) == [("embed.texts", "ITEMS_AND_TEXTS")]
+    token = PoolRequest(Task.TOKEN_EMBED, items=(IMAGES[0],))
+    assert reasons(refusal(clip, token)) == [("token_embed.items", "ITEMS_NOT_SUPPORTED_FOR_TASK")]
+    labels_on_embed = PoolRequest(Task.EMBED, items=(IMAGES[0],), candidate_labels=LABELS)
+    assert reasons(refusal(clip, labels_on_embed)) == [
+        ("classify.candidate_labels", "CANDIDATE_LABELS_NOT_SUPPORTED_FOR_TASK")
+    ]
+    no_labels = PoolRequest(Task.CLASSIFY, items=(IMAGES[0],))
+    assert reasons(refusal(clip, no_labels)) == [
+        ("classify.candidate_labels", "CANDIDATE_LABELS_MISSING")
+    ]
+    bad_template = PoolRequest(
+        Task.CLASSIFY, items=(IMAGES[0],), candidate_labels=LABELS, label_template="a photo"
+    )
+    assert reasons(refusal(clip, bad_template)) == [
+        ("classify.label_template", "LABEL_TEMPLATE_INVALID")
+    ]
+    blank = PoolRequest(Task.CLASSIFY, items=(IMAGES[0],), candidate_labels=("cat", " "))
+    assert reasons(refusal(clip, blank)) == [
+        ("classify.candidate_labels[1]", "CANDIDATE_LABEL_EMPTY")
+    ]
+    shape = PoolRequest(Task.SCORE, items_1=IMAGES[:2], items_2=tuple(IMAGES))
+    assert reasons(refusal(clip, shape)) == [("score.items_2", "SCORE_SHAPE_MISMATCH")]
+
+
+def test_too_many_images(models: dict[str, LoadedModel]) -> None:
+    limits = Limits(max_images_per_request=2)
+    error = refusal(models["clip"], embed(["a", *IMAGES]), limits)
+    assert reasons(error) == [("embed.items", "TOO_MANY_IMAGES")]
+
+
+def test_a_bad_image_names_its_path(models: dict[str, LoadedModel]) -> None:
+    corrupt = Image(IMAGES[0].data[:40])  # a PNG cut short
+    error = refusal(models["clip"], embed(["a", IMAGES[1], corrupt]))
+    assert error.kind is ErrorKind.INVALID_ARGUMENT
+    assert reasons(error) == [("embed.items[2].image", "IMAGE_INVALID")]
+    score = PoolRequest(Task.SCORE, items_1=("a",), items_2=(IMAGES[0], Image(b"not an image")))
+    assert reasons(refusal(models["clip"], score)) == [("score.items_2[1].image", "IMAGE_INVALID")]
+
+
+def test_rerank_paths(models: dict[str, LoadedModel]) -> None:
+    request = RerankRequest("q", (), items=(IMAGES[0], "doc"))
+    text_model = models["minilm"].info
+    with pytest.raises(PoolingError) as caught:
+        validate_rerank(request, text_model, Limits())
+    assert reasons(caught.value) == [("items[0].image", "MODALITY_NOT_SUPPORTED")]
