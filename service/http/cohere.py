@@ -14,6 +14,7 @@ from service/errors.py, COHERE_FIELDS naming the engine's fields.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,10 +28,11 @@ from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_erro
 from engine.model_info import ModelInfo
 from engine.outputs import Embedding
 from engine.params import OutputEncoding, PoolingParams, Task
-from engine.request import PoolRequest, RerankRequest
+from engine.request import Item, PoolRequest, RerankRequest
 from service.errors import FieldMap
 from service.http.door import (
     JSON_FLOAT_BYTES,
+    OFF_LOOP_BODY,
     REQUEST_ID,
     DoorHost,
     base64_floats,
@@ -44,6 +46,7 @@ from service.http.door import (
     text_list,
 )
 from service.http.door import request_id as make_request_id
+from service.http.image_parts import ImageUrl, Part, content_item, has_image, image_from_url
 from service.runner import RequestRunner
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -106,6 +109,7 @@ def input_type_prompts(overrides: Sequence[str]) -> dict[str, tuple[str, ...]]:
 class _Content(msgspec.Struct):
     type: str
     text: str | None = None
+    image_url: ImageUrl | str | None = None
 
 
 class _Input(msgspec.Struct):
@@ -176,8 +180,9 @@ class CohereRoutes:
         ]
 
     def prompt_for(self, input_type: str | None, info: ModelInfo) -> str | None:
-        """The model's prompt for `input_type`, or None (the model's default applies)."""
-        if input_type is None:
+        """The model's prompt for `input_type`, or None (the model's default applies);
+        "image" (Cohere's input_type for images) takes none."""
+        if input_type is None or input_type == "image":
             return None
         if input_type not in self.prompts:
             known = ", ".join(sorted(self.prompts))
@@ -187,9 +192,12 @@ class CohereRoutes:
     async def embed(self, request: web.Request) -> web.Response:
         body = await decode_body(request, _Embed)
         max_inputs = self.runner.limits.max_client_batch_size
-        if len(body.images) and bytes(body.images) != b"null":
-            raise refused("images", "this server embeds text only")
-        texts = _embed_texts(body, max_inputs)
+        if (request.content_length or 0) > OFF_LOOP_BODY:  # base64 of large images
+            items = await asyncio.to_thread(_embed_items, body, max_inputs)
+        else:
+            items = _embed_items(body, max_inputs)
+        images = has_image(items)
+        texts = [] if images else items
         types = body.embedding_types or ["float"]
         for n, name in enumerate(types):
             if name not in EMBEDDING_TYPES:
@@ -206,7 +214,8 @@ class CohereRoutes:
             params=PoolingParams(dimensions=body.output_dimension),
             request_id=request[REQUEST_ID],
             model=body.model,
-            texts=tuple(texts),
+            texts=() if images else tuple(items),  # type: ignore[arg-type]
+            items=tuple(items) if images else (),
             truncation_side=TRUNCATE_SIDES.get(truncate),
             response_budget=budget(self.api.max_response_bytes, JSON_FLOAT_BYTES * len(set(types))),
         )
@@ -235,7 +244,7 @@ class CohereRoutes:
                 # truncate NONE: a longer input is refused (by the engine), not cut.
                 cut, over = (None, ceiling) if truncate == "NONE" else (ceiling, None)
             params = replace(pool.params, truncate_prompt_tokens=cut)
-            prompt = self.prompt_for(body.input_type, info)
+            prompt = None if images else self.prompt_for(body.input_type, info)
             return replace(pool, params=params, prompt_name=prompt, max_tokens=over)
 
         ran = await self.runner.pool(pool, call(request, "Pool"), prepare=prepare)
@@ -334,31 +343,36 @@ def _multi_vector_refusal(info: ModelInfo) -> PoolingError:
     return error
 
 
-def _embed_texts(body: _Embed, max_inputs: int) -> list[str]:
-    """`texts`, or the text of each of `inputs` (its text parts, joined by newlines)."""
-    if len(body.texts) and bytes(body.texts) != b"null":
-        if body.inputs is not None:
-            raise refused("texts, inputs", "send one of them, not both")
-        return text_list(body.texts, "texts", max_inputs)
+def _embed_items(body: _Embed, max_inputs: int) -> list[Item]:
+    """`texts`, `images` (data URLs), or each of `inputs`: its text parts joined by
+    newlines, or its one image (image_url part). One of the three."""
+    given = [
+        name
+        for name, raw in (("texts", body.texts), ("images", body.images))
+        if len(raw) and bytes(raw) != b"null"
+    ] + (["inputs"] if body.inputs is not None else [])
+    if len(given) > 1:
+        raise refused(", ".join(given), "send one of them, not both")
+    if given == ["texts"]:
+        return list(text_list(body.texts, "texts", max_inputs))
+    if given == ["images"]:
+        urls = text_list(body.images, "images", max_inputs)
+        return [image_from_url(url, f"images[{n}]") for n, url in enumerate(urls)]
     if body.inputs is None:
-        raise refused("texts", "missing; send a list of strings (or inputs)")
+        raise refused("texts", "missing; send a list of strings (or images, or inputs)")
     if len(body.inputs) > max_inputs:
         raise refused(
             "inputs",
             f"{len(body.inputs)} inputs exceed the limit of {max_inputs}",
             "TOO_MANY_INPUTS",
         )
-    texts = []
+    items: list[Item] = []
     for n, item in enumerate(body.inputs):
         if not item.content:
-            raise refused(f"inputs[{n}].content", "must hold at least one text part")
-        parts = []
-        for k, content in enumerate(item.content):
-            if content.type != "text" or content.text is None:
-                raise refused(f"inputs[{n}].content[{k}]", "only text content is embedded here")
-            parts.append(content.text)
-        texts.append("\n".join(parts))
-    return texts
+            raise refused(f"inputs[{n}].content", "must hold at least one part")
+        parts = [Part(c.type, text=c.text, image_url=c.image_url) for c in item.content]
+        items.append(content_item(parts, f"inputs[{n}].content"))
+    return items
 
 
 def _embedding(output: Any) -> Embedding:

@@ -20,7 +20,9 @@ import msgspec
 import numpy as np
 
 from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.request import Item
 from engine.validation import too_many_inputs
+from service.http.image_parts import Message, Part, has_image, input_items, messages_item
 
 MAX_DEPTH = 32  # our bodies nest 3 deep; JSON parsers differ on where nesting must stop
 # Lists this small are decoded and then counted by the request rules: at most a few
@@ -68,6 +70,7 @@ class _Fields(msgspec.Struct):
     add_special_tokens: msgspec.Raw = msgspec.Raw()
     prompt_name: msgspec.Raw = msgspec.Raw()  # /pooling embed_multi: "query" or "document"
     late_chunking: msgspec.Raw = msgspec.Raw()  # /v1/embeddings and /pooling (embed)
+    messages: msgspec.Raw = msgspec.Raw()  # /v1/embeddings: vLLM's chat form (one input)
     instruction: msgspec.Raw = msgspec.Raw()  # rerank and score: an LLM reranker's
 
 
@@ -84,6 +87,10 @@ _int = msgspec.json.Decoder(int)
 _bool = msgspec.json.Decoder(bool)
 _texts = msgspec.json.Decoder(str | list[str])
 _documents = msgspec.json.Decoder(list[str | _Document])
+# Inputs that may hold images: texts and content parts (service/http/image_parts.py).
+_items = msgspec.json.Decoder(str | dict[str, Any] | list[str | dict[str, Any] | list[Part]])
+_messages = msgspec.json.Decoder(list[Message])
+_NOT_TEXTS = ("INVALID_BODY", "TOKEN_INPUT_NOT_SUPPORTED")  # a list's faults parts may explain
 
 
 def _is_null(raw: msgspec.Raw) -> bool:
@@ -170,10 +177,17 @@ class Body:
     def __init__(self, fields: _Fields, max_inputs: int) -> None:
         self._fields = fields
         self._lists: dict[str, list[str] | tuple[str, FieldViolation]] = {}
+        self._items: dict[str, list[Item]] = {}  # lists that hold an image
         for name in LIST_FIELDS:
             raw = getattr(fields, name)
             if len(raw) and not _is_null(raw):
-                self._lists[name] = decode_list(name, raw, max_inputs)
+                value = decode_list(name, raw, max_inputs)
+                if isinstance(value, tuple) and value[1].reason in _NOT_TEXTS:
+                    value = _decode_items(name, raw) or value  # base64-decoded here, off-loop
+                if isinstance(value, list) and has_image(value):
+                    self._items[name] = value
+                    value = []
+                self._lists[name] = value  # type: ignore[assignment]
 
     def _raw(self, name: str) -> msgspec.Raw | None:
         raw: msgspec.Raw = getattr(self._fields, name)
@@ -219,8 +233,21 @@ class Body:
             )
         return value
 
+    def items(self, name: str) -> list[Item]:
+        """A list of texts and images (content parts), or a string, as a list."""
+        if name in self._items:
+            return self._items[name]
+        return list(self.texts(name))
+
+    def message_item(self) -> Item | None:
+        """vLLM's `messages` (one input: a text or an image); None when absent."""
+        messages = self._typed("messages", _messages, "a list of chat messages")
+        return None if messages is None else messages_item(messages)
+
     def texts(self, name: str) -> list[str]:
         """A string or a list of strings, as a list."""
+        if name in self._items:
+            raise BodyError(name, "images are not taken here: send texts")
         value = self._lists.get(name)
         if value is None:
             raise BodyError(name, "must be a string or a list of strings")
@@ -262,6 +289,16 @@ def decode_list(
             )
         return name, FieldViolation(name, "must be a string or a list of strings", "INVALID_BODY")
     return [value] if isinstance(value, str) else value
+
+
+def _decode_items(name: str, raw: msgspec.Raw) -> list[Item] | None:
+    """A list of texts and content parts as items; None if it is not one (the caller's
+    own violation then stands). A part's own fault is raised with its path."""
+    try:
+        entries = _items.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return input_items(entries, name)
 
 
 def _not_utf8(exc: msgspec.DecodeError) -> str | None:

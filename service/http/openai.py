@@ -32,10 +32,11 @@ from engine.outputs import (
     TokenRows,
 )
 from engine.params import PoolingParams, Task
-from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
+from engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankRequest
 from engine.validation import unknown_value
 from service.errors import FieldMap
 from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats
+from service.http.image_parts import has_image
 from service.http.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
 
@@ -80,14 +81,16 @@ class Route:
 def parse_embeddings(body: Body, request_id: str) -> Parsed:
     """OpenAI's POST /v1/embeddings, with vLLM's extra fields (truncate_prompt_tokens,
     use_activation or its older name normalize), as vLLM's own route takes them."""
-    texts = body.texts("input")
+    items = embedding_inputs(body)
     fmt = _encoding_format(body)
+    images = has_image(items)
     request = PoolRequest(
         task=Task.EMBED,
         params=dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions")),
         request_id=request_id,
         model=body.string("model", ""),
-        texts=tuple(texts),
+        texts=() if images else tuple(items),  # type: ignore[arg-type]
+        items=tuple(items) if images else (),
         late_chunking=late_chunking(body),
     )
 
@@ -100,10 +103,33 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
                 continue
             assert isinstance(output, Embedding)
             values = _encoded(output.values, fmt)
-            data.append({"object": "embedding", "index": index, "embedding": values})
+            row = {"object": "embedding", "index": index, "embedding": values}
+            if images:  # which tower embedded it (not in OpenAI's shape: only with images)
+                row["modality"] = str(output.modality)
+            data.append(row)
         return {"object": "list", "data": data, "model": result.model, "usage": usage(result)}
 
     return Parsed(request, render, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES)
+
+
+def embedding_inputs(body: Body) -> list[Item]:
+    """/v1/embeddings' inputs: `input` (texts, or content parts with images), or vLLM's
+    `messages` (one input)."""
+    message = body.message_item()
+    if message is None:
+        return body.items("input")
+    if body.has("input"):
+        raise BodyError("input", "send input or messages, not both")
+    return [message]
+
+
+def _sides(body: Body) -> dict[str, tuple[Item, ...]]:
+    """score's two sides as text_1/text_2, or as items_1/items_2 when either holds an
+    image (vLLM's multimodal score: {"content": [parts]} or content parts)."""
+    one, two = body.items("text_1"), body.items("text_2")
+    if has_image(one) or has_image(two):
+        return {"items_1": tuple(one), "items_2": tuple(two)}
+    return {"text_1": tuple(one), "text_2": tuple(two)}  # type: ignore[dict-item]
 
 
 def parse_score(body: Body, request_id: str) -> Parsed:
@@ -115,8 +141,7 @@ def parse_score(body: Body, request_id: str) -> Parsed:
         params=pooling_params(body),
         request_id=request_id,
         model=body.string("model", ""),
-        text_1=tuple(body.texts("text_1")),
-        text_2=tuple(body.texts("text_2")),
+        **_sides(body),
         prompt=instruction(body),
     )
 
@@ -196,7 +221,9 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
 def parse_rerank(body: Body, request_id: str) -> Parsed:
     """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank, plus
     an LLM reranker's `instruction`, as gRPC's RerankRequest.instruction."""
-    texts = body.documents()
+    documents = body.items("documents")
+    images = has_image(documents)
+    texts = [] if images else body.documents()
     if not body.has("query"):
         raise BodyError("query", "must be a string")
     query = body.string("query", "")
@@ -204,6 +231,7 @@ def parse_rerank(body: Body, request_id: str) -> Parsed:
     request = RerankRequest(
         query=query,
         documents=tuple(texts),
+        items=tuple(documents) if images else (),
         params=pooling_params(body),
         request_id=request_id,
         model=body.string("model", ""),
@@ -215,7 +243,7 @@ def parse_rerank(body: Body, request_id: str) -> Parsed:
         results = []
         for ranked in result.ranking:
             item: dict[str, Any] = {"index": ranked.index, "relevance_score": float(ranked.score)}
-            if return_documents:
+            if return_documents and not images:
                 item["document"] = {"text": texts[ranked.index]}
             results.append(item)
         return {"id": request_id, "model": result.model, "results": results, "usage": usage(result)}
