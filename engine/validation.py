@@ -1083,8 +1083,12 @@ UNKNOWN_VALUES: dict[str, tuple[str, str]] = {
     "encoding": ("ENCODING_UNKNOWN", "unknown encoding value {value}"),  # gRPC's enum
     "params.task": ("TASK_UNKNOWN", "unknown task value {value}"),  # gRPC's enum
     "encoding_format": ("ENCODING_UNKNOWN", "must be float or base64"),  # OpenAI's
-    "task": ("TASK_UNKNOWN", "must be embed, classify, token_embed or token_classify"),  # vLLM's
+    "task": (  # vLLM's /pooling
+        "TASK_UNKNOWN",
+        "must be embed, classify, token_embed, token_classify, embed_multi or embed_outputs",
+    ),
     "late_chunking.rule": ("CHUNK_RULE_UNKNOWN", "unknown rule {value}: sentences or tokens"),
+    "outputs": ("OUTPUT_UNKNOWN", "unknown output {value}: dense, sparse or multi"),  # /pooling
 }
 
 

@@ -18,9 +18,10 @@ from engine.outputs import (
     RerankResult,
     Score,
     SparseEmbedding,
+    TextOutputs,
     TokenRows,
 )
-from engine.params import OutputEncoding, PoolingParams, Task
+from engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, Task
 from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
 from engine.validation import output_too_large, unknown_value
 from service.byte_layout import Layout, varint, varint_lengths
@@ -34,6 +35,7 @@ TASK_FROM_PROTO: dict[int, Task] = {
     pb.POOLING_TASK_TOKEN_CLASSIFY: Task.TOKEN_CLASSIFY,
     pb.POOLING_TASK_EMBED_SPARSE: Task.EMBED_SPARSE,
     pb.POOLING_TASK_EMBED_MULTI: Task.EMBED_MULTI,
+    pb.POOLING_TASK_EMBED_OUTPUTS: Task.EMBED_OUTPUTS,
 }
 TASK_TO_PROTO = {task: value for value, task in TASK_FROM_PROTO.items()}
 POOLING_TYPE_TO_PROTO = {
@@ -68,9 +70,34 @@ def params_from_proto(params: pb.PoolingParams) -> tuple[PoolingParams, Task | N
             truncate_prompt_tokens=(
                 params.truncate_prompt_tokens if params.HasField("truncate_prompt_tokens") else None
             ),
+            output_weights=_output_weights(params),
         ),
         TASK_FROM_PROTO.get(params.task),
     )
+
+
+def _output_weights(params: pb.PoolingParams) -> OutputWeights | None:
+    if not params.HasField("output_weights"):
+        return None
+    weights = params.output_weights
+    return OutputWeights(weights.dense, weights.sparse, weights.multi)
+
+
+def _outputs(request: pb.PoolRequest) -> dict[str, object]:
+    """embed_outputs' fields: the outputs asked for and the sparse output's shape (an
+    embed_sparse request's shape; nothing for other cases)."""
+    case = request.WhichOneof("input")
+    if case == "embed_sparse":
+        given = request.embed_sparse
+        return {"sparse_top_k": given.top_k, "sparse_tokens": given.return_tokens}
+    if case != "embed_outputs":
+        return {}
+    asked = request.embed_outputs
+    return {
+        "outputs": frozenset(o for o in Output if getattr(asked, o.value)),
+        "sparse_top_k": asked.sparse_top_k,
+        "sparse_tokens": asked.return_tokens,
+    }
 
 
 def _refuse_unknown(params: pb.PoolingParams, encoding: int | None = None) -> None:
@@ -101,10 +128,8 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         encoding=ENCODING_FROM_PROTO[request.encoding],
         prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
         prompt=request.prompt if request.HasField("prompt") else None,
-        # Read from an unset input case these are 0 and False.
-        sparse_top_k=request.embed_sparse.top_k,
-        sparse_tokens=request.embed_sparse.return_tokens,
         late_chunking=_late_chunking(request),
+        **_outputs(request),
         **inputs,
     )
 
@@ -258,14 +283,34 @@ def response_to_proto(result: PoolResult) -> pb.PoolResponse:
         sparse = response.embed_sparse.embeddings
         for o in outputs:
             if isinstance(o, SparseEmbedding):
-                item = sparse.add(indices=o.indices.tolist(), tokens=o.tokens)
-                item.MergeFromString(_packed_floats(2, o.values))
+                _sparse(sparse.add(), o)
+    elif result.task is Task.EMBED_OUTPUTS:
+        items = response.embed_outputs.items
+        for o in outputs:
+            if isinstance(o, TextOutputs):
+                _text_outputs(items.add(), o)
     else:
         target = (
             response.token_embed if result.task is Task.TOKEN_EMBED else response.token_classify
         )
         target.items.extend(_token_matrix(o) for o in outputs if isinstance(o, TokenRows))
     return response
+
+
+def _sparse(target: pb.SparseEmbedding, o: SparseEmbedding) -> None:
+    target.indices.extend(o.indices.tolist())
+    target.tokens.extend(o.tokens)
+    target.MergeFromString(_packed_floats(2, o.values))
+
+
+def _text_outputs(target: pb.TextOutputs, o: TextOutputs) -> None:
+    """One text's outputs of a multi-output model: those it asked for, the others unset."""
+    if o.dense is not None:
+        _embedding(target.dense, o.dense)
+    if o.sparse is not None:
+        _sparse(target.sparse, o.sparse)
+    if o.multi is not None:
+        target.multi.CopyFrom(_multi_vector(o.multi))
 
 
 def _multi_vector(matrix: MultiVector) -> pb.MultiVectorMatrix:
@@ -322,6 +367,7 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         calibration_source=info.calibration_source,
         score_template_source=info.score_template_source,
         multi_vector=_multi_vector_settings(info),
+        outputs=info.outputs,
     )
 
 

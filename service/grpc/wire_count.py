@@ -31,6 +31,7 @@ POOL_REQUEST: Spec = {
     9: ("embed_sparse", _TEXTS),
     13: ("embed_multi", _TEXTS),
     14: ("late_chunking", {1: ("spans", None)}),
+    15: ("embed_outputs", _TEXTS),
 }
 SPECS: dict[str, Spec] = {
     "PoolRequest": POOL_REQUEST,

@@ -72,6 +72,12 @@ class _Fields(msgspec.Struct):
     late_chunking: msgspec.Raw = msgspec.Raw()  # /v1/embeddings and /pooling (embed)
     messages: msgspec.Raw = msgspec.Raw()  # /v1/embeddings: vLLM's chat form (one input)
     instruction: msgspec.Raw = msgspec.Raw()  # rerank and score: an LLM reranker's
+    # /pooling embed_outputs (bge-m3): the outputs asked for and the sparse one's shape;
+    # score and rerank: the weights of its outputs' scores.
+    outputs: msgspec.Raw = msgspec.Raw()
+    sparse_top_k: msgspec.Raw = msgspec.Raw()
+    return_tokens: msgspec.Raw = msgspec.Raw()
+    output_weights: msgspec.Raw = msgspec.Raw()
 
 
 class _Document(msgspec.Struct):

@@ -29,9 +29,10 @@ from engine.outputs import (
     PoolResult,
     RerankResult,
     Score,
+    TextOutputs,
     TokenRows,
 )
-from engine.params import PoolingParams, Task
+from engine.params import Output, OutputWeights, PoolingParams, Task
 from engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankRequest
 from engine.validation import unknown_value
 from service.errors import FieldMap
@@ -178,13 +179,23 @@ def parse_classify(body: Body, request_id: str) -> Parsed:
     return Parsed(request, render)
 
 
-POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify", "embed_multi")
+POOLING_TASKS = (
+    "embed",
+    "classify",
+    "token_embed",
+    "token_classify",
+    "embed_multi",
+    "embed_outputs",
+)
 
 
 def parse_pooling(body: Body, request_id: str) -> Parsed:
     """vLLM's POST /pooling: any task; `data` is a vector (or a row per token), or with
     encoding_format base64 its little-endian float32 bytes, rows one after another.
-    embed_multi (ColBERT matrices) takes `prompt_name` "query" or "document" (the mode)."""
+    embed_multi (ColBERT matrices) takes `prompt_name` "query" or "document" (the mode).
+    embed_outputs (a bge-m3 model) takes `outputs`, a list of "dense", "sparse" and
+    "multi", with `sparse_top_k` and `return_tokens` for the sparse one; each item then
+    holds the asked outputs (see _text_outputs)."""
     task = body.string("task", "embed")
     if task not in POOLING_TASKS:
         raise unknown_value("task", task)
@@ -198,6 +209,7 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
         texts=tuple(body.texts("input")),
         prompt_name=(body.string("prompt_name", "") or None) if task == "embed_multi" else None,
         late_chunking=late_chunking(body),
+        **(_outputs(body) if task == "embed_outputs" else {}),
     )
 
     def render(result: PoolResult) -> dict[str, Any]:
@@ -206,6 +218,9 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
             if isinstance(output, LateChunks):
                 chunks = _chunks(output, fmt, "data")
                 data.append({"index": index, "object": "pooling", "chunks": chunks})
+                continue
+            if isinstance(output, TextOutputs):
+                data.append({"index": index, "object": "pooling", **_text_outputs(output, fmt)})
                 continue
             if isinstance(output, Classification):
                 row = _encoded(output.probs, fmt)
@@ -315,6 +330,60 @@ def _chunks(output: LateChunks, fmt: str, key: str) -> list[dict[str, Any]]:
     ]
 
 
+_output_names = msgspec.json.Decoder(list[str])
+
+
+def _outputs(body: Body) -> dict[str, Any]:
+    """/pooling embed_outputs' fields, as gRPC's OutputsInput: the outputs asked for (an
+    unknown name refused; none asked, the engine's refusal), and the sparse one's shape."""
+    names = body.typed("outputs", _output_names, 'a list of "dense", "sparse" and "multi"')
+    for name in names or ():
+        if name not in tuple(Output):
+            raise unknown_value("outputs", name)
+    return {
+        "outputs": frozenset(Output(name) for name in names or ()),
+        "sparse_top_k": body.integer("sparse_top_k") or 0,
+        "sparse_tokens": bool(body.boolean("return_tokens")),
+    }
+
+
+def _text_outputs(output: TextOutputs, fmt: str) -> dict[str, Any]:
+    """One text's asked outputs: "dense" a vector, "sparse" {"indices", "values"} (and
+    "tokens" when asked), "multi" a list of rows; with base64, the vector's and the
+    matrix's float32 bytes (the matrix row after row, "multi_shape" [rows, cols])."""
+    found: dict[str, Any] = {}
+    if output.dense is not None:
+        found["dense"] = _encoded(output.dense.values, fmt)
+    if output.sparse is not None:
+        sparse = output.sparse
+        found["sparse"] = {"indices": sparse.indices.tolist(), "values": sparse.values.tolist()}
+        if sparse.tokens:
+            found["sparse"]["tokens"] = sparse.tokens
+    if output.multi is not None:
+        found["multi"] = _encoded(output.multi.values, fmt)
+        if fmt == "base64":
+            found["multi_shape"] = list(output.multi.values.shape)
+    return found
+
+
+class _WeightsBody(msgspec.Struct, forbid_unknown_fields=True):
+    dense: float = 0.0
+    sparse: float = 0.0
+    multi: float = 0.0
+
+
+_weights_body = msgspec.json.Decoder(_WeightsBody)
+
+
+def output_weights(body: Body) -> OutputWeights | None:
+    """score and rerank on a bge-m3 model: `output_weights` {"dense", "sparse", "multi"},
+    as gRPC's PoolingParams.output_weights; the engine checks the values."""
+    given = body.typed(
+        "output_weights", _weights_body, 'an object: {"dense": w, "sparse": w, "multi": w}'
+    )
+    return None if given is None else OutputWeights(given.dense, given.sparse, given.multi)
+
+
 def _encoding_format(body: Body) -> str:
     fmt = body.string("encoding_format", "float")
     if fmt not in ("float", "base64"):
@@ -349,7 +418,9 @@ def pooling_params(body: Body) -> PoolingParams:
         if use_activation is not None:
             break
     return PoolingParams(
-        use_activation=use_activation, truncate_prompt_tokens=body.integer("truncate_prompt_tokens")
+        use_activation=use_activation,
+        truncate_prompt_tokens=body.integer("truncate_prompt_tokens"),
+        output_weights=output_weights(body),
     )
 
 

@@ -344,7 +344,9 @@ class TeiRoutes:
             if Task.TOKEN_EMBED in info.tasks or Task.EMBED_MULTI not in info.tasks:
                 return pool  # token states (or the engine's refusal)
             params = PoolingParams(truncate_prompt_tokens=pool.params.truncate_prompt_tokens)
-            mode = pool.prompt_name if pool.prompt_name is not None else "document"
+            mode = pool.prompt_name
+            if mode is None and info.multi_vector is not None:  # bge-m3's matrix has no modes
+                mode = "document"
             return replace(pool, task=Task.EMBED_MULTI, params=params, prompt_name=mode)
 
         ran = await self.runner.pool(pool, call(request, "Pool"), prepare=prepare)

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer
 
 from engine.backends import BackendKind, BackendOptions
 from engine.errors import PoolingError
@@ -31,6 +30,7 @@ from engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, 
 from engine.plans import Plan, plan_request
 from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
 from engine.validation import Limits, validate_request, validate_rerank
+from tests.bge_m3_reference import Reference, expected_score
 from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3, tiny_mean_bert
 
 ATOL = 1e-5
@@ -60,53 +60,6 @@ def load(folder: Path, **options: object) -> LoadedModel:
 @pytest.fixture(scope="module")
 def models(folders: dict[str, Path]) -> dict[str, LoadedModel]:
     return {name: load(folder) for name, folder in folders.items()}
-
-
-class Reference:
-    """The model card's formulas, on transformers' own output for the folder."""
-
-    def __init__(self, folder: Path) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = AutoModel.from_pretrained(folder).eval()
-        self.sparse = self._linear(folder / "sparse_linear.pt")
-        self.colbert = self._linear(folder / "colbert_linear.pt")
-        t = self.tokenizer
-        self.unused = {t.cls_token_id, t.eos_token_id, t.sep_token_id, t.pad_token_id}
-        self.unused.add(t.unk_token_id)
-
-    @staticmethod
-    def _linear(path: Path) -> torch.nn.Linear:
-        state = torch.load(path, weights_only=True)
-        linear = torch.nn.Linear(state["weight"].shape[1], state["weight"].shape[0])
-        linear.load_state_dict(state)
-        return linear
-
-    @torch.no_grad()
-    def encode(self, texts: Sequence[str]) -> list[dict[str, object]]:
-        batch = self.tokenizer(list(texts), padding=True, return_tensors="pt")
-        hidden = self.model(**batch).last_hidden_state
-        dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)
-        weights = torch.relu(self.sparse(hidden)).squeeze(-1)
-        vectors = self.colbert(hidden[:, 1:]) * batch["attention_mask"][:, 1:, None]
-        results = []
-        for i in range(len(texts)):
-            ids = batch["input_ids"][i].tolist()
-            lexical: dict[int, float] = {}
-            for token, weight in zip(ids, weights[i].tolist(), strict=True):
-                if token in self.unused or weight <= 0:
-                    continue
-                lexical[token] = max(lexical.get(token, 0.0), weight)
-            real = int(batch["attention_mask"][i].sum())
-            matrix = torch.nn.functional.normalize(vectors[i, : real - 1], dim=-1)
-            results.append(
-                {
-                    "dense": dense[i].numpy(),
-                    "raw_dense": hidden[i, 0].numpy(),
-                    "sparse": lexical,
-                    "multi": matrix.numpy(),
-                }
-            )
-        return results
 
 
 @pytest.fixture(scope="module")
@@ -288,18 +241,6 @@ def test_encodings_pack_dense_and_matrix(models: dict[str, LoadedModel]) -> None
         np.testing.assert_allclose(rows, o.multi.values.ravel(), atol=1e-3)
         dense = np.frombuffer(o.dense.data, dtype="<f2").astype(np.float32)
         np.testing.assert_allclose(dense, o.dense.values, atol=1e-3)
-
-
-def expected_score(q: dict[str, object], d: dict[str, object], w: OutputWeights | None) -> float:
-    dense = float(np.dot(q["dense"], d["dense"]))  # type: ignore[call-overload]
-    if w is None:
-        return dense
-    qs, ds = q["sparse"], d["sparse"]
-    sparse = sum(weight * ds[token] for token, weight in qs.items() if token in ds)  # type: ignore[union-attr,index,attr-defined]
-    products = q["multi"] @ d["multi"].T  # type: ignore[operator,union-attr]
-    multi = float(products.max(axis=1).sum() / len(q["multi"]))  # type: ignore[arg-type]
-    total = w.dense + w.sparse + w.multi
-    return (w.dense * dense + w.sparse * sparse + w.multi * multi) / total
 
 
 WEIGHTS = [None, OutputWeights(0.4, 0.2, 0.4), OutputWeights(0, 1, 0), OutputWeights(0, 0, 2)]

@@ -1,0 +1,288 @@
+"""A bge-m3 multi-output model (a tiny random-weight XLM-R in bge-m3's layout) through one
+real server: gRPC Pool embed_outputs (any subset, compact encodings), score with
+output_weights and Rerank, ListModels' outputs, PoolStream; vLLM's /pooling (task
+embed_outputs), /score and /rerank with output_weights; TEI's /embed_sparse (the lexical
+weights); a batch job; each against the model card's formulas on transformers' output;
+the refusals of each door."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from engine.params import OutputWeights
+from pooling_client.v1 import pooling_pb2 as pb
+from pooling_client.v1 import pooling_pb2_grpc
+from tests.bge_m3_reference import Reference, expected_score
+from tests.conftest import DEFAULT_MODEL as MINILM_ID
+from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3
+from tests.rpc_errors import decode_rpc_error
+from tests.service.http_calls import HttpServer, serving_http
+
+ATOL = 1e-4
+QUERY = "what is the capital of france?"
+DOCUMENTS = ["Paris is the capital of France, the capital.", "b", "zebra crossings " * 5]
+WEIGHTS = OutputWeights(0.4, 0.2, 0.4)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_bge_m3(tmp_path_factory.mktemp("served-bge-m3") / "bge-m3")
+
+
+@pytest.fixture(scope="module")
+def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    args = ["--model", f"m3={folder}", "--model", f"minilm={MINILM_ID}", "--dtype", "float32"]
+    with serving_http(args, tmp_path_factory.mktemp("bge-m3-logs"), "bge-m3") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
+    with grpc.insecure_channel(http.process.address) as channel:
+        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path) -> Reference:
+    return Reference(folder)
+
+
+def expected_scores(reference: Reference, weights: OutputWeights | None) -> list[float]:
+    query, *documents = reference.encode([QUERY, *DOCUMENTS])
+    return [expected_score(query, document, weights) for document in documents]
+
+
+def matrix(item: pb.MultiVectorMatrix) -> np.ndarray:
+    dtype = {pb.EMBEDDING_ENCODING_FLOAT32: "<f4", pb.EMBEDDING_ENCODING_FLOAT16: "<f2"}
+    return np.frombuffer(item.data, dtype=dtype[item.encoding]).reshape(item.rows, item.cols)
+
+
+def dense_of(embedding: pb.Embedding) -> np.ndarray:
+    if embedding.encoding == pb.EMBEDDING_ENCODING_FLOAT16:
+        return np.frombuffer(embedding.data, dtype="<f2").astype(np.float32)
+    return np.array(embedding.values)
+
+
+def check_sparse(indices: list[int], values: list[float], expected: dict[int, float]) -> None:
+    assert sorted(indices) == sorted(expected)
+    for index, value in zip(indices, values, strict=True):
+        assert value == pytest.approx(expected[index], abs=ATOL)
+
+
+def test_list_models_shows_the_outputs(stub: pooling_pb2_grpc.PoolingServiceStub) -> None:
+    cards = {card.name: card for card in stub.ListModels(pb.ListModelsRequest()).models}
+    card = cards["m3"]
+    assert list(card.outputs) == ["dense", "sparse", "multi"]
+    assert list(card.tasks) == [
+        pb.POOLING_TASK_EMBED,
+        pb.POOLING_TASK_EMBED_SPARSE,
+        pb.POOLING_TASK_EMBED_MULTI,
+        pb.POOLING_TASK_EMBED_OUTPUTS,
+        pb.POOLING_TASK_SCORE,
+    ]
+    assert card.backend == "torch" and not cards["minilm"].outputs
+
+
+@pytest.mark.parametrize(
+    "encoding", [pb.EMBEDDING_ENCODING_UNSPECIFIED, pb.EMBEDDING_ENCODING_FLOAT16]
+)
+def test_grpc_embed_outputs(
+    stub: pooling_pb2_grpc.PoolingServiceStub, reference: Reference, encoding: int
+) -> None:
+    tolerance = ATOL if encoding == pb.EMBEDDING_ENCODING_UNSPECIFIED else 2e-3
+    request = pb.PoolRequest(
+        model="m3",
+        embed_outputs=pb.OutputsInput(texts=DOCUMENTS, dense=True, sparse=True, multi=True),
+        encoding=encoding,  # type: ignore[arg-type]
+    )
+    response = stub.Pool(request, timeout=60)
+    assert response.WhichOneof("output") == "embed_outputs"
+    items = response.embed_outputs.items
+    for item, want in zip(items, reference.encode(DOCUMENTS), strict=True):
+        np.testing.assert_allclose(dense_of(item.dense), want["dense"], atol=tolerance)
+        check_sparse(list(item.sparse.indices), list(item.sparse.values), want["sparse"])  # type: ignore[arg-type]
+        assert item.multi.cols == BGE_M3_COLBERT_DIM
+        np.testing.assert_allclose(matrix(item.multi), want["multi"], atol=tolerance)
+
+
+def test_grpc_embed_outputs_sets_only_what_was_asked(
+    stub: pooling_pb2_grpc.PoolingServiceStub, reference: Reference
+) -> None:
+    asked = pb.OutputsInput(texts=DOCUMENTS[:1], sparse=True, sparse_top_k=2, return_tokens=True)
+    (item,) = stub.Pool(
+        pb.PoolRequest(model="m3", embed_outputs=asked), timeout=60
+    ).embed_outputs.items
+    assert item.HasField("sparse") and not item.HasField("dense") and not item.HasField("multi")
+    assert len(item.sparse.indices) == 2 and len(item.sparse.tokens) == 2
+    want = reference.encode(DOCUMENTS[:1])[0]["sparse"]
+    best = sorted(want.items(), key=lambda kv: -kv[1])[:2]  # type: ignore[union-attr]
+    assert list(item.sparse.indices) == [index for index, _ in best]
+
+
+def test_grpc_score_and_rerank(
+    stub: pooling_pb2_grpc.PoolingServiceStub, reference: Reference
+) -> None:
+    for weights in (None, WEIGHTS):
+        params = pb.PoolingParams()
+        if weights is not None:
+            params.output_weights.CopyFrom(pb.OutputWeights(dense=0.4, sparse=0.2, multi=0.4))
+        want = expected_scores(reference, weights)
+        score = pb.PoolRequest(
+            model="m3", score=pb.ScoreInput(text_1=[QUERY], text_2=DOCUMENTS), params=params
+        )
+        np.testing.assert_allclose(stub.Pool(score, timeout=60).score.scores, want, atol=ATOL)
+        ranked = stub.Rerank(
+            pb.RerankRequest(model="m3", query=QUERY, documents=DOCUMENTS, params=params),
+            timeout=60,
+        )
+        got = {r.index: r.relevance_score for r in ranked.results}
+        np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=ATOL)
+
+
+def test_pool_stream_carries_embed_outputs(
+    stub: pooling_pb2_grpc.PoolingServiceStub, reference: Reference
+) -> None:
+    messages = [
+        pb.PoolStreamRequest(
+            request=pb.PoolRequest(
+                request_id=f"r{i}",
+                model="m3",
+                embed_outputs=pb.OutputsInput(texts=[text], dense=True, multi=True),
+            )
+        )
+        for i, text in enumerate(DOCUMENTS)
+    ]
+    answers = {a.response.request_id: a.response for a in stub.PoolStream(iter(messages))}
+    for i, want in enumerate(reference.encode(DOCUMENTS)):
+        (item,) = answers[f"r{i}"].embed_outputs.items
+        np.testing.assert_allclose(matrix(item.multi), want["multi"], atol=ATOL)
+        np.testing.assert_allclose(dense_of(item.dense), want["dense"], atol=ATOL)
+
+
+def test_http_pooling_score_and_rerank(http: HttpServer, reference: Reference) -> None:
+    body = {"model": "m3", "task": "embed_outputs", "input": DOCUMENTS}
+    status, _, answer = http.call("/pooling", {**body, "outputs": ["dense", "sparse", "multi"]})
+    assert status == 200, answer
+    for item, want in zip(answer["data"], reference.encode(DOCUMENTS), strict=True):
+        np.testing.assert_allclose(item["dense"], want["dense"], atol=ATOL)
+        check_sparse(item["sparse"]["indices"], item["sparse"]["values"], want["sparse"])  # type: ignore[arg-type]
+        np.testing.assert_allclose(np.array(item["multi"]), want["multi"], atol=ATOL)
+    status, _, answer = http.call(
+        "/pooling", {**body, "outputs": ["multi"], "encoding_format": "base64"}
+    )
+    assert status == 200 and set(answer["data"][0]) >= {"multi", "multi_shape"}, answer
+    assert "dense" not in answer["data"][0]
+    weights = {"dense": 0.4, "sparse": 0.2, "multi": 0.4}
+    want = expected_scores(reference, WEIGHTS)
+    status, _, answer = http.call(
+        "/score", {"model": "m3", "text_1": QUERY, "text_2": DOCUMENTS, "output_weights": weights}
+    )
+    assert status == 200, answer
+    np.testing.assert_allclose([d["score"] for d in answer["data"]], want, atol=ATOL)
+    for path in ("/rerank", "/v1/rerank"):
+        status, _, answer = http.call(
+            path, {"model": "m3", "query": QUERY, "documents": DOCUMENTS, "output_weights": weights}
+        )
+        assert status == 200, answer
+        got = {r["index"]: r["relevance_score"] for r in answer["results"]}
+        np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=ATOL)
+
+
+def test_tei_embed_sparse_gives_the_lexical_weights(http: HttpServer, reference: Reference) -> None:
+    status, _, answer = http.call("/embed_sparse", {"model": "m3", "inputs": DOCUMENTS})
+    assert status == 200, answer
+    for got, want in zip(answer, reference.encode(DOCUMENTS), strict=True):
+        check_sparse([e["index"] for e in got], [e["value"] for e in got], want["sparse"])  # type: ignore[arg-type]
+    status, _, answer = http.call("/embed_all", {"model": "m3", "inputs": DOCUMENTS[:1]})
+    assert status == 200, answer  # its ColBERT matrix (bge-m3 has no query/document modes)
+    np.testing.assert_allclose(
+        np.array(answer[0]), reference.encode(DOCUMENTS[:1])[0]["multi"], atol=ATOL
+    )
+
+
+def test_refusals(stub: pooling_pb2_grpc.PoolingServiceStub, http: HttpServer) -> None:
+    none_asked = pb.PoolRequest(model="m3", embed_outputs=pb.OutputsInput(texts=["a"]))
+    on_minilm = pb.PoolRequest(
+        model="minilm", embed_outputs=pb.OutputsInput(texts=["a"], dense=True)
+    )
+    weighted = pb.PoolRequest(
+        model="minilm",
+        score=pb.ScoreInput(text_1=["a"], text_2=["b"]),
+        params=pb.PoolingParams(output_weights=pb.OutputWeights(dense=1)),
+    )
+    zero = pb.PoolRequest(
+        model="m3",
+        score=pb.ScoreInput(text_1=["a"], text_2=["b"]),
+        params=pb.PoolingParams(output_weights=pb.OutputWeights()),
+    )
+    cases = [
+        (none_asked, grpc.StatusCode.INVALID_ARGUMENT, "OUTPUTS_NONE"),
+        (on_minilm, grpc.StatusCode.FAILED_PRECONDITION, "TASK_NOT_SUPPORTED"),
+        (weighted, grpc.StatusCode.FAILED_PRECONDITION, "OUTPUT_WEIGHTS_NOT_SUPPORTED"),
+        (zero, grpc.StatusCode.INVALID_ARGUMENT, "OUTPUT_WEIGHTS_INVALID"),
+    ]
+    for request, code, reason in cases:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Pool(request, timeout=60)
+        assert caught.value.code() is code
+        assert decode_rpc_error(caught.value).reason == reason
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Rerank(
+            pb.RerankRequest(
+                model="m3",
+                query="a",
+                documents=["b"],
+                params=pb.PoolingParams(output_weights=pb.OutputWeights(dense=-1, sparse=1)),
+            ),
+            timeout=60,
+        )
+    assert decode_rpc_error(caught.value).reason == "OUTPUT_WEIGHTS_INVALID"
+    body = {"model": "m3", "task": "embed_outputs", "input": ["a"]}
+    status, _, answer = http.call("/pooling", {**body, "outputs": ["dense", "lexical"]})
+    assert status == 400 and answer["error"]["reason"] == "OUTPUT_UNKNOWN", answer
+    status, _, answer = http.call("/pooling", body)
+    assert status == 400 and answer["error"]["reason"] == "OUTPUTS_NONE", answer
+    status, _, answer = http.call(
+        "/score", {"model": "minilm", "text_1": "a", "text_2": "b", "output_weights": {"dense": 1}}
+    )
+    assert status >= 400 and "output_weights" in json.dumps(answer), answer
+    status, _, answer = http.call(
+        "/score", {"model": "m3", "text_1": "a", "text_2": "b", "output_weights": {"lexical": 1}}
+    )
+    assert status == 422 and "output_weights" in json.dumps(answer), answer
+
+
+def test_batch_job_follows_the_http_bodies(folder: Path, reference: Reference) -> None:
+    pooling = {"model": "m", "task": "embed_outputs", "input": [QUERY], "outputs": ["sparse"]}
+    weights = {"dense": 0.4, "sparse": 0.2, "multi": 0.4}
+    rerank = {"model": "m", "query": QUERY, "documents": DOCUMENTS, "output_weights": weights}
+    lines = [
+        json.dumps({"custom_id": "p", "method": "POST", "url": "/pooling", "body": pooling}),
+        json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": rerank}),
+    ]
+    command = [sys.executable, "-m", "service.launch", "batch", "--model", f"m={folder}"]
+    command += ["--dtype", "float32", "--no-progress", "--input", "-", "--output", "-"]
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        command,
+        cwd=root,
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = {a["custom_id"]: a["response"] for a in map(json.loads, done.stdout.splitlines())}
+    sparse = answers["p"]["body"]["data"][0]["sparse"]
+    check_sparse(sparse["indices"], sparse["values"], reference.encode([QUERY])[0]["sparse"])  # type: ignore[arg-type]
+    got = {r["index"]: r["relevance_score"] for r in answers["r"]["body"]["results"]}
+    want = expected_scores(reference, WEIGHTS)
+    np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=ATOL)
