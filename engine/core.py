@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import socket
 import threading
@@ -41,6 +42,7 @@ from engine.ipc import (
     to_engine_decoder,
 )
 from engine.jobs import Job, RequestTiming
+from engine.modality import PixelFrame
 from engine.tokenization import TokenSequence
 
 log = logging.getLogger(__name__)
@@ -155,15 +157,29 @@ class EngineCore:
 
     def _submit(self, front_end: _FrontEnd, message: Submit, payload: bytearray) -> None:
         """On the front end's reader thread: the message's jobs into their models' queues."""
-        ids = np.frombuffer(payload, dtype=IDS)
+        count = sum(sum(header.lengths) for header in message.jobs)
+        ids = np.frombuffer(payload, dtype=IDS, count=count)
         types = None
         if message.with_types:
-            types = ids[sum(sum(header.lengths) for header in message.jobs) :]
+            types = np.frombuffer(payload, dtype=IDS, count=count, offset=count * IDS.itemsize)
+        # An image model's pixels follow the ids (and types): float32, frame after frame.
+        pixels = (1 + message.with_types) * count * IDS.itemsize
+        frames = (
+            np.frombuffer(payload, dtype=OUTPUTS, offset=pixels) if len(payload) > pixels else None
+        )
         by_model: dict[str, list[Job]] = {}
         offset = 0
         for header in message.jobs:
             work = []
             for k, n in enumerate(header.lengths):
+                if header.frames and header.frames[k]:
+                    assert frames is not None
+                    patches, *shape = header.frames[k]
+                    size = math.prod(shape)
+                    frame = frames[:size].reshape(shape)
+                    frames = frames[size:]
+                    work.append((PixelFrame(frame, patches), header.keep_tokens))
+                    continue
                 end = offset + n
                 token_types = None if types is None else types[offset:end]
                 sequence = TokenSequence(ids[offset:end], token_types, _UNMARKED, _UNMARKED)

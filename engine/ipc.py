@@ -40,10 +40,15 @@ class JobHeader(msgspec.Struct, array_like=True):
     # Late chunking: per sequence, token ranges [a0, b0, a1, b1, ...] whose mean states
     # come back (engine/late_chunking.py); empty when no sequence has any.
     pools: list[list[int]] = []
+    # An image model's images (engine/modality.py's PixelFrame), per sequence: [] for a
+    # text, else [patches, channels, height, width]; an image's `lengths` entry is 0 ids,
+    # its pixels float32 in the payload after the ids (and types). Empty: no images.
+    frames: list[list[int]] = []
 
 
 class Submit(msgspec.Struct, array_like=True, tag=0):
-    """Payload: the concatenated token ids, then (if with_types) the token type ids."""
+    """Payload: the concatenated token ids, then (if with_types) the token type ids, then
+    every image's pixels (float32), in order."""
 
     origin: int
     with_types: bool

@@ -48,6 +48,7 @@ from engine.ipc import (
     unpack_outputs,
 )
 from engine.jobs import Job, settle
+from engine.modality import PixelFrame
 
 log = logging.getLogger(__name__)
 
@@ -162,25 +163,36 @@ class RemoteEngineClient:
 
     def _message(self, model: str, jobs: Sequence[Job]) -> tuple[bytes, list[bytes]]:
         headers, ids, types = [], [], []
+        pixels: list[np.ndarray] = []  # each image's frame, sent as it lies (no copy)
         with_types = all(e.token_type_ids is not None for job in jobs for e, _ in job.work)
         for job in jobs:
             lengths = []
+            frames: list[list[int]] = []
             for sequence, _ in job.work:
+                if type(sequence) is PixelFrame:
+                    frames += [[] for _ in range(len(lengths) - len(frames))]
+                    frames.append([sequence.patches, *sequence.pixels.shape])
+                    pixels.append(sequence.pixels)
+                    lengths.append(0)
+                    continue
                 lengths.append(len(sequence))
                 ids.extend(sequence.input_ids)
                 if with_types:
                     types.extend(sequence.token_type_ids)  # type: ignore[arg-type]
+            if frames:
+                frames += [[] for _ in range(len(lengths) - len(frames))]
             first = job.work[0][1] if job.work else False
             keep = not isinstance(first, tuple) and bool(first)
             # Late chunking's token ranges per sequence (tuples), else none.
             pools = [list(k) if isinstance(k, tuple) else [] for _, k in job.work]
             pools = pools if any(pools) else []
             headers.append(
-                JobHeader(job.key, model, job.deadline, keep, lengths, job.client, pools)
+                JobHeader(job.key, model, job.deadline, keep, lengths, job.client, pools, frames)
             )
-        payload = [np.array(ids, dtype=IDS).tobytes()]
+        payload: list[bytes | np.ndarray] = [np.array(ids, dtype=IDS).tobytes()]
         if with_types:
             payload.append(np.array(types, dtype=IDS).tobytes())
+        payload += [np.ascontiguousarray(frame, dtype=OUTPUTS) for frame in pixels]
         return encoder.encode(Submit(self.origin, with_types, headers)), payload
 
     def cancel(self, job: Job) -> None:

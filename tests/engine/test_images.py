@@ -393,3 +393,42 @@ def test_rerank_paths(models: dict[str, LoadedModel]) -> None:
     with pytest.raises(PoolingError) as caught:
         validate_rerank(request, text_model, Limits())
     assert reasons(caught.value) == [("items[0].image", "MODALITY_NOT_SUPPORTED")]
+
+
+def test_images_through_an_engine_process_link(
+    models: dict[str, LoadedModel], references: dict[str, Reference], tmp_path: Path
+) -> None:
+    """The split path: a front end built from the engine's description (its own image
+    processor) sends pixel frames over the link as raw float32 beside the token ids, and
+    gets the same vectors back as the in-process engine computes."""
+    from engine.core import EngineCore
+    from engine.ipc import EngineReady
+    from engine.remote_client import RemoteEngineClient
+    from engine.served import ModelDescription
+
+    model = models["siglip"]
+    items: list[Item] = [IMAGES[0], TEXTS[0], IMAGES[1], IMAGES[2], TEXTS[1]]
+
+    async def main() -> list[ItemOutput]:
+        core = EngineCore([model], BatchConfig(), str(tmp_path / "engine.sock"))
+        await core.start()
+        serving = asyncio.create_task(core.serve())
+        description = ModelDescription(model.info, model.tokenizer.spec)
+        front = description.served()
+        assert front.images is not None and front.images.size == (32, 32)
+        client = RemoteEngineClient([EngineReady(core.address, 0, [description])])
+        engine = Engine([front], client=client)
+        await engine.start()
+        try:
+            result = await asyncio.wait_for(engine.pool(embed(items, False)), 60)
+            return result.outputs
+        finally:
+            await engine.stop()
+            serving.cancel()
+            await core.stop()
+
+    outputs = asyncio.run(main())
+    texts, images = references["siglip"].text(TEXTS), references["siglip"].image(DECODED)
+    expected = np.stack([images[0], texts[0], images[1], images[2], texts[1]])
+    np.testing.assert_allclose(vectors(outputs), expected, atol=ATOL)
+    assert [o.modality for o in outputs][:2] == [Modality.IMAGE, Modality.TEXT]  # type: ignore[union-attr]
