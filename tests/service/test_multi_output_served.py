@@ -286,3 +286,46 @@ def test_batch_job_follows_the_http_bodies(folder: Path, reference: Reference) -
     got = {r["index"]: r["relevance_score"] for r in answers["r"]["body"]["results"]}
     want = expected_scores(reference, WEIGHTS)
     np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=ATOL)
+
+
+def test_python_client_embed_outputs_and_weighted_rerank(
+    http: HttpServer, reference: Reference
+) -> None:
+    """The Python client: per text dense (list), sparse (weights) and multi (a numpy
+    matrix), float16 on the wire too; rerank and score with OutputWeights; the model's
+    outputs in models()."""
+    from pooling_client import OutputWeights as ClientWeights
+    from pooling_client import PoolingClient, PoolingParams
+
+    want = reference.encode(DOCUMENTS)
+    with PoolingClient(http.process.address, timeout=60) as client:
+        got = client.embed_outputs(DOCUMENTS, model="m3")
+        half = client.embed_outputs(DOCUMENTS, model="m3", dense=False, encoding="float16")
+        sparse = client.embed_outputs(
+            DOCUMENTS[:1], model="m3", dense=False, multi=False, sparse_top_k=2
+        )
+        params = PoolingParams(output_weights=ClientWeights(0.4, 0.2, 0.4))
+        ranked = client.rerank(QUERY, DOCUMENTS, model="m3", pooling_params=params)
+        scored = client.score(QUERY, DOCUMENTS, model="m3", pooling_params=params)
+    for out, full, w in zip(got, half, want, strict=True):
+        assert isinstance(out.outputs.multi, np.ndarray)
+        np.testing.assert_allclose(out.outputs.dense, w["dense"], atol=ATOL)
+        assert out.outputs.sparse is not None
+        assert out.outputs.sparse.to_dict() == pytest.approx(w["sparse"], abs=ATOL)
+        np.testing.assert_allclose(out.outputs.multi, w["multi"], atol=ATOL)
+        assert full.outputs.dense is None and full.outputs.sparse is not None
+        np.testing.assert_allclose(full.outputs.multi, w["multi"], atol=2e-3)
+    only = sparse[0].outputs
+    assert only.dense is None and only.multi is None and len(only.sparse.indices) == 2  # type: ignore[union-attr]
+    expected = expected_scores(reference, WEIGHTS)
+    got_ranked = {r.index: r.relevance_score for r in ranked.results}
+    np.testing.assert_allclose([got_ranked[i] for i in range(len(DOCUMENTS))], expected, atol=ATOL)
+    np.testing.assert_allclose([s.outputs.score for s in scored], expected, atol=ATOL)
+    with pytest.raises(ValueError, match="at least one output"):
+        PoolingClient(http.process.address).embed_outputs(
+            ["a"], dense=False, sparse=False, multi=False
+        )
+    with pytest.raises(ValueError, match="output_weights"):
+        PoolingParams(output_weights=ClientWeights(0, 0, 0)).verify("score")
+    with pytest.raises(ValueError, match="output_weights"):
+        PoolingParams(output_weights=ClientWeights(1, 0, 0)).verify("embed")

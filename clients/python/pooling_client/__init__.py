@@ -36,10 +36,12 @@ from pooling_client.outputs import (
     ServerTiming,
     SparseEmbeddingOutput,
     SparseEmbeddingRequestOutput,
+    TextOutputs,
+    TextOutputsRequestOutput,
     TokenizeOutput,
     Usage,
 )
-from pooling_client.params import LateChunking, PoolingParams
+from pooling_client.params import LateChunking, OutputWeights, PoolingParams
 
 __all__ = [
     "AsyncPoolingClient",
@@ -51,6 +53,7 @@ __all__ = [
     "FieldViolation",
     "LateChunking",
     "ModelInfo",
+    "OutputWeights",
     "PoolingClient",
     "PoolingError",
     "PoolingOutput",
@@ -64,6 +67,8 @@ __all__ = [
     "ServerTiming",
     "SparseEmbeddingOutput",
     "SparseEmbeddingRequestOutput",
+    "TextOutputs",
+    "TextOutputsRequestOutput",
     "TokenizeOutput",
     "Usage",
 ]

@@ -32,7 +32,7 @@ ENCODINGS: dict[str, int] = {
 NAMES: dict[int, str] = {value: name for name, value in ENCODINGS.items()}
 
 #: Tasks whose outputs take an encoding.
-ENCODING_TASKS = ("embed", "token_embed", "embed_multi")
+ENCODING_TASKS = ("embed", "token_embed", "embed_multi", "embed_outputs")
 
 #: Bytes per value of the byte-aligned encodings.
 _WIDTH = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}

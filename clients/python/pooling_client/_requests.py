@@ -20,6 +20,7 @@ from pooling_client.outputs import (
     classification_request_outputs,
     embedding_request_outputs,
     multi_vector_request_outputs,
+    outputs_request_outputs,
     pooling_request_outputs,
     scoring_request_outputs,
     sparse_embedding_request_outputs,
@@ -28,7 +29,14 @@ from pooling_client.params import LateChunking, PoolingParams, check_task
 from pooling_client.v1 import pooling_pb2
 
 #: Tasks that take a TextInput (everything but score).
-TEXT_TASKS: tuple[str, ...] = ("embed", "classify", "token_embed", "token_classify", "embed_multi")
+TEXT_TASKS: tuple[str, ...] = (
+    "embed",
+    "classify",
+    "token_embed",
+    "token_classify",
+    "embed_multi",
+    "embed_outputs",
+)
 #: Tasks ``encode`` accepts; "embed" and "classify" delegate to embed()/classify().
 ENCODE_TASKS: tuple[str, ...] = (
     "token_embed",
@@ -49,6 +57,7 @@ _CONVERTERS: dict[str, Callable[[pooling_pb2.PoolResponse], list[Any]]] = {
     "token_classify": pooling_request_outputs,
     "embed_sparse": sparse_embedding_request_outputs,
     "embed_multi": multi_vector_request_outputs,
+    "embed_outputs": outputs_request_outputs,
 }
 
 
@@ -174,6 +183,22 @@ def sparse_options(top_k: int | None, return_tokens: bool) -> dict[str, Any]:
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 or None: every non-zero weight), got {top_k}")
     return {"top_k": top_k, "return_tokens": bool(return_tokens)}
+
+
+def outputs_options(
+    dense: bool, sparse: bool, multi: bool, sparse_top_k: int | None, return_tokens: bool
+) -> dict[str, Any]:
+    """embed_outputs' OutputsInput fields, checked: at least one output asked for."""
+    if not (dense or sparse or multi):
+        raise ValueError("ask for at least one output: dense, sparse or multi")
+    top_k = sparse_options(sparse_top_k, return_tokens)
+    return {
+        "dense": bool(dense),
+        "sparse": bool(sparse),
+        "multi": bool(multi),
+        "sparse_top_k": top_k["top_k"],
+        "return_tokens": top_k["return_tokens"],
+    }
 
 
 def set_inputs(

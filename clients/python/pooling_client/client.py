@@ -34,6 +34,7 @@ from pooling_client.outputs import (
     RerankRequestOutput,
     ScoringRequestOutput,
     SparseEmbeddingRequestOutput,
+    TextOutputsRequestOutput,
     TokenizeOutput,
     model_infos,
     rerank_request_output,
@@ -304,6 +305,46 @@ class PoolingClient:
             input_options=options,
             prompt_name=prompt_name,
             prompt=prompt,
+        )
+
+    def embed_outputs(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        dense: bool = True,
+        sparse: bool = True,
+        multi: bool = True,
+        sparse_top_k: int | None = None,
+        return_tokens: bool = False,
+        encoding: str | None = None,
+        pooling_params: PoolingParams | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        use_tqdm: UseTqdm = False,
+    ) -> PoolingResults[TextOutputsRequestOutput]:
+        """A multi-output (bge-m3) model's outputs per text, from one forward pass on the
+        server: ``dense`` (the normalised CLS vector, a list), ``sparse`` (the lexical
+        weights, as :meth:`embed_sparse` gives them; ``sparse_top_k`` and ``return_tokens``
+        as its ``top_k`` and ``return_tokens``) and ``multi`` (the ColBERT matrix, numpy
+        (rows, dim) when installed). Outputs not asked for are None. ``encoding``
+        ("float16", "bfloat16", ...) packs the dense vector and the matrix on the wire;
+        ``pooling_params.use_activation=False`` leaves the dense vector unnormalised.
+        """
+        texts = _requests.as_texts(prompts)
+        options = _requests.outputs_options(dense, sparse, multi, sparse_top_k, return_tokens)
+        return self._pool(
+            "embed_outputs",
+            texts,
+            pooling_params,
+            truncate_prompt_tokens,
+            model,
+            timeout,
+            request_id,
+            use_tqdm,
+            encoding=encoding,
+            input_options=options,
         )
 
     def rerank(

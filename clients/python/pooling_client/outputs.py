@@ -455,6 +455,47 @@ def multi_vector_request_outputs(
     return results
 
 
+@dataclass
+class TextOutputs:
+    """One text's outputs of a multi-output (bge-m3) model: those asked for, others None.
+    ``dense`` as embed's vector (a list), ``sparse`` as embed_sparse's weights, ``multi``
+    as embed_multi's (rows, dim) matrix (numpy when installed)."""
+
+    dense: list[float] | None = None
+    sparse: SparseEmbeddingOutput | None = None
+    multi: Any = None
+
+
+@dataclass
+class TextOutputsRequestOutput:
+    """The outputs of one input text (embed_outputs)."""
+
+    request_id: str
+    outputs: TextOutputs
+
+
+def outputs_request_outputs(
+    response: pooling_pb2.PoolResponse,
+) -> list[TextOutputsRequestOutput]:
+    """One TextOutputsRequestOutput per text of an embed_outputs response."""
+    rid = response.request_id
+    results = []
+    for i, item in enumerate(_output_of(response, "embed_outputs").items):
+        found = TextOutputs()
+        if item.HasField("dense"):
+            found.dense = _embedding(item.dense).embedding
+        if item.HasField("sparse"):
+            found.sparse = SparseEmbeddingOutput(
+                list(item.sparse.indices), list(item.sparse.values), list(item.sparse.tokens)
+            )
+        if item.HasField("multi"):
+            matrix = item.multi
+            encoding = _encodings.name_of(matrix.encoding)
+            found.multi = _encodings.decode_rows(matrix.data, encoding, matrix.rows, matrix.cols)
+        results.append(TextOutputsRequestOutput(f"{rid}-{i}", found))
+    return results
+
+
 def sparse_embedding_request_outputs(
     response: pooling_pb2.PoolResponse,
 ) -> list[SparseEmbeddingRequestOutput]:

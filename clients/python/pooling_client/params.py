@@ -20,6 +20,7 @@ TASKS: tuple[str, ...] = (
     "token_classify",
     "embed_sparse",
     "embed_multi",
+    "embed_outputs",
 )
 
 _EMBED_PARAMS = frozenset({"use_activation", "dimensions", "truncate_prompt_tokens"})
@@ -30,10 +31,12 @@ TASK_PARAMS: dict[str, frozenset[str]] = {
     "embed": _EMBED_PARAMS,
     "token_embed": _EMBED_PARAMS,
     "classify": _CLASSIFY_PARAMS,
-    "score": _CLASSIFY_PARAMS,
+    "score": _CLASSIFY_PARAMS | {"output_weights"},
     "token_classify": _CLASSIFY_PARAMS,
     "embed_sparse": _CLASSIFY_PARAMS,
     "embed_multi": frozenset({"truncate_prompt_tokens"}),
+    # bge-m3: use_activation normalises the dense vector (the matrix always is).
+    "embed_outputs": _CLASSIFY_PARAMS,
 }
 
 #: Task name -> wire enum value.
@@ -45,6 +48,7 @@ TASK_ENUM: dict[str, pooling_pb2.PoolingTask] = {
     "token_classify": pooling_pb2.POOLING_TASK_TOKEN_CLASSIFY,
     "embed_sparse": pooling_pb2.POOLING_TASK_EMBED_SPARSE,
     "embed_multi": pooling_pb2.POOLING_TASK_EMBED_MULTI,
+    "embed_outputs": pooling_pb2.POOLING_TASK_EMBED_OUTPUTS,
 }
 
 _OPTIONAL_FIELDS = ("use_activation", "dimensions", "truncate_prompt_tokens")
@@ -85,6 +89,23 @@ def check_task(task: str) -> None:
         raise ValueError(f"Unknown pooling task {task!r}; expected one of {list(TASKS)}")
 
 
+@dataclass(frozen=True)
+class OutputWeights:
+    """score and rerank on a multi-output (bge-m3) model: the weight of each output's score
+    in the combined one, sum(weight * score) / sum(weight), as bge-m3's compute_score."""
+
+    dense: float = 0.0
+    sparse: float = 0.0
+    multi: float = 0.0
+
+    def verify(self) -> None:
+        values = (self.dense, self.sparse, self.multi)
+        if any(not 0 <= v < float("inf") for v in values) or not any(values):
+            raise ValueError(
+                f"output_weights must be finite and >= 0, at least one > 0; got {values}"
+            )
+
+
 @dataclass
 class PoolingParams:
     """How to pool; unset (None) fields take the model's defaults on the server.
@@ -96,12 +117,15 @@ class PoolingParams:
         dimensions: embed/token_embed on matryoshka models: keep this many leading dimensions.
         task: optional; when set it must equal the task being run.
         truncate_prompt_tokens: keep this many tokens per text (-1: the model's maximum).
+        output_weights: score/rerank on a multi-output (bge-m3) model: combine its dense,
+            sparse and multi scores with these weights (None: the dense score alone).
     """
 
     use_activation: bool | None = None
     dimensions: int | None = None
     task: str | None = None
     truncate_prompt_tokens: int | None = None
+    output_weights: OutputWeights | None = None
 
     def verify(self, task: str) -> None:
         """Raise ValueError if these params cannot be used for ``task`` (like vLLM's verify).
@@ -115,13 +139,16 @@ class PoolingParams:
             if self.task != task:
                 raise ValueError(f"You cannot overwrite task={self.task!r} with task={task!r}")
         allowed = TASK_PARAMS[task]
-        invalid = [name for name in _OPTIONAL_FIELDS if getattr(self, name) is not None]
+        given = (*_OPTIONAL_FIELDS, "output_weights")
+        invalid = [name for name in given if getattr(self, name) is not None]
         invalid = [name for name in invalid if name not in allowed]
         if invalid:
             raise ValueError(
                 f"Task {task} only supports {sorted(allowed)} parameters, "
                 f"does not support {invalid} parameters"
             )
+        if self.output_weights is not None:
+            self.output_weights.verify()
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"dimensions must be >= 1, got {self.dimensions}")
         tpt = self.truncate_prompt_tokens
@@ -143,4 +170,11 @@ class PoolingParams:
             value = getattr(self, name)
             if value is not None:
                 setattr(message, name, value)
+        weights = self.output_weights
+        if weights is not None:
+            message.output_weights.CopyFrom(
+                pooling_pb2.OutputWeights(
+                    dense=weights.dense, sparse=weights.sparse, multi=weights.multi
+                )
+            )
         return message
