@@ -18,7 +18,8 @@ class Embedding:
     values: np.ndarray
     encoding: OutputEncoding = OutputEncoding.FLOAT
     data: bytes = b""
-    modality: Modality = Modality.TEXT  # what was embedded (an image model's items)
+    # What was embedded, as an image model reports it; None: a text of a text-only model.
+    modality: Modality | None = None
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Classification:
     probs: np.ndarray
     label_id: int
     label: str
-    modality: Modality = Modality.TEXT
+    modality: Modality | None = None  # as Embedding's
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class Ranked:
 
     index: int
     score: float
-    modality: Modality = Modality.TEXT  # the document's (image documents of an image model)
+    modality: Modality | None = None  # the document's, where the request gave items
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,7 @@ def _embedding(request: PoolRequest, info: ModelInfo, unit: Unit, raw: np.ndarra
     """As embed finishes a text's vector (dimensions, normalisation, encoding), with the
     item's modality."""
     text = _Text(unit, [unit])  # type: ignore[arg-type]
-    embedding = _finish_embed(request, info, text, [raw])
-    modality = _modality(unit)
-    return embedding if modality is Modality.TEXT else replace(embedding, modality=modality)
+    return replace(_finish_embed(request, info, text, [raw]), modality=_modality(unit))
 
 
 def _plan_score(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:

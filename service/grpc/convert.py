@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from engine.engine import Tokenized, TokenizedText
+from engine.modality import Modality
 from engine.model_info import ModelInfo, PoolingType
 from engine.output_size import ResponseBudget
 from engine.outputs import (
@@ -22,7 +23,7 @@ from engine.outputs import (
     TokenRows,
 )
 from engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, Task
-from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
+from engine.request import ChunkRule, Image, Item, LateChunking, PoolRequest, RerankRequest
 from engine.validation import output_too_large, unknown_value
 from service.byte_layout import Layout, varint, varint_lengths
 from service.proto import pooling_pb2 as pb
@@ -45,6 +46,19 @@ POOLING_TYPE_TO_PROTO = {
     PoolingType.ALL: pb.POOLING_TYPE_ALL,
     PoolingType.SPLADE: pb.POOLING_TYPE_SPLADE,
 }
+
+
+MODALITY_TO_PROTO = {Modality.TEXT: pb.MODALITY_TEXT, Modality.IMAGE: pb.MODALITY_IMAGE}
+
+
+def items_from_proto(items: Iterable[pb.Item]) -> tuple[Item, ...]:
+    """Each Item as a text or an Image; an Item with neither set reads as an empty text."""
+    return tuple(
+        Image(item.image.data, item.image.mime_type)
+        if item.WhichOneof("content") == "image"
+        else item.text
+        for item in items
+    )
 
 
 ENCODING_FROM_PROTO: dict[int, OutputEncoding] = {
@@ -114,11 +128,18 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
     params, declared = params_from_proto(request.params)
     _refuse_unknown(request.params, request.encoding)
     task = Task(case) if case else None
-    inputs: dict[str, tuple[str, ...]] = {}
+    inputs: dict[str, object] = {}
     if task is Task.SCORE:
-        inputs = {"text_1": tuple(request.score.text_1), "text_2": tuple(request.score.text_2)}
+        score = request.score
+        inputs = {"text_1": tuple(score.text_1), "text_2": tuple(score.text_2)}
+        if score.items_1 or score.items_2:  # an image model's texts and images
+            inputs["items_1"] = items_from_proto(score.items_1)
+            inputs["items_2"] = items_from_proto(score.items_2)
     elif task is not None:
-        inputs = {"texts": tuple(getattr(request, case).texts)}
+        given = getattr(request, case)
+        inputs = {"texts": tuple(given.texts)}
+        if isinstance(given, pb.TextInput):
+            inputs.update(_image_inputs(given))
     return PoolRequest(
         task=task,
         params=params,
@@ -132,6 +153,18 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         **_outputs(request),
         **inputs,
     )
+
+
+def _image_inputs(given: pb.TextInput) -> dict[str, object]:
+    """TextInput's image-model fields, where set: items, zero-shot labels and template."""
+    inputs: dict[str, object] = {}
+    if given.items:
+        inputs["items"] = items_from_proto(given.items)
+    if given.candidate_labels:
+        inputs["candidate_labels"] = tuple(given.candidate_labels)
+    if given.HasField("label_template"):
+        inputs["label_template"] = given.label_template
+    return inputs
 
 
 CHUNK_RULE_FROM_PROTO: dict[int, ChunkRule | None] = {
@@ -167,6 +200,7 @@ def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
         declared_task=declared,
         top_n=request.top_n,
         instruction=request.instruction if request.HasField("instruction") else None,
+        items=items_from_proto(request.items),
     )
 
 
@@ -179,7 +213,12 @@ def rerank_response_to_proto(result: RerankResult, request: pb.RerankRequest) ->
     results = response.results
     for ranked in result.ranking:
         item = results.add(index=ranked.index, relevance_score=ranked.score)
-        if request.return_documents:
+        if ranked.modality is not None:  # the request's items: texts and images
+            item.modality = MODALITY_TO_PROTO[ranked.modality]
+            given = request.items[ranked.index]
+            if request.return_documents and given.WhichOneof("content") != "image":
+                item.document = given.text
+        elif request.return_documents:
             item.document = request.documents[ranked.index]
     return response
 
@@ -248,6 +287,8 @@ def _embedding(target: pb.Embedding, o: Embedding) -> None:
         target.data = o.data
         target.dimensions = o.values.shape[-1]
         target.encoding = ENCODING_TO_PROTO[o.encoding]
+    if o.modality is not None:
+        target.modality = MODALITY_TO_PROTO[o.modality]
 
 
 def response_to_proto(result: PoolResult) -> pb.PoolResponse:
@@ -273,6 +314,8 @@ def response_to_proto(result: PoolResult) -> pb.PoolResponse:
             if isinstance(o, Classification):
                 item = classifications.add(label_id=o.label_id, label=o.label)
                 item.MergeFromString(_packed_floats(1, o.probs))
+                if o.modality is not None:
+                    item.modality = MODALITY_TO_PROTO[o.modality]
     elif result.task is Task.SCORE:
         response.score.scores.extend(o.value for o in outputs if isinstance(o, Score))
     elif result.task is Task.EMBED_MULTI:
@@ -368,6 +411,8 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         score_template_source=info.score_template_source,
         multi_vector=_multi_vector_settings(info),
         outputs=info.outputs,
+        modalities=[MODALITY_TO_PROTO[Modality(m)] for m in info.modalities],
+        image_size=info.towers.image_size[0] if info.towers is not None else 0,
     )
 
 
