@@ -272,8 +272,10 @@ def rerank_request(
     truncate_prompt_tokens: int | None = None,
     model: str | None = None,
     request_id: str | None = None,
+    instruction: str | None = None,
 ) -> pooling_pb2.RerankRequest:
-    """Build a verified RerankRequest; its params are score's (rerank runs score 1:N)."""
+    """Build a verified RerankRequest; its params are score's (rerank runs score 1:N).
+    ``instruction``: an LLM reranker's (its score template's {instruction}); sent when set."""
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, got {type(query).__name__}")
     if top_n is None:
@@ -282,8 +284,10 @@ def rerank_request(
         raise TypeError(f"top_n must be an int or None, got {type(top_n).__name__}")
     if top_n < 0:
         raise ValueError(f"top_n must be >= 0 (0 or None: every document), got {top_n}")
+    if instruction is not None and not isinstance(instruction, str):
+        raise TypeError(f"instruction must be a str or None, got {type(instruction).__name__}")
     params = resolve_params("score", pooling_params, truncate_prompt_tokens)
-    return pooling_pb2.RerankRequest(
+    request = pooling_pb2.RerankRequest(
         request_id=request_id if request_id is not None else new_request_id(),
         model=model or "",
         query=query,
@@ -292,6 +296,9 @@ def rerank_request(
         return_documents=bool(return_documents),
         params=params.to_proto("score"),
     )
+    if instruction is not None:
+        request.instruction = instruction
+    return request
 
 
 def tokenize_request(

@@ -269,6 +269,15 @@ class ModelInfo:
     #: query_length, document_length, query_expansion, attend_to_expansion_tokens and
     #: skiplist_words; empty for other models.
     multi_vector: dict[str, Any] = field(default_factory=dict)
+    #: An LLM reranker's score template source: "--score-template", "score_template.json"
+    #: or "chat_template"; "" for other models (only an LLM reranker takes an instruction).
+    score_template_source: str = ""
+    #: The inputs the model accepts: "text", and "image" for CLIP and SigLIP models.
+    modalities: list[str] = field(default_factory=lambda: ["text"])
+    #: An image model's input size in pixels (its processor's, e.g. 224); 0 for others.
+    image_size: int = 0
+    #: A multi-output (bge-m3) model's outputs: "dense", "sparse" and "multi"; [] for others.
+    outputs: list[str] = field(default_factory=list)
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -307,7 +316,22 @@ class ModelInfo:
             engines_per_device=card.engines_per_device or 1,
             calibration_source=card.calibration_source,
             multi_vector=_multi_vector_settings(card),
+            score_template_source=card.score_template_source,
+            modalities=_modalities(card),
+            image_size=card.image_size,
+            outputs=list(card.outputs),
         )
+
+
+def _modalities(card: pooling_pb2.ModelCard) -> list[str]:
+    """Short names ("text", "image"); a card without any (a server from before images)
+    serves text."""
+    names = [
+        _enum_suffix(pooling_pb2.Modality, modality, "MODALITY_")
+        for modality in card.modalities
+        if modality != pooling_pb2.MODALITY_UNSPECIFIED
+    ]
+    return names or ["text"]
 
 
 def _multi_vector_settings(card: pooling_pb2.ModelCard) -> dict[str, Any]:
