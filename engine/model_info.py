@@ -96,6 +96,7 @@ class TowerSettings:
     text_length: int = 0
     text_mask: bool = True  # whether the model's tokenizer makes an attention mask
     folder: str = ""  # where the image processor's config lives, for every front end
+    label_template: str = "a photo of a {label}."  # zero-shot's default (--label-template)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ class ModelSpec:
     # a decoder LM as an LLM reranker (engine/score_template.py); None: the folder's own.
     score_template: str | None = None
     score_tokens: str | None = None
+    # --label-template: an image model's zero-shot prompt ("{label}" replaced); None: the
+    # default, "a photo of a {label}."
+    label_template: str | None = None
     # --backend, --backend-file, --quantize, --calibration-file
     backend: BackendOptions = field(default_factory=BackendOptions)
 

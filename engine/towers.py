@@ -23,7 +23,7 @@ from engine.plans import Plan, _finish_embed, _Text, _use_activation
 from engine.request import Image, Item, PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import TokenSequence
-from engine.validation import DEFAULT_LABEL_TEMPLATE, Limits, Resolved, check_tokenized
+from engine.validation import Limits, Resolved, check_tokenized
 
 Unit = TokenSequence | PixelFrame  # one input as a tower computes it
 
@@ -134,7 +134,7 @@ def _plan_zero_shot(
     towers = info.towers
     assert towers is not None
     labels = request.candidate_labels
-    template = request.label_template or DEFAULT_LABEL_TEMPLATE
+    template = request.label_template or towers.label_template
     prompts = [template.replace("{label}", label) for label in labels]
     sequences = model.tokenizer.tokenize(prompts, truncate=resolved.truncate, side=resolved.side)
     check_tokenized(resolved, limits, "classify.candidate_labels", [len(e) for e in sequences])

@@ -50,6 +50,18 @@ def load_towers(
 
     _refuse_backends(spec)
     config = folder.config
+    if config.model_type == "siglip2":
+        raise ValueError(
+            f"model {spec.served_name}: SigLIP 2's NaFlex models (Siglip2Model, variable "
+            "resolution) are not supported; the fixed-resolution SigLIP 2 checkpoints "
+            "(SiglipModel) are"
+        )
+    template = spec.label_template or TowerSettings.label_template
+    if "{label}" not in template:
+        raise ValueError(
+            f'model {spec.served_name}: --label-template must hold "{{label}}", where each '
+            f"candidate label goes; got {template!r}"
+        )
     module = AutoModel.from_pretrained(folder.path, config=config, dtype=dtype, **folder.hub)
     module = module.to(device).eval()
     text_config = config.get_text_config()
@@ -70,6 +82,7 @@ def load_towers(
         text_length=maximum if family == "siglip" else 0,
         text_mask="attention_mask" in folder.hf_tokenizer.model_input_names,
         folder=str(folder.path),
+        label_template=template,
     )
     weights = next(module.parameters())
     st = folder.st

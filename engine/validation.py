@@ -328,7 +328,9 @@ def _candidate_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
             "LABEL_TEMPLATE_INVALID",
         )
     limit = r.info.char_limit(r.may_run_long)
-    longest = max(len(label) for label in labels) + len(template or DEFAULT_LABEL_TEMPLATE)
+    towers = r.info.towers
+    default = towers.label_template if towers is not None else DEFAULT_LABEL_TEMPLATE
+    longest = max(len(label) for label in labels) + len(template or default)
     if longest > limit:
         yield FieldViolation(
             path,
@@ -370,7 +372,7 @@ def _zero_shot_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         yield FieldViolation(
             "classify.candidate_labels",
             f'model "{info.name}" classifies zero-shot: send candidate_labels (each put in '
-            f'label_template, by default "{DEFAULT_LABEL_TEMPLATE}")',
+            f'label_template, by default "{info.towers.label_template}")',  # type: ignore[union-attr]
             "CANDIDATE_LABELS_MISSING",
         )
 

@@ -436,6 +436,14 @@ def _model_config_flags(models: Group) -> None:
         "- logit(FALSE)) at the last position. " + PER_MODEL,
     )
     models.add_argument(
+        "--label-template",
+        action="append",
+        metavar="TEMPLATE",
+        help="an image model's (CLIP, SigLIP) zero-shot prompt: each candidate label replaces "
+        '"{label}" when a classify request gives no label_template (default "a photo of a '
+        '{label}."); ignored by text models. ' + PER_MODEL,
+    )
+    models.add_argument(
         "--revision",
         action="append",
         help="the hub branch, tag or commit of a hub model ('' or unset: the default "
@@ -748,6 +756,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
         revision,
         score_template,
         score_tokens,
+        label_template,
     ) in zip(
         backends,
         sources,
@@ -760,6 +769,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
         _per_model(args.revision, n, "--revision"),
         _per_model(args.score_template, n, "--score-template"),
         _per_model(args.score_tokens, n, "--score-tokens"),
+        _per_model(args.label_template, n, "--label-template"),
         strict=True,
     ):
         try:
@@ -780,6 +790,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
                 revision=revision or None,
                 score_template=score_template or ModelSpec.score_template,
                 score_tokens=score_tokens or ModelSpec.score_tokens,
+                label_template=label_template or None,
                 trust_remote_code=args.trust_remote_code,
                 backend=backend,
             )

@@ -432,3 +432,37 @@ def test_images_through_an_engine_process_link(
     expected = np.stack([images[0], texts[0], images[1], images[2], texts[1]])
     np.testing.assert_allclose(vectors(outputs), expected, atol=ATOL)
     assert [o.modality for o in outputs][:2] == [Modality.IMAGE, Modality.TEXT]  # type: ignore[union-attr]
+
+
+def test_the_servers_label_template(
+    folders: dict[str, Path], references: dict[str, Reference]
+) -> None:
+    """--label-template: the default prompt of a model's zero-shot labels (per model, from
+    the flags), which a request's label_template still overrides."""
+    from service.cli import config_from_args, parse_args
+
+    template = "a blurry picture of {label}"
+    argv = ["--model", f"clip={folders['clip']}", "--label-template", template]
+    [spec] = config_from_args(parse_args(argv, environ={})).models
+    assert spec.label_template == template
+    model = load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
+    assert model.info.towers is not None and model.info.towers.label_template == template
+    logits = references["clip"].logits_per_image(
+        DECODED[:1], [template.format(label=x) for x in LABELS]
+    )
+    request = PoolRequest(Task.CLASSIFY, items=(IMAGES[0],), candidate_labels=LABELS)
+    [[out]] = run_all(model, [request])
+    expected = torch.from_numpy(logits[0]).softmax(-1).numpy()
+    np.testing.assert_allclose(out.probs, expected, atol=ATOL)  # type: ignore[union-attr]
+
+
+def test_load_refusals(folders: dict[str, Path]) -> None:
+    """An image model runs its towers on torch only, and its template must place the label."""
+    from engine.backends import BackendKind, BackendOptions
+
+    onnx = ModelSpec(str(folders["clip"]), backend=BackendOptions(kind=BackendKind.ONNX))
+    with pytest.raises(ValueError, match="runs on --backend torch only, not onnx"):
+        load_model(onnx, device=torch.device("cpu"), dtype=torch.float32)
+    bad = ModelSpec(str(folders["clip"]), label_template="a photo")
+    with pytest.raises(ValueError, match="--label-template must hold"):
+        load_model(bad, device=torch.device("cpu"), dtype=torch.float32)
