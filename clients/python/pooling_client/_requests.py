@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pooling_client import _encodings
+from pooling_client import _encodings, _images
 from pooling_client.outputs import (
     PoolingResults,
     ServerTiming,
@@ -108,12 +108,16 @@ def split_pairs(data: str | Iterable[Any]) -> tuple[list[str], list[str]]:
 
 
 def score_texts(
-    data_1: str | Iterable[Any], data_2: str | Iterable[str] | None
-) -> tuple[list[str], list[str]]:
-    """Resolve score()'s arguments into text_1/text_2 lists (shapes are checked by the server)."""
+    data_1: str | Iterable[Any], data_2: str | Iterable[Any] | None
+) -> tuple[list[Any], list[Any]]:
+    """Resolve score()'s arguments into text_1/text_2 lists (shapes are checked by the
+    server); with an image on either side (data_2 given), both sides as items."""
     if data_2 is None:
         return split_pairs(data_1)
-    return as_texts(data_1, "data_1"), as_texts(data_2, "data_2")
+    one, two = _images.as_inputs(data_1, "data_1"), _images.as_inputs(data_2, "data_2")
+    if _images.has_items(one) or _images.has_items(two):
+        return _images.as_items(one), _images.as_items(two)
+    return one, two
 
 
 def resolve_params(
@@ -169,7 +173,10 @@ def pool_request(
     if late_chunking is not None:
         request.late_chunking.CopyFrom(late_chunking.to_proto())
     for name, value in (input_options or {}).items():
-        setattr(getattr(request, task), name, value)
+        if isinstance(value, (list, tuple)):  # a repeated field (candidate_labels)
+            getattr(getattr(request, task), name).extend(value)
+        else:
+            setattr(getattr(request, task), name, value)
     set_inputs(request, task, inputs)
     return request
 
@@ -207,21 +214,30 @@ def set_inputs(
     """Append ``inputs`` to the request's ``task`` input case (texts, or score's text pairs)."""
     if task == "score":
         text_1, text_2 = inputs
+        if _images.has_items(text_1) or _images.has_items(text_2):  # an image-text model's
+            request.score.items_1.extend(text_1)
+            request.score.items_2.extend(text_2)
+            return
         request.score.text_1.extend(text_1)
         request.score.text_2.extend(text_2)
     else:
         if isinstance(inputs, tuple):
             raise TypeError(f"Task {task} takes a list of texts, not text pairs")
-        getattr(request, task).texts.extend(inputs)
+        case = getattr(request, task)
+        (case.items if _images.has_items(inputs) else case.texts).extend(inputs)
 
 
 def expected_outputs(request: pooling_pb2.PoolRequest) -> int:
     """How many outputs a PoolRequest should produce: one per text, or per pair for score."""
     case = request.WhichOneof("input")
     if case == "score":
-        text_1, text_2 = request.score.text_1, request.score.text_2
+        score = request.score
+        text_1, text_2 = score.text_1 or score.items_1, score.text_2 or score.items_2
         return len(text_2) if len(text_1) == 1 else len(text_1)
-    return len(getattr(request, case).texts) if case else 0
+    if not case:
+        return 0
+    inputs = getattr(request, case)
+    return len(inputs.texts) or len(getattr(inputs, "items", ()))
 
 
 def pool_outputs(
@@ -264,7 +280,7 @@ def check_encode_task(pooling_task: str) -> None:
 
 def rerank_request(
     query: str,
-    documents: str | Sequence[str],
+    documents: str | Sequence[Any],
     *,
     top_n: int | None = None,
     return_documents: bool = False,
@@ -272,10 +288,8 @@ def rerank_request(
     truncate_prompt_tokens: int | None = None,
     model: str | None = None,
     request_id: str | None = None,
-    instruction: str | None = None,
 ) -> pooling_pb2.RerankRequest:
-    """Build a verified RerankRequest; its params are score's (rerank runs score 1:N).
-    ``instruction``: an LLM reranker's (its score template's {instruction}); sent when set."""
+    """Build a verified RerankRequest; its params are score's (rerank runs score 1:N)."""
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, got {type(query).__name__}")
     if top_n is None:
@@ -284,20 +298,18 @@ def rerank_request(
         raise TypeError(f"top_n must be an int or None, got {type(top_n).__name__}")
     if top_n < 0:
         raise ValueError(f"top_n must be >= 0 (0 or None: every document), got {top_n}")
-    if instruction is not None and not isinstance(instruction, str):
-        raise TypeError(f"instruction must be a str or None, got {type(instruction).__name__}")
     params = resolve_params("score", pooling_params, truncate_prompt_tokens)
     request = pooling_pb2.RerankRequest(
         request_id=request_id if request_id is not None else new_request_id(),
         model=model or "",
         query=query,
-        documents=as_texts(documents, "documents"),
+        documents=[],
         top_n=top_n,
         return_documents=bool(return_documents),
         params=params.to_proto("score"),
     )
-    if instruction is not None:
-        request.instruction = instruction
+    given = _images.as_inputs(documents, "documents")  # on an image model, may hold images
+    (request.items if _images.has_items(given) else request.documents).extend(given)
     return request
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from pooling_client import _chunking, _encodings, _requests
+from pooling_client import _chunking, _encodings, _images, _requests
 from pooling_client import _io_async as _io
 from pooling_client._channel import (
     ClientConfig,
@@ -124,11 +124,13 @@ class AsyncPoolingClient:
         ``prompt_name`` (one of the model's prompts, see ListModels) or ``prompt`` (a
         text) is prepended to every text, as sentence-transformers' ``encode`` does; with
         neither the model's default prompt applies, and ``prompt=""`` sends none.
+        On an image-text model (CLIP, SigLIP) any input may be an image: bytes, a
+        ``pathlib.Path`` to a file, or a PIL image (a str is always a text).
         ``late_chunking`` (a :class:`LateChunking`: spans of the one text, or a rule) gives
         each text's chunks instead, as a ``ChunkedEmbeddingOutput`` of spans and vectors
         (computed on the server from one pass over the whole text); not with numpy output.
         """
-        texts = _requests.as_texts(prompts)
+        texts = _images.as_inputs(prompts)
         _encodings.check_output(output)
         if late_chunking is not None and output == "numpy":
             raise ValueError("late_chunking gives chunks per text: use output='list'")
@@ -158,9 +160,21 @@ class AsyncPoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
+        candidate_labels: Sequence[str] | None = None,
+        label_template: str | None = None,
     ) -> list[ClassificationRequestOutput]:
-        """One classification per text, in input order (async vLLM ``LLM.classify``)."""
-        texts = _requests.as_texts(prompts)
+        """One classification per text, in input order (async vLLM ``LLM.classify``).
+
+        On an image-text model (CLIP, SigLIP), inputs may be images (as for :meth:`embed`)
+        and the classes are ``candidate_labels`` (zero-shot), each put in
+        ``label_template`` ("{label}" replaced; None: the server's "a photo of a {label}.").
+        """
+        texts = _images.as_inputs(prompts)
+        options: dict[str, Any] = {}
+        if candidate_labels is not None:
+            options["candidate_labels"] = _requests.as_texts(candidate_labels, "candidate_labels")
+        if label_template is not None:
+            options["label_template"] = label_template
         return await self._pool(
             "classify",
             texts,
@@ -170,6 +184,7 @@ class AsyncPoolingClient:
             timeout,
             request_id,
             use_tqdm,
+            input_options=options,
         )
 
     async def score(
@@ -183,14 +198,12 @@ class AsyncPoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
-        instruction: str | None = None,
     ) -> list[ScoringRequestOutput]:
-        """One relevance score per pair (async vLLM ``LLM.score``).
+        """One relevance score per pair (async vLLM ``LLM.score``); on an image-text model
+        either side may hold images (as for :meth:`embed`), scored by cosine.
 
         With ``data_2``: 1:1, 1:N or N:N texts. Without it: ``data_1`` is a list of
         (text_1, text_2) tuples or "query [SEP] document" strings, scored pairwise.
-        ``instruction``: an LLM reranker's (its score template's {instruction}; None: the
-        template's default), sent as the request's prompt; other models refuse it.
         """
         pairs = _requests.score_texts(data_1, data_2)
         return await self._pool(
@@ -202,7 +215,6 @@ class AsyncPoolingClient:
             timeout,
             request_id,
             use_tqdm,
-            prompt=instruction,
         )
 
     async def encode(
@@ -364,17 +376,14 @@ class AsyncPoolingClient:
         model: str | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
-        instruction: str | None = None,
     ) -> RerankRequestOutput:
-        """The documents ranked by relevance to ``query``, most relevant first.
+        """The documents ranked by relevance to ``query``, most relevant first (on an
+        image-text model the documents may be images, as for :meth:`embed`).
 
         A cross-encoder scores each (query, document) pair; an embedding model ranks by
-        cosine similarity, as :meth:`score` does; a ColBERT model by MaxSim; an LLM
-        reranker by its template's yes/no logits, with ``instruction`` as the template's
-        {instruction} (None: its default; other models refuse one). ``top_n`` keeps the
-        best few (None or 0: every document); ``return_documents`` adds each document's
-        text to its result. One Rerank call: at most the server's max_client_batch_size
-        documents.
+        cosine similarity, as :meth:`score` does. ``top_n`` keeps the best few (None or 0:
+        every document); ``return_documents`` adds each document's text to its result.
+        One Rerank call: at most the server's max_client_batch_size documents.
         """
         request = _requests.rerank_request(
             query,
@@ -385,10 +394,10 @@ class AsyncPoolingClient:
             truncate_prompt_tokens=truncate_prompt_tokens,
             model=self._config.model_for(model),
             request_id=request_id,
-            instruction=instruction,
         )
         response = await self._call(self._stub.Rerank, request, timeout)
-        return rerank_request_output(response, len(request.documents), request.top_n)
+        count = len(request.documents) or len(request.items)
+        return rerank_request_output(response, count, request.top_n)
 
     async def models(self, *, timeout: float | None = None) -> list[ModelInfo]:
         """Every served model and what it can do, the default model first."""
