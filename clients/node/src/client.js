@@ -17,6 +17,7 @@ import {
   requestTemplate,
   rerankRequest,
   scoreTexts,
+  outputsOptions,
   withInputs,
 } from './requests.js';
 
@@ -226,6 +227,19 @@ export class PoolingClient {
   }
 
   /**
+   * A multi-output (bge-m3) model's outputs per text from one forward pass on the server:
+   * { dense: number[], sparse: {indices, values, tokens}, multi: {data, rows, cols, encoding} },
+   * each null unless asked for (all three by default). encoding (e.g. "float16") packs the
+   * dense vector and the matrix on the wire.
+   * @param {string|string[]} texts
+   * @param {PoolCallOptions & {dense?: boolean, sparse?: boolean, multi?: boolean, sparseTopK?: number|null, returnTokens?: boolean}} [options]
+   * @returns {Promise<Array<{requestId: string, outputs: import('./outputs.js').TextOutputs}>>}
+   */
+  async embedOutputs(texts, options = {}) {
+    return this.#run('embed_outputs', () => asTexts(texts), options, outputsOptions(options));
+  }
+
+  /**
    * The documents ranked by relevance to the query, most relevant first: a cross-encoder scores
    * each (query, document) pair, an embedding model ranks by cosine similarity (as score()).
    * One Rerank call: at most the server's max_client_batch_size documents.
@@ -300,8 +314,9 @@ export class PoolingClient {
    * @param {string} task
    * @param {() => import('./requests.js').Inputs} getInputs
    * @param {PoolCallOptions} options
+   * @param {Record<string, unknown>} [inputOptions] the input case's other fields
    */
-  async #run(task, getInputs, options) {
+  async #run(task, getInputs, options, inputOptions) {
     const inputs = getInputs();
     const template = requestTemplate(task, {
       poolingParams: options.poolingParams,
@@ -312,6 +327,7 @@ export class PoolingClient {
       promptName: options.promptName,
       prompt: options.prompt,
       validate: options.validate !== false,
+      inputOptions,
     });
     const count = inputCount(task, inputs);
     if (count !== null && needsLimits(count, this.batchSize)) {

@@ -20,7 +20,7 @@ export const ENCODINGS = Object.freeze({
 });
 
 /** Tasks whose outputs take an encoding. */
-export const ENCODING_TASKS = Object.freeze(['embed', 'token_embed', 'embed_multi']);
+export const ENCODING_TASKS = Object.freeze(['embed', 'token_embed', 'embed_multi', 'embed_outputs']);
 
 const WIRE_PREFIX = 'EMBEDDING_ENCODING_';
 const BITS = new Set(['binary', 'ubinary']);
@@ -38,7 +38,7 @@ export function checkEncoding(encoding, task) {
     throw new TypeError(`Unknown encoding ${JSON.stringify(encoding)}; expected one of ${Object.keys(ENCODINGS).join(', ')}`);
   }
   if (!ENCODING_TASKS.includes(task)) {
-    throw new TypeError(`encoding is only for embed and token_embed (and embed_multi), not ${task}`);
+    throw new TypeError(`encoding is only for embed and token_embed (and embed_multi, embed_outputs), not ${task}`);
   }
 }
 

@@ -171,6 +171,11 @@ const CONVERTERS = {
     })),
   token_embed: tokenOutputs,
   token_classify: tokenOutputs,
+  embed_outputs: (response) =>
+    outputOf(response, ['embed_outputs']).items.map((/** @type {any} */ item, /** @type {number} */ i) => ({
+      requestId: `${response.request_id}-${i}`,
+      outputs: textOutputs(item),
+    })),
   embed_multi: (response) =>
     outputOf(response, ['embed_multi']).items.map((/** @type {any} */ matrix, /** @type {number} */ i) => ({
       requestId: `${response.request_id}-${i}`,
@@ -189,6 +194,28 @@ export function multiVectorOutput(matrix) {
   const encoding = encodingName(matrix.encoding) ?? 'float32';
   const { rows, cols } = matrix;
   return { data: decodeValues(matrix.data, encoding, cols, rows), rows, cols, encoding };
+}
+
+/**
+ * @typedef {object} TextOutputs One text's outputs of a multi-output (bge-m3) model: those
+ *   asked for, the others null.
+ * @property {number[]|null} dense the dense vector
+ * @property {{indices: number[], values: number[], tokens: string[]}|null} sparse the lexical
+ *   weights, by decreasing weight (tokens when asked for)
+ * @property {MultiVectorOutput|null} multi the ColBERT matrix
+ */
+
+/**
+ * @param {any} item a TextOutputs message
+ * @returns {TextOutputs}
+ */
+function textOutputs(item) {
+  const { dense, sparse, multi } = item;
+  return {
+    dense: dense ? embeddingOutput(dense).embedding : null,
+    sparse: sparse ? { indices: [...sparse.indices], values: [...sparse.values], tokens: [...sparse.tokens] } : null,
+    multi: multi ? multiVectorOutput(multi) : null,
+  };
 }
 
 /**

@@ -5,7 +5,15 @@
 // round trip.
 
 /** The tasks a request can run, by the names vLLM uses. */
-export const TASKS = Object.freeze(['embed', 'classify', 'score', 'token_embed', 'token_classify', 'embed_multi']);
+export const TASKS = Object.freeze([
+  'embed',
+  'classify',
+  'score',
+  'token_embed',
+  'token_classify',
+  'embed_multi',
+  'embed_outputs',
+]);
 
 const EMBED_PARAMS = Object.freeze(['useActivation', 'dimensions', 'truncatePromptTokens']);
 const CLASSIFY_PARAMS = Object.freeze(['useActivation', 'truncatePromptTokens']);
@@ -17,9 +25,12 @@ export const TASK_PARAMS = Object.freeze({
   embed: EMBED_PARAMS,
   token_embed: EMBED_PARAMS,
   classify: CLASSIFY_PARAMS,
-  score: CLASSIFY_PARAMS,
+  // outputWeights: a multi-output (bge-m3) model's weighted score (rerank too).
+  score: Object.freeze([...CLASSIFY_PARAMS, 'outputWeights']),
   token_classify: CLASSIFY_PARAMS,
   embed_multi: MULTI_PARAMS,
+  // bge-m3: useActivation normalises the dense vector (the matrix always is).
+  embed_outputs: CLASSIFY_PARAMS,
 });
 
 /** Task name -> wire enum name. */
@@ -30,6 +41,7 @@ export const TASK_ENUM = Object.freeze({
   token_embed: 'POOLING_TASK_TOKEN_EMBED',
   token_classify: 'POOLING_TASK_TOKEN_CLASSIFY',
   embed_multi: 'POOLING_TASK_EMBED_MULTI',
+  embed_outputs: 'POOLING_TASK_EMBED_OUTPUTS',
 });
 
 /** camelCase key -> wire field name, for the optional fields. */
@@ -39,7 +51,8 @@ const WIRE_FIELDS = Object.freeze({
   truncatePromptTokens: 'truncate_prompt_tokens',
 });
 
-const KNOWN_KEYS = new Set([...Object.keys(WIRE_FIELDS), 'task']);
+const KNOWN_KEYS = new Set([...Object.keys(WIRE_FIELDS), 'task', 'outputWeights']);
+const OUTPUT_NAMES = Object.freeze(['dense', 'sparse', 'multi']);
 
 /**
  * @typedef {object} PoolingParams
@@ -50,6 +63,9 @@ const KNOWN_KEYS = new Set([...Object.keys(WIRE_FIELDS), 'task']);
  * @property {string} [task] optional; when set it must equal the task being run.
  * @property {number} [truncatePromptTokens] keep this many tokens per text (-1: the model's
  *   maximum).
+ * @property {{dense?: number, sparse?: number, multi?: number}} [outputWeights] score and
+ *   rerank on a multi-output (bge-m3) model: the weight of each output's score in the
+ *   combined one, sum(w * s) / sum(w). Unset: the dense score alone.
  */
 
 /**
@@ -90,7 +106,9 @@ export function verifyParams(params, task) {
     }
   }
   const allowed = TASK_PARAMS[/** @type {keyof TASK_PARAMS} */ (task)];
-  const invalid = Object.keys(WIRE_FIELDS).filter((key) => isSet(params[key]) && !allowed.includes(key));
+  const invalid = [...Object.keys(WIRE_FIELDS), 'outputWeights'].filter(
+    (key) => isSet(params[/** @type {keyof PoolingParams} */ (key)]) && !allowed.includes(key),
+  );
   if (invalid.length > 0) {
     throw new TypeError(
       `Task ${task} only supports [${allowed.join(', ')}] parameters, does not support [${invalid.join(', ')}] parameters`,
@@ -107,9 +125,29 @@ export function verifyParams(params, task) {
   if (isSet(params.dimensions) && /** @type {number} */ (params.dimensions) < 1) {
     throw new RangeError(`dimensions must be >= 1, got ${params.dimensions}`);
   }
+  if (isSet(params.outputWeights)) verifyOutputWeights(params.outputWeights);
   const tpt = params.truncatePromptTokens;
   if (isSet(tpt) && (/** @type {number} */ (tpt) < -1 || tpt === 0)) {
     throw new RangeError(`truncatePromptTokens must be -1 or >= 1, got ${tpt}`);
+  }
+}
+
+/**
+ * Throw unless `weights` is {dense?, sparse?, multi?} of finite numbers >= 0, one of them > 0.
+ * @param {unknown} weights
+ */
+function verifyOutputWeights(weights) {
+  if (typeof weights !== 'object' || weights === null || Array.isArray(weights)) {
+    throw new TypeError('outputWeights must be an object {dense, sparse, multi}');
+  }
+  const given = /** @type {Record<string, unknown>} */ (weights);
+  const unknown = Object.keys(given).filter((key) => !OUTPUT_NAMES.includes(key));
+  if (unknown.length > 0) throw new TypeError(`Unknown outputWeights keys ${unknown.join(', ')}`);
+  const values = OUTPUT_NAMES.map((name) => given[name] ?? 0);
+  if (values.some((value) => typeof value !== 'number')) throw new TypeError('outputWeights values must be numbers');
+  const numbers = /** @type {number[]} */ (values);
+  if (numbers.some((value) => !Number.isFinite(value) || value < 0) || !numbers.some((value) => value > 0)) {
+    throw new RangeError(`outputWeights must be finite and >= 0, at least one > 0; got ${numbers.join(', ')}`);
   }
 }
 
@@ -130,6 +168,12 @@ export function paramsToWire(params, task) {
   for (const [key, field] of Object.entries(WIRE_FIELDS)) {
     const value = params[/** @type {keyof PoolingParams} */ (key)];
     if (isSet(value)) message[field] = value;
+  }
+  const weights = params.outputWeights;
+  if (isSet(weights)) {
+    message.output_weights = Object.fromEntries(
+      OUTPUT_NAMES.map((name) => [name, /** @type {Record<string, number>} */ (weights)[name] ?? 0]),
+    );
   }
   return message;
 }

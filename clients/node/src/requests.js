@@ -164,10 +164,13 @@ export function expectedOutputs(task, inputs) {
  * @param {string|null} [options.prompt] a text to prepend ("" sends none, overriding the
  *   model's default prompt)
  * @param {boolean} [options.validate]
+ * @param {Record<string, unknown>} [options.inputOptions] fields of the input case besides its
+ *   texts (embed_outputs: the outputs asked for, sparse_top_k, return_tokens), kept in every
+ *   request made from the template
  */
 export function requestTemplate(
   task,
-  { poolingParams, truncatePromptTokens, model, requestId, encoding, promptName, prompt, validate = true },
+  { poolingParams, truncatePromptTokens, model, requestId, encoding, promptName, prompt, validate = true, inputOptions },
 ) {
   checkTask(task);
   const params = { ...(poolingParams ?? {}) };
@@ -192,6 +195,7 @@ export function requestTemplate(
   }
   if (hasPromptName) template.prompt_name = promptName;
   if (hasPrompt) template.prompt = prompt;
+  if (inputOptions !== undefined) template[task] = { ...inputOptions };
   return template;
 }
 
@@ -216,6 +220,22 @@ export function checkPrompts(task, promptName, prompt) {
 }
 
 /**
+ * embed_outputs' input options (OutputsInput's fields besides texts), checked: at least one
+ * output asked for, sparseTopK a count.
+ * @param {{dense?: boolean, sparse?: boolean, multi?: boolean, sparseTopK?: number|null, returnTokens?: boolean}} options
+ * @returns {Record<string, unknown>}
+ */
+export function outputsOptions({ dense = true, sparse = true, multi = true, sparseTopK = null, returnTokens = false }) {
+  for (const [name, value] of Object.entries({ dense, sparse, multi, returnTokens })) {
+    if (typeof value !== 'boolean') throw new TypeError(`${name} must be a boolean`);
+  }
+  if (!dense && !sparse && !multi) throw new TypeError('ask for at least one output: dense, sparse or multi');
+  const topK = sparseTopK ?? 0;
+  if (!Number.isInteger(topK) || topK < 0) throw new RangeError(`sparseTopK must be an integer >= 0, got ${sparseTopK}`);
+  return { dense, sparse, multi, sparse_top_k: topK, return_tokens: returnTokens };
+}
+
+/**
  * The template plus inputs: a complete PoolRequest.
  * @param {ReturnType<typeof requestTemplate>} template
  * @param {string} task
@@ -223,7 +243,8 @@ export function checkPrompts(task, promptName, prompt) {
  * @param {string} [requestId]
  */
 export function withInputs(template, task, inputs, requestId) {
-  return { ...template, request_id: requestId ?? template.request_id, [task]: inputMessage(task, inputs) };
+  const options = /** @type {Record<string, unknown>|undefined} */ (template[task]);
+  return { ...template, request_id: requestId ?? template.request_id, [task]: { ...options, ...inputMessage(task, inputs) } };
 }
 
 /**
