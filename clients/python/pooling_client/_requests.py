@@ -288,8 +288,10 @@ def rerank_request(
     truncate_prompt_tokens: int | None = None,
     model: str | None = None,
     request_id: str | None = None,
+    instruction: str | None = None,
 ) -> pooling_pb2.RerankRequest:
-    """Build a verified RerankRequest; its params are score's (rerank runs score 1:N)."""
+    """Build a verified RerankRequest; its params are score's (rerank runs score 1:N).
+    ``instruction``: an LLM reranker's (its score template's {instruction}); sent when set."""
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, got {type(query).__name__}")
     if top_n is None:
@@ -298,6 +300,8 @@ def rerank_request(
         raise TypeError(f"top_n must be an int or None, got {type(top_n).__name__}")
     if top_n < 0:
         raise ValueError(f"top_n must be >= 0 (0 or None: every document), got {top_n}")
+    if instruction is not None and not isinstance(instruction, str):
+        raise TypeError(f"instruction must be a str or None, got {type(instruction).__name__}")
     params = resolve_params("score", pooling_params, truncate_prompt_tokens)
     request = pooling_pb2.RerankRequest(
         request_id=request_id if request_id is not None else new_request_id(),
@@ -310,6 +314,8 @@ def rerank_request(
     )
     given = _images.as_inputs(documents, "documents")  # on an image model, may hold images
     (request.items if _images.has_items(given) else request.documents).extend(given)
+    if instruction is not None:
+        request.instruction = instruction
     return request
 
 

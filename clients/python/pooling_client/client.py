@@ -199,12 +199,15 @@ class PoolingClient:
         timeout: float | None = None,
         request_id: str | None = None,
         use_tqdm: UseTqdm = False,
+        instruction: str | None = None,
     ) -> list[ScoringRequestOutput]:
         """One relevance score per pair (vLLM ``LLM.score``); on an image-text model
         either side may hold images (as for :meth:`embed`), scored by cosine.
 
         With ``data_2``: 1:1, 1:N or N:N texts. Without it: ``data_1`` is a list of
         (text_1, text_2) tuples or "query [SEP] document" strings, scored pairwise.
+        ``instruction``: an LLM reranker's (its score template's {instruction}; None: the
+        template's default), sent as the request's prompt; other models refuse it.
         """
         pairs = _requests.score_texts(data_1, data_2)
         return self._pool(
@@ -216,6 +219,7 @@ class PoolingClient:
             timeout,
             request_id,
             use_tqdm,
+            prompt=instruction,
         )
 
     def encode(
@@ -375,14 +379,18 @@ class PoolingClient:
         model: str | None = None,
         timeout: float | None = None,
         request_id: str | None = None,
+        instruction: str | None = None,
     ) -> RerankRequestOutput:
         """The documents ranked by relevance to ``query``, most relevant first (on an
         image-text model the documents may be images, as for :meth:`embed`).
 
         A cross-encoder scores each (query, document) pair; an embedding model ranks by
-        cosine similarity, as :meth:`score` does. ``top_n`` keeps the best few (None or 0:
-        every document); ``return_documents`` adds each document's text to its result.
-        One Rerank call: at most the server's max_client_batch_size documents.
+        cosine similarity, as :meth:`score` does; a ColBERT model by MaxSim; an LLM
+        reranker by its template's yes/no logits, with ``instruction`` as the template's
+        {instruction} (None: its default; other models refuse one). ``top_n`` keeps the
+        best few (None or 0: every document); ``return_documents`` adds each document's
+        text to its result. One Rerank call: at most the server's max_client_batch_size
+        documents.
         """
         request = _requests.rerank_request(
             query,
@@ -393,6 +401,7 @@ class PoolingClient:
             truncate_prompt_tokens=truncate_prompt_tokens,
             model=self._config.model_for(model),
             request_id=request_id,
+            instruction=instruction,
         )
         response = self._call(self._stub.Rerank, request, timeout)
         count = len(request.documents) or len(request.items)
