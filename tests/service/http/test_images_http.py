@@ -156,7 +156,7 @@ def grpc_embeddings(stub: pooling_pb2_grpc.PoolingServiceStub) -> np.ndarray:
     items = [pb.Item(text="a photo of a cat")]
     items += [pb.Item(image=pb.ImageInput(data=data)) for data in IMAGES]
     reply = stub.Pool(pb.PoolRequest(model="clip", embed=pb.TextInput(items=items)), timeout=60)
-    return np.array([list(output.embedding.values) for output in reply.embed.outputs])
+    return np.array([list(embedding.values) for embedding in reply.embed.embeddings])
 
 
 def test_embeddings_equal_grpc(http: HttpServer, stub: pooling_pb2_grpc.PoolingServiceStub) -> None:
