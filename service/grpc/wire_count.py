@@ -21,22 +21,30 @@ PRECOUNT_BYTES = 64 * 1024
 # own table, or None for a repeated string to count).
 Spec = dict[int, tuple[str, "Spec | None"]]
 _TEXTS: Spec = {1: ("texts", None)}
-_SCORE: Spec = {1: ("text_1", None), 2: ("text_2", None)}
+# TextInput: texts, or an image model's items (Item messages, counted alike), and its
+# zero-shot candidate labels.
+_TEXT_INPUT: Spec = {1: ("texts", None), 2: ("items", None), 3: ("candidate_labels", None)}
+_SCORE: Spec = {
+    1: ("text_1", None),
+    2: ("text_2", None),
+    3: ("items_1", None),
+    4: ("items_2", None),
+}
 POOL_REQUEST: Spec = {
-    4: ("embed", _TEXTS),
-    5: ("classify", _TEXTS),
+    4: ("embed", _TEXT_INPUT),
+    5: ("classify", _TEXT_INPUT),
     6: ("score", _SCORE),
-    7: ("token_embed", _TEXTS),
-    8: ("token_classify", _TEXTS),
+    7: ("token_embed", _TEXT_INPUT),
+    8: ("token_classify", _TEXT_INPUT),
     9: ("embed_sparse", _TEXTS),
-    13: ("embed_multi", _TEXTS),
+    13: ("embed_multi", _TEXT_INPUT),
     14: ("late_chunking", {1: ("spans", None)}),
     15: ("embed_outputs", _TEXTS),
 }
 SPECS: dict[str, Spec] = {
     "PoolRequest": POOL_REQUEST,
     "PoolStreamRequest": {1: ("request", POOL_REQUEST)},
-    "RerankRequest": {4: ("documents", None)},
+    "RerankRequest": {4: ("documents", None), 9: ("items", None)},
     "TokenizeRequest": {2: ("texts", None)},
 }
 

@@ -260,3 +260,29 @@ def test_a_bad_image_fails_its_own_stream_request(
     np.testing.assert_allclose(got, towers["clip"].image(DECODED[1:2])[0], atol=ATOL)
     got = list(answers["after"].response.embed.embeddings[0].values)
     np.testing.assert_allclose(got, towers["clip"].text(TEXTS[:1])[0], atol=ATOL)
+
+
+def test_many_items_are_counted_on_the_wire() -> None:
+    """A large message's items (and zero-shot labels) are counted before protobuf parses
+    it, as texts are, each list named as the rules name it."""
+    from service.grpc.wire_count import SPECS, list_over_limit
+
+    many = [text_item("ab")] * 20_000
+    cases = [
+        (pb.PoolRequest(embed=pb.TextInput(items=many)), "PoolRequest", "embed.items"),
+        (
+            pb.PoolRequest(classify=pb.TextInput(items=many[:1], candidate_labels=["x"] * 30_000)),
+            "PoolRequest",
+            "classify.candidate_labels",
+        ),
+        (
+            pb.PoolRequest(score=pb.ScoreInput(items_1=many[:1], items_2=many)),
+            "PoolRequest",
+            "score.items_2",
+        ),
+        (pb.RerankRequest(query="q", items=many), "RerankRequest", "items"),
+    ]
+    for message, kind, path in cases:
+        assert list_over_limit(message.SerializeToString(), SPECS[kind], 1024) == path
+    fits = pb.PoolRequest(embed=pb.TextInput(items=many[:1000], texts=["x" * 70_000]))
+    assert list_over_limit(fits.SerializeToString(), SPECS["PoolRequest"], 1024) is None
