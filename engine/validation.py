@@ -15,7 +15,7 @@ tokenizer thread) and UNKNOWN_VALUES (enum values a door cannot map, as it decod
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
@@ -846,12 +846,13 @@ def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         floor = fewest_tokens(request.texts, specials, cap)
         estimate = token_rows_bytes(task, floor, info, dims, encoding, budget)
     else:
+        if request.candidate_labels:  # zero-shot: one value per candidate label
+            info = replace(info, labels=request.candidate_labels)
         estimate = pooled_bytes(
             request.task, request.num_items, info, dims, request.encoding, budget
         )
     if estimate > budget.max_bytes:
-        path = "score.text_2" if request.task is Task.SCORE else f"{request.task}.texts"
-        yield output_violation(path, estimate, budget)
+        yield output_violation(_list_path(request), estimate, budget)
 
 
 # Rules that need token counts: run once tokenized (on a tokenizer thread), before the

@@ -466,3 +466,16 @@ def test_load_refusals(folders: dict[str, Path]) -> None:
     bad = ModelSpec(str(folders["clip"]), label_template="a photo")
     with pytest.raises(ValueError, match="--label-template must hold"):
         load_model(bad, device=torch.device("cpu"), dtype=torch.float32)
+
+
+def test_zero_shot_answers_are_bounded(models: dict[str, LoadedModel]) -> None:
+    """A zero-shot answer holds one value per candidate label for every item: refused before
+    any image is decoded when that would pass the door's limit."""
+    from engine.output_size import ResponseBudget
+
+    labels = tuple(f"label {k}" for k in range(1000))
+    request = PoolRequest(Task.CLASSIFY, items=(IMAGES[0],) * 30, candidate_labels=labels)
+    small = Limits(response=ResponseBudget(max_bytes=100_000))
+    assert reasons(refusal(models["clip"], request, small)) == [
+        ("classify.items", "OUTPUT_TOO_LARGE")
+    ]
