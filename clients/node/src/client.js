@@ -10,6 +10,7 @@ import { PoolingError } from './errors.js';
 import { convertOutputs, modelInfos, rerankOutput, tokenizeOutputs } from './outputs.js';
 import { loadPoolingService } from './proto.js';
 import {
+  asInputs,
   asTexts,
   checkEncodeTask,
   expectedOutputs,
@@ -174,23 +175,31 @@ export class PoolingClient {
   }
 
   /**
-   * One embedding per text, in input order.
-   * @param {string|string[]} texts
+   * One embedding per text, in input order. On an image-text model (CLIP, SigLIP) an input
+   * may be an image: a Buffer of its PNG, JPEG, WebP or GIF bytes.
+   * @param {string|Buffer|Array<string|Buffer>} texts
    * @param {PoolCallOptions} [options]
    * @returns {Promise<import('./outputs.js').EmbeddingRequestOutput[]>}
    */
   embed(texts, options = {}) {
-    return this.#run('embed', () => asTexts(texts), options);
+    return this.#run('embed', () => asInputs(texts), options);
   }
 
   /**
-   * One classification per text, in input order.
-   * @param {string|string[]} texts
-   * @param {PoolCallOptions} [options]
+   * One classification per text, in input order. On an image-text model (CLIP, SigLIP)
+   * inputs may be images (Buffers of PNG, JPEG, WebP or GIF bytes) and the classes are
+   * candidateLabels (zero-shot), each put in labelTemplate ("{label}" replaced; unset: the
+   * server's "a photo of a {label}.").
+   * @param {string|Buffer|Array<string|Buffer>} texts
+   * @param {PoolCallOptions & {candidateLabels?: string[], labelTemplate?: string}} [options]
    * @returns {Promise<import('./outputs.js').ClassificationRequestOutput[]>}
    */
   classify(texts, options = {}) {
-    return this.#run('classify', () => asTexts(texts), options);
+    /** @type {Record<string, unknown>} */
+    const zeroShot = {};
+    if (options.candidateLabels !== undefined) zeroShot.candidate_labels = asTexts(options.candidateLabels, 'candidateLabels');
+    if (options.labelTemplate !== undefined) zeroShot.label_template = options.labelTemplate;
+    return this.#run('classify', () => asInputs(texts), options, zeroShot);
   }
 
   /**
@@ -257,7 +266,8 @@ export class PoolingClient {
       validate: options.validate !== false,
     });
     const response = await this.rawCall('Rerank', request, options);
-    return rerankOutput(response, request.documents.length, request.top_n);
+    const count = (request.documents ?? request.items ?? []).length;
+    return rerankOutput(response, count, request.top_n);
   }
 
   /**

@@ -41,6 +41,50 @@ export function asTexts(prompts, name = 'prompts') {
 }
 
 /**
+ * Whether `value` is an image input: a Buffer (or another Uint8Array) of an encoded image.
+ * @param {unknown} value
+ */
+export function isImage(value) {
+  return value instanceof Uint8Array;
+}
+
+/**
+ * Normalise inputs that may hold images (an image-text model's: CLIP, SigLIP): strings stay
+ * strings, unless one input is an image (a Buffer of PNG, JPEG, WebP or GIF bytes), when
+ * every input becomes a wire Item ({text} or {image: {data}}) and the request sends items.
+ * @param {string|Uint8Array|Iterable<string|Uint8Array>} prompts
+ * @param {string} [name]
+ * @returns {Array<string|{text?: string, image?: {data: Uint8Array}}>}
+ */
+export function asInputs(prompts, name = 'prompts') {
+  if (isImage(prompts)) return [toItem(prompts, name)];
+  if (typeof prompts === 'string' || ![...asIterable(prompts, name)].some(isImage)) {
+    return asTexts(/** @type {any} */ (prompts), name);
+  }
+  return [.../** @type {Iterable<unknown>} */ (prompts)].map((value, i) => toItem(value, `${name}[${i}]`));
+}
+
+/**
+ * One input as a wire Item.
+ * @param {unknown} value
+ * @param {string} name
+ */
+function toItem(value, name) {
+  if (typeof value === 'string') return { text: value };
+  if (isImage(value)) return { image: { data: Buffer.from(/** @type {Uint8Array} */ (value)) } };
+  if (value !== null && typeof value === 'object' && ('text' in value || 'image' in value)) return value;
+  throw new TypeError(`${name} must be a string or a Buffer of an image, got ${typeof value}`);
+}
+
+/**
+ * Whether a list of inputs is items (it held an image).
+ * @param {unknown[]} inputs
+ */
+export function hasItems(inputs) {
+  return inputs.length > 0 && typeof inputs[0] !== 'string';
+}
+
+/**
  * Split "query [SEP] doc" on the first [SEP], dropping the whitespace around it.
  * @param {string} text
  * @returns {[string, string]}
@@ -102,7 +146,12 @@ function asIterable(value, name) {
  */
 export function scoreTexts(data1, data2) {
   if (data2 === null || data2 === undefined) return splitPairs(data1);
-  return [asTexts(/** @type {any} */ (data1), 'text1'), asTexts(data2, 'text2')];
+  const one = asInputs(/** @type {any} */ (data1), 'text1');
+  const two = asInputs(/** @type {any} */ (data2), 'text2');
+  if (hasItems(one) || hasItems(two)) {
+    return /** @type {any} */ ([one.map((v) => toItem(v, 'text1')), two.map((v) => toItem(v, 'text2'))]);
+  }
+  return /** @type {[string[], string[]]} */ ([one, two]);
 }
 
 /**
@@ -132,9 +181,10 @@ export function inputCount(task, inputs) {
 export function inputMessage(task, inputs) {
   if (task === 'score') {
     const [text1, text2] = /** @type {[string[], string[]]} */ (inputs);
+    if (hasItems(text1) || hasItems(text2)) return { items_1: text1, items_2: text2 };
     return { text_1: text1, text_2: text2 };
   }
-  return { texts: inputs };
+  return hasItems(inputs) ? { items: inputs } : { texts: inputs };
 }
 
 /**
@@ -251,7 +301,8 @@ export function withInputs(template, task, inputs, requestId) {
  * A RerankRequest: the documents to rank against the query. Its params are score's (rerank
  * runs score 1:N), verified unless `validate` is false.
  * @param {string} query
- * @param {string|Iterable<string>} documents
+ * @param {string|Iterable<string|Uint8Array>} documents texts, or on an image-text model
+ *   also images (Buffers), sent as items
  * @param {object} [options]
  * @param {number|null} [options.topN] keep the best topN; unset or 0: every document
  * @param {boolean} [options.returnDocuments] add each document's text to its result
@@ -266,7 +317,7 @@ export function withInputs(template, task, inputs, requestId) {
  */
 export function rerankRequest(query, documents, options = {}) {
   if (typeof query !== 'string') throw new TypeError(`query must be a string, got ${typeof query}`);
-  const texts = asTexts(documents, 'documents');
+  const texts = asInputs(documents, 'documents');
   const topN = options.topN ?? 0;
   if (!Number.isInteger(topN) || topN < 0) {
     throw new RangeError(`topN must be a non-negative integer (0 or unset: every document), got ${topN}`);
@@ -286,7 +337,7 @@ export function rerankRequest(query, documents, options = {}) {
     request_id: requestId,
     model,
     query,
-    documents: texts,
+    ...(hasItems(texts) ? { items: texts } : { documents: texts }),
     top_n: topN,
     return_documents: Boolean(options.returnDocuments),
     params,
