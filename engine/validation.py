@@ -254,11 +254,9 @@ def _items_shape(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """Items stand in place of texts: never both in one list, only where a task takes
     them, and no more images than the limit per request."""
     request = r.request
-    if request.task is None:
-        return
+    if request.task is None or not (request.items or request.items_1 or request.items_2):
+        return  # a text request: nothing to check (the usual case, kept cheap)
     given = list(item_lists(request))
-    if not given:
-        return
     if request.task not in ITEM_TASKS:
         yield FieldViolation(
             given[0][0],
@@ -343,21 +341,27 @@ def _candidate_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 def _modalities(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """Images need an image model (ModelCard.modalities), as zero-shot labels do."""
     request, info = r.request, r.info
-    if info.accepts_images:
-        return
-    for path, items in item_lists(request):
-        for i, item in enumerate(items):
-            if isinstance(item, Image):
-                yield FieldViolation(
-                    f"{path}[{i}].image",
-                    f'model "{info.name}" takes texts only; send images to a model whose '
-                    "modalities include image (CLIP, SigLIP)",
-                    "MODALITY_NOT_SUPPORTED",
-                )
-                return
+    if not info.accepts_images and (request.items or request.items_1 or request.items_2):
+        for path, items in item_lists(request):
+            for i, item in enumerate(items):
+                if isinstance(item, Image):
+                    yield FieldViolation(
+                        f"{path}[{i}].image",
+                        f'model "{info.name}" takes texts only; send images to a model whose '
+                        "modalities include image (CLIP, SigLIP)",
+                        "MODALITY_NOT_SUPPORTED",
+                    )
+                    return
+    if request.candidate_labels:
+        yield from _zero_shot_model(request, info)
+
+
+def _zero_shot_model(request: PoolRequest, info: ModelInfo) -> Iterator[FieldViolation]:
+    """Candidate labels on classify need an image model (one without classify at all is
+    _task_supported's to refuse)."""
     classifies = request.task is Task.CLASSIFY and Task.CLASSIFY in info.tasks
-    if request.candidate_labels and classifies:
-        yield FieldViolation(  # (a model without classify: _task_supported speaks)
+    if classifies and not info.accepts_images:
+        yield FieldViolation(
             "classify.candidate_labels",
             f'model "{info.name}" classifies into its own labels; zero-shot candidate labels '
             "need an image-text model (CLIP, SigLIP)",
