@@ -204,6 +204,10 @@ def test_node_models_carry_the_newer_model_card_fields(
             "precision",
             "backend_file",
             "revision",
+            "score_template_source",
+            "modalities",
+            "image_size",
+            "outputs",
         ):
             assert got[name][_camel(field)] == getattr(info, field), (name, field)
     colbert = got["colbert"]
@@ -213,7 +217,7 @@ def test_node_models_carry_the_newer_model_card_fields(
     assert colbert["multiVector"]["queryPrefix"] == "[Q] "
     assert colbert["multiVector"]["skiplistWords"] == list("!,.?;:")
     assert got["rr"]["multiVector"] is None
-    # The Python client's ModelInfo has no score_template_source: the card is the reference.
+    # And the raw card, for the template's source.
     with grpc.insecure_channel(retrieval_server.address) as channel:
         cards = pooling_pb2_grpc.PoolingServiceStub(channel).ListModels(pb.ListModelsRequest())
     for card in cards.models:

@@ -15,6 +15,7 @@ import {
   checkEncodeTask,
   expectedOutputs,
   inputCount,
+  lateChunkingToWire,
   requestTemplate,
   rerankRequest,
   scoreTexts,
@@ -93,6 +94,9 @@ export const DEFAULT_CHANNEL_OPTIONS = Object.freeze({
  * @property {string|null} [prompt] embed, token_embed and embed_multi: a text to prepend
  *   instead ("" sends none). Not with promptName.
  * @property {boolean} [validate] false sends the params unchecked (the server still checks)
+ * @property {import('./requests.js').LateChunking|null} [lateChunking] embed only: one vector
+ *   per chunk of each text ({spans: [[start, end], ...]} of the one text, or {rule: "sentences"}
+ *   or {rule: "tokens", window, overlap}); each output is then {spans, embeddings}
  */
 
 /**
@@ -175,8 +179,10 @@ export class PoolingClient {
   }
 
   /**
-   * One embedding per text, in input order. On an image-text model (CLIP, SigLIP) an input
-   * may be an image: a Buffer of its PNG, JPEG, WebP or GIF bytes.
+   * One embedding per text, in input order; with lateChunking, one {spans, embeddings} per
+   * text (ChunkedEmbeddingOutput): each chunk's span and its embedding, in chunk order. On an
+   * image-text model (CLIP, SigLIP) an input may be an image: a Buffer of its PNG, JPEG, WebP
+   * or GIF bytes.
    * @param {string|Buffer|Array<string|Buffer>} texts
    * @param {PoolCallOptions} [options]
    * @returns {Promise<import('./outputs.js').EmbeddingRequestOutput[]>}
@@ -339,6 +345,8 @@ export class PoolingClient {
       validate: options.validate !== false,
       inputOptions,
     });
+    const chunking = lateChunkingToWire(task, options.lateChunking, options.validate !== false);
+    if (chunking !== undefined) template.late_chunking = chunking;
     const count = inputCount(task, inputs);
     if (count !== null && needsLimits(count, this.batchSize)) {
       const limits = await this.#streamLimits(options.timeout);

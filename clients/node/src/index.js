@@ -16,4 +16,5 @@ export {
 } from './encodings.js';
 export { PoolingError, CODE_NAMES, STATUS_DETAILS_KEY, decodeStatus } from './errors.js';
 export { TASKS, TASK_PARAMS, verifyParams, paramsToWire } from './params.js';
+export { CHUNK_RULES, lateChunkingToWire } from './requests.js';
 export { DEFAULT_PROTO_PATH, LOADER_OPTIONS, loadPoolingService, googleProtosDir } from './proto.js';

@@ -15,9 +15,13 @@ import { decodeRows, decodeValues, encodingName } from './encodings.js';
  * @property {number} [dimensions] values in the vector (before any bit packing)
  * @property {Uint8Array} [data] the packed bytes as they came (see decodeValues)
  *
+ * @typedef {object} ChunkedEmbeddingOutput One text's late chunks (embed with lateChunking).
+ * @property {Array<[number, number]>} spans each chunk's character span [start, end)
+ * @property {EmbeddingOutput[]} embeddings each chunk's embedding, in chunk order
+ *
  * @typedef {object} EmbeddingRequestOutput
  * @property {string} requestId
- * @property {EmbeddingOutput} outputs
+ * @property {EmbeddingOutput|ChunkedEmbeddingOutput} outputs
  *
  * @typedef {object} ClassificationRequestOutput
  * @property {string} requestId
@@ -91,6 +95,11 @@ import { decodeRows, decodeValues, encodingName } from './encodings.js';
  * @property {string} scoreTemplateSource an LLM reranker's template origin
  *   ("--score-template", "score_template.json" or "chat_template"); "" for other models
  * @property {MultiVectorSettings|null} multiVector a ColBERT model's modes; null for others
+ * @property {string[]} modalities the inputs it takes: "text", and "image" for CLIP and
+ *   SigLIP models (["text"] from a server that does not say)
+ * @property {number} imageSize an image model's input size in pixels; 0 for others
+ * @property {string[]} outputs a multi-output (bge-m3) model's outputs ("dense", "sparse",
+ *   "multi"); [] for others
  *
  * @typedef {object} RerankResult One document's place in a ranking.
  * @property {number} index its position in the documents sent
@@ -154,11 +163,23 @@ export function matrixRows(matrix) {
 
 /** @type {Record<string, (response: any) => any[]>} */
 const CONVERTERS = {
-  embed: (response) =>
-    outputOf(response, ['embed']).embeddings.map((/** @type {any} */ e, /** @type {number} */ i) => ({
+  embed: (response) => {
+    const output = outputOf(response, ['embed']);
+    if ((output.chunked ?? []).length > 0) {
+      // late chunking: one list of chunks per text
+      return output.chunked.map((/** @type {any} */ text, /** @type {number} */ i) => ({
+        requestId: `${response.request_id}-${i}`,
+        outputs: {
+          spans: spans(text.chunks.map((/** @type {any} */ chunk) => chunk.span)),
+          embeddings: text.chunks.map((/** @type {any} */ chunk) => embeddingOutput(chunk.embedding)),
+        },
+      }));
+    }
+    return output.embeddings.map((/** @type {any} */ e, /** @type {number} */ i) => ({
       requestId: `${response.request_id}-${i}`,
       outputs: embeddingOutput(e),
-    })),
+    }));
+  },
   classify: (response) =>
     outputOf(response, ['classify']).classifications.map((/** @type {any} */ c, /** @type {number} */ i) => ({
       requestId: `${response.request_id}-${i}`,
@@ -302,7 +323,23 @@ export function modelInfos(response) {
     calibrationSource: card.calibration_source ?? '',
     scoreTemplateSource: card.score_template_source ?? '',
     multiVector: multiVectorSettings(card.multi_vector),
+    modalities: modalities(card.modalities),
+    imageSize: card.image_size ?? 0,
+    outputs: [...(card.outputs ?? [])],
   }));
+}
+
+/**
+ * A ModelCard's modalities as short names ("text", "image"); none (a server from before
+ * images): text.
+ * @param {Array<string|number>|undefined} values
+ * @returns {string[]}
+ */
+function modalities(values) {
+  const names = (values ?? [])
+    .filter((value) => value !== 'MODALITY_UNSPECIFIED' && value !== 0)
+    .map((value) => enumSuffix(value, 'MODALITY_'));
+  return names.length > 0 ? names : ['text'];
 }
 
 /**

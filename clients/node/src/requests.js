@@ -249,6 +249,77 @@ export function requestTemplate(
   return template;
 }
 
+/** Late chunking's rules by name, as the wire's ChunkRule names them. */
+export const CHUNK_RULES = Object.freeze({ sentences: 'CHUNK_RULE_SENTENCES', tokens: 'CHUNK_RULE_TOKENS' });
+const LATE_CHUNKING_KEYS = Object.freeze(['spans', 'rule', 'window', 'overlap']);
+
+/**
+ * @typedef {object} LateChunking embed only: one vector per chunk of each text, each the mean
+ *   of the chunk's token states from one pass over the whole text (see the README).
+ * @property {Array<[number, number]>} [spans] character spans [start, end) of the call's one
+ *   text (code points, as token offsets are); any order, overlap allowed
+ * @property {string} [rule] or a rule for every text: "sentences", or "tokens" (window tokens
+ *   per chunk, overlap of them shared by neighbours)
+ * @property {number} [window] rule "tokens": tokens per chunk
+ * @property {number} [overlap] rule "tokens": tokens shared by consecutive chunks
+ */
+
+/**
+ * The wire LateChunking of `lateChunking` on `task`, its shape checked unless `validate` is
+ * false (the server checks its values against the texts); undefined when none is given.
+ * @param {string} task
+ * @param {LateChunking|null|undefined} lateChunking
+ * @param {boolean} [validate]
+ * @returns {Record<string, unknown>|undefined}
+ */
+export function lateChunkingToWire(task, lateChunking, validate = true) {
+  if (lateChunking === undefined || lateChunking === null) return undefined;
+  if (validate) checkLateChunking(task, lateChunking);
+  const { spans = [], rule, window = 0, overlap = 0 } = lateChunking;
+  /** @type {Record<string, unknown>} */
+  const message = {
+    spans: spans.map(([start, end]) => ({ start, end })),
+    window_tokens: window,
+    overlap_tokens: overlap,
+  };
+  if (rule !== undefined && rule !== null) {
+    message.rule = /** @type {Record<string, string>} */ (CHUNK_RULES)[rule] ?? rule;
+  }
+  return message;
+}
+
+/**
+ * Throw unless `lateChunking` is on embed and of LateChunking's shape.
+ * @param {string} task
+ * @param {unknown} lateChunking
+ */
+function checkLateChunking(task, lateChunking) {
+  if (task !== 'embed') throw new TypeError(`lateChunking applies to embed, not ${task}`);
+  if (typeof lateChunking !== 'object' || lateChunking === null || Array.isArray(lateChunking)) {
+    throw new TypeError('lateChunking must be an object: {spans} or {rule, window, overlap}');
+  }
+  const given = /** @type {Record<string, unknown>} */ (lateChunking);
+  const unknown = Object.keys(given).filter((key) => !LATE_CHUNKING_KEYS.includes(key));
+  if (unknown.length > 0) throw new TypeError(`Unknown lateChunking keys ${unknown.join(', ')}`);
+  const { spans, rule, window, overlap } = given;
+  const isPair = (/** @type {unknown} */ span) =>
+    Array.isArray(span) && span.length === 2 && span.every((value) => Number.isInteger(value));
+  if (spans !== undefined && spans !== null && !(Array.isArray(spans) && spans.every(isPair))) {
+    throw new TypeError('lateChunking.spans must be an array of [start, end] integer pairs');
+  }
+  if (rule !== undefined && rule !== null && !Object.hasOwn(CHUNK_RULES, /** @type {string} */ (rule))) {
+    throw new TypeError(`lateChunking.rule must be one of ${Object.keys(CHUNK_RULES).join(', ')}, got ${JSON.stringify(rule)}`);
+  }
+  for (const [name, value] of [
+    ['window', window],
+    ['overlap', overlap],
+  ]) {
+    if (value !== undefined && value !== null && !Number.isInteger(value)) {
+      throw new TypeError(`lateChunking.${name} must be an integer, got ${JSON.stringify(value)}`);
+    }
+  }
+}
+
 /**
  * Throw unless the prompt options fit `task`: strings, not both, and only on PROMPT_TASKS.
  * @param {string} task
