@@ -479,3 +479,35 @@ def test_zero_shot_answers_are_bounded(models: dict[str, LoadedModel]) -> None:
     assert reasons(refusal(models["clip"], request, small)) == [
         ("classify.items", "OUTPUT_TOO_LARGE")
     ]
+
+
+def test_batches_hold_one_tower(folders: dict[str, Path]) -> None:
+    """Texts and images queued together form batches of one tower each, an image costing
+    its patch count in the token budget."""
+    from engine.modality import is_image
+
+    model = load(folders["clip"])
+    batches: list[list[bool]] = []
+    forward = model.runner.forward
+
+    def recording(batch: Sequence[object], keep: Sequence[bool], alone: bool = True) -> list:
+        batches.append([is_image(unit) for unit in batch])
+        return forward(batch, keep, alone)  # type: ignore[arg-type]
+
+    model.runner.forward = recording  # type: ignore[method-assign]
+    requests = [embed([TEXTS[k % 3], IMAGES[k % 3], IMAGES[(k + 1) % 3]]) for k in range(12)]
+
+    async def main() -> list[object]:
+        engine = Engine([model], batch_config=BatchConfig(max_batch_tokens=17 * 8))
+        await engine.start()
+        batches.clear()  # the warm-up's mixed batch is the runner's, not the queue's
+        try:
+            return await asyncio.wait_for(asyncio.gather(*map(engine.pool, requests)), 60)
+        finally:
+            await engine.stop()
+
+    results = asyncio.run(main())
+    assert len(results) == 12 and batches
+    assert all(len(set(kinds)) == 1 for kinds in batches)
+    assert max(len(kinds) for kinds in batches if kinds[0]) <= 8  # 8 images of 17 patches
+    assert sum(map(len, batches)) == 36
