@@ -262,7 +262,7 @@ def test_clip_preprocessing_equals_transformers(tmp_path: Path, processor: objec
     got = ours(images)
     assert got.dtype == np.float32 and got.shape == expected.shape
     assert got.shape[2:] == ours.size
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(got, expected)  # bit for bit
 
 
 @pytest.mark.parametrize(
@@ -275,7 +275,7 @@ def test_siglip_preprocessing_equals_transformers(tmp_path: Path, processor: obj
     assert ours is not None
     images = _pictures()
     expected = processor(images, return_tensors="np")["pixel_values"]  # type: ignore[operator]
-    np.testing.assert_allclose(ours(images), expected, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(ours(images), expected)
 
 
 def test_patch_counts(tmp_path: Path) -> None:
