@@ -2,16 +2,20 @@
 a real server serving the tiny CLIP fixture: /v1/embeddings (OpenAI-style parts and vLLM's
 messages) and Cohere's /v2/embed equal to gRPC's embeddings of the same images; a remote
 URL, a corrupt image and too many images refused with their field paths, in well under a
-second, while a bystander is served."""
+second, while a bystander is served (a decompression bomb among them); /score and /rerank
+with image documents equal to gRPC's scores; a batch line carrying images as the body does."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,6 +29,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from service.http.json_body import parse_body
 from service.http.openai import ROUTES
+from tests.engine.test_image_decoding import png_claiming
 from tests.fixture_models import tiny_clip
 from tests.service.http_calls import HttpServer, serving_http
 
@@ -136,8 +141,12 @@ def test_text_only_routes_refuse_images() -> None:
 
 
 @pytest.fixture(scope="module")
-def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    folder = tiny_clip(tmp_path_factory.mktemp("images-http") / "clip")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_clip(tmp_path_factory.mktemp("images-http") / "clip")
+
+
+@pytest.fixture(scope="module")
+def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     args = ["--model", f"clip={folder}", "--dtype", "float32", "--max-images-per-request", "4"]
     with serving_http(args, tmp_path_factory.mktemp("images-http-log"), "images-http") as server:
         yield server
@@ -189,6 +198,43 @@ def test_cohere_images_equal_grpc(
     np.testing.assert_allclose(answer["embeddings"]["float"], expected, atol=ATOL)
 
 
+def test_score_and_rerank_with_image_documents_equal_grpc(
+    http: HttpServer, stub: pooling_pb2_grpc.PoolingServiceStub
+) -> None:
+    query = pb.Item(text="a photo of a cat")
+    documents = [pb.Item(image=pb.ImageInput(data=data)) for data in IMAGES]
+    score = pb.ScoreInput(items_1=[query], items_2=documents)
+    expected = list(stub.Pool(pb.PoolRequest(model="clip", score=score), timeout=60).score.scores)
+    parts = [{"content": [image_part(data_url(data))]} for data in IMAGES]
+    body = {"model": "clip", "text_1": "a photo of a cat", "text_2": parts}
+    status, _, answer = http.call("/score", body)
+    assert status == 200, answer
+    np.testing.assert_allclose([row["score"] for row in answer["data"]], expected, atol=ATOL)
+    body = {"model": "clip", "query": "a photo of a cat", "documents": parts}
+    status, _, answer = http.call("/rerank", body)
+    assert status == 200, answer
+    ranked = {row["index"]: row["relevance_score"] for row in answer["results"]}
+    np.testing.assert_allclose([ranked[i] for i in range(len(IMAGES))], expected, atol=ATOL)
+
+
+def test_a_batch_line_carries_images_as_the_http_body(
+    folder: Path, stub: pooling_pb2_grpc.PoolingServiceStub, tmp_path: Path
+) -> None:
+    expected = grpc_embeddings(stub)
+    body = {"model": "clip", "input": ["a photo of a cat", *map(image_part, map(data_url, IMAGES))]}
+    line = {"custom_id": "one", "method": "POST", "url": "/v1/embeddings", "body": body}
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(json.dumps(line) + "\n")
+    command = [sys.executable, "-m", "service.launch", "batch", "--model", f"clip={folder}"]
+    command += ["--dtype", "float32", "--input", str(source), "--output", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [answer] = [json.loads(text) for text in out.read_text().splitlines()]
+    assert answer["response"]["status_code"] == 200, answer
+    rows = answer["response"]["body"]["data"]
+    np.testing.assert_allclose([row["embedding"] for row in rows], expected, atol=ATOL)
+
+
 def _refusals() -> list[tuple[str, dict[str, Any], int, str, str]]:
     corrupt = bytearray(png(12))
     corrupt[60:160] = bytes(100)
@@ -213,6 +259,13 @@ def _refusals() -> list[tuple[str, dict[str, Any], int, str, str]]:
             400,
             "TOO_MANY_IMAGES",
             "",
+        ),
+        (
+            "/v1/embeddings",
+            {"model": "clip", "input": ["x", image_part(data_url(png_claiming(50_000, 50_000)))]},
+            400,
+            "IMAGE_TOO_LARGE",
+            "[1]",
         ),
         (
             "/v2/embed",
