@@ -381,7 +381,7 @@ def load_model(
     if folder.head is HeadKind.TOWERS:
         from engine.towers_loader import load_towers
 
-        return load_towers(spec, folder, device, dtype, is_default)
+        return load_towers(spec, folder, device, dtype, is_default, runtime, threads)
     projection = _load_projection(folder, device)
     module = _load_module(folder, device, dtype, attn_implementation)
     info = _model_info(spec, folder, module, projection, is_default)

@@ -79,6 +79,9 @@ class ModelRunner:
         # The torch module's forward replayed from CUDA graphs where a batch's shape has one
         # (engine/cuda_graphs.py); None: always eager.
         self.graphs: GraphedForward | None = None
+        # A two-tower model's image tower exported to ONNX Runtime or OpenVINO
+        # (engine/backends/image_tower.py); None: torch.
+        self.image_backend: Any = None
 
     def arrays(self, batch: Sequence[TokenSequence]) -> dict[str, np.ndarray]:
         """Right-pad to the longest sequence, filled in numpy: a tensor per row costs more
@@ -145,7 +148,7 @@ class ModelRunner:
         """A backend's output stays in numpy through pooling (see pool_array); the torch
         module's stays a tensor on its device until the pooled vectors come back."""
         if self.info.towers is not None:
-            return self._towers(batch, self.info.towers)
+            return self._towers(batch, self.info.towers, threads)
         output: np.ndarray | torch.Tensor
         mask: np.ndarray | torch.Tensor
         if self.backend is not None:
@@ -204,23 +207,28 @@ class ModelRunner:
             outputs[i] = means
         return outputs
 
-    def _towers(self, batch: Sequence[Any], settings: TowerSettings) -> list[np.ndarray]:
+    def _towers(
+        self, batch: Sequence[Any], settings: TowerSettings, threads: int | None
+    ) -> list[np.ndarray]:
         """A two-tower model: texts through get_text_features, images through
-        get_image_features, each tower once for its part of the batch (the queue forms
-        batches of one tower; a mixed one, the warm-up's, runs both)."""
+        get_image_features (or its export, `image_backend`), each tower once for its part
+        of the batch (the queue forms batches of one tower; a mixed one, the warm-up's,
+        runs both). `threads`: the pass's share of the cores, for an exported tower."""
         outputs: list[np.ndarray] = [None] * len(batch)  # type: ignore[list-item]
         texts = [i for i, e in enumerate(batch) if not is_image(e)]
         images = [i for i, e in enumerate(batch) if is_image(e)]
         for positions, tower in ((texts, self._text_tower), (images, self._image_tower)):
             if positions:
-                rows = tower([batch[i] for i in positions], settings)
+                rows = tower([batch[i] for i in positions], threads)
                 for i, row in zip(positions, rows, strict=True):
                     outputs[i] = row
         return outputs
 
-    def _text_tower(self, batch: Sequence[TokenSequence], settings: TowerSettings) -> np.ndarray:
+    def _text_tower(self, batch: Sequence[TokenSequence], threads: int | None) -> np.ndarray:
         """Padded as the model's processor pads (SigLIP: to its fixed length), with the
         attention mask only where its tokenizer makes one."""
+        settings = self.info.towers
+        assert settings is not None
         arrays = self.arrays(batch)
         ids, mask = arrays["input_ids"], arrays["attention_mask"]
         missing = settings.text_length - ids.shape[1]
@@ -233,7 +241,9 @@ class ModelRunner:
         assert self.module is not None
         return _features(self.module.get_text_features(**inputs))
 
-    def _image_tower(self, batch: Sequence[PixelFrame], settings: TowerSettings) -> np.ndarray:
+    def _image_tower(self, batch: Sequence[PixelFrame], threads: int | None) -> np.ndarray:
+        if self.image_backend is not None:
+            return self.image_backend.run(np.stack([f.pixels for f in batch]), threads)
         assert self.module is not None
         pixels = torch.from_numpy(np.stack([frame.pixels for frame in batch]))
         dtype = next(self.module.parameters()).dtype

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
-from engine.backends import BackendKind
+from engine.backends import BackendKind, RuntimeSettings
+from engine.backends.image_tower import load_image_tower
 from engine.encodings import read_calibration_ranges
 from engine.modality import Modality, PixelFrame
 from engine.model_info import (
@@ -44,11 +45,14 @@ def load_towers(
     device: torch.device,
     dtype: torch.dtype,
     is_default: bool,
+    runtime: RuntimeSettings | None = None,
+    threads: int = 1,
 ) -> LoadedModel:
-    """The model on the device with both towers warm; its info lists both modalities."""
+    """The model on the device with both towers warm; its info lists both modalities.
+    `runtime` and `threads`: an exported image tower's cache and cores."""
     from engine.loader import LoadedModel, loaded_revision, max_input_tokens
 
-    _refuse_backends(spec)
+    exported = _image_backend_kind(spec, device, dtype)
     config = folder.config
     if config.model_type == "siglip2":
         raise ValueError(
@@ -123,6 +127,11 @@ def load_towers(
     warm_up: list[Any] = list(tokenizer.tokenize(["warm up"]))
     warm_up.append(PixelFrame(np.zeros((3, *settings.image_size), np.float32), settings.patches))
     runner = ModelRunner(module, _replace(info, towers=settings), tokenizer.pad_token_id, device)
+    if exported is not None:
+        runner.image_backend = load_image_tower(
+            exported, spec.served_name, folder.path, module, settings.image_size, runtime, threads
+        )
+        info = _replace(info, backend=str(exported), backend_file=str(runner.image_backend.file))
     width = int(runner.forward(warm_up[:1], [False])[0].shape[-1])
     ranges = read_calibration_ranges(Path(folder.path), width)
     info = _replace(info, towers=settings, hidden_size=width, calibration_ranges=ranges)
@@ -151,16 +160,29 @@ def _replace(value: Any, **changes: Any) -> Any:
     return replace(value, **changes)
 
 
-def _refuse_backends(spec: ModelSpec) -> None:
-    """The exported backends (ONNX Runtime, OpenVINO) know one forward; an image model
-    has two towers, served on torch only."""
+def _image_backend_kind(
+    spec: ModelSpec, device: torch.device, dtype: torch.dtype
+) -> BackendKind | None:
+    """Where the image tower runs besides torch: --backend onnx or openvino moves it to an
+    export of its own (CPU, float32); auto and torch keep both towers on torch. A shipped
+    --backend-file (one forward: a text model's) and --quantize are refused."""
     options = spec.backend
-    if options.kind not in (BackendKind.AUTO, BackendKind.TORCH) or options.file:
+    name = spec.served_name
+    if options.file:
         raise ValueError(
-            f"model {spec.served_name}: an image model (CLIP, SigLIP) runs on --backend torch "
-            f"only, not {options.kind}{' with --backend-file' if options.file else ''}"
+            f"model {name}: --backend-file holds one forward; an image model (CLIP, SigLIP) "
+            "exports its image tower itself: leave --backend-file unset"
         )
     if options.quantize:
         raise ValueError(
-            f"model {spec.served_name}: --quantize does not apply to an image model (CLIP, SigLIP)"
+            f"model {name}: --quantize does not apply to an image model (CLIP, SigLIP)"
         )
+    if options.kind in (BackendKind.AUTO, BackendKind.TORCH):
+        return None
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ValueError(
+            f"model {name}: --backend {options.kind} runs the image tower in float32 on the "
+            f"CPU, not {str(dtype).removeprefix('torch.')} on {device}; pass --device cpu or "
+            "--backend torch"
+        )
+    return options.kind

@@ -457,15 +457,45 @@ def test_the_servers_label_template(
 
 
 def test_load_refusals(folders: dict[str, Path]) -> None:
-    """An image model runs its towers on torch only, and its template must place the label."""
-    from engine.backends import BackendKind, BackendOptions
+    """A shipped export holds one forward (not two towers), --quantize does not apply, and
+    the template must place the label."""
+    from engine.backends import BackendKind, BackendOptions, Quantize
 
-    onnx = ModelSpec(str(folders["clip"]), backend=BackendOptions(kind=BackendKind.ONNX))
-    with pytest.raises(ValueError, match="runs on --backend torch only, not onnx"):
-        load_model(onnx, device=torch.device("cpu"), dtype=torch.float32)
+    shipped = BackendOptions(kind=BackendKind.ONNX, file="model.onnx")
+    for options, match in (
+        (shipped, "leave --backend-file unset"),
+        (BackendOptions(kind=BackendKind.ONNX, quantize=Quantize.INT8), "--quantize"),
+    ):
+        spec = ModelSpec(str(folders["clip"]), backend=options)
+        with pytest.raises(ValueError, match=match):
+            load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
     bad = ModelSpec(str(folders["clip"]), label_template="a photo")
     with pytest.raises(ValueError, match="--label-template must hold"):
         load_model(bad, device=torch.device("cpu"), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["onnx", "openvino"])
+def test_image_tower_on_a_cpu_backend(
+    folders: dict[str, Path], references: dict[str, Reference], tmp_path: Path, kind: str
+) -> None:
+    """--backend onnx / openvino: the image tower exported (cached), within the text
+    backends' tolerance of transformers; the text tower stays on torch."""
+    from engine.backends import BackendKind, BackendOptions, RuntimeSettings
+
+    spec = ModelSpec(str(folders["clip"]), backend=BackendOptions(kind=BackendKind(kind)))
+    model = load_model(
+        spec,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        runtime=RuntimeSettings(cache_dir=tmp_path),
+    )
+    assert model.info.backend == kind and model.info.backend_file.endswith("image_tower.onnx")
+    [out] = run_all(model, [embed([IMAGES[0], TEXTS[0], IMAGES[1]], False)])
+    reference = references["clip"]
+    expected = np.stack(
+        [*reference.image(DECODED[:1]), *reference.text(TEXTS[:1]), *reference.image(DECODED[1:2])]
+    )
+    np.testing.assert_allclose(vectors(out), expected, atol=1e-4)
 
 
 def test_zero_shot_answers_are_bounded(models: dict[str, LoadedModel]) -> None:
