@@ -41,6 +41,7 @@ from service.http.door import (
     decode_body,
     json_response,
     new_request_id,
+    present,
     refused,
     render,
     text_list,
@@ -247,7 +248,13 @@ class CohereRoutes:
             prompt = None if images else self.prompt_for(body.input_type, info)
             return replace(pool, params=params, prompt_name=prompt, max_tokens=over)
 
-        ran = await self.runner.pool(pool, call(request, "Pool"), prepare=prepare)
+        try:
+            ran = await self.runner.pool(pool, call(request, "Pool"), prepare=prepare)
+        except PoolingError as error:
+            if not images:
+                raise
+            source = "images" if present(body.images) else "inputs"
+            raise _cohere_item_paths(error, source) from None
         result, info = ran.result, ran.info
         assert info is not None
         vectors = [_embedding(output).values for output in result.outputs]
@@ -373,6 +380,21 @@ def _embed_items(body: _Embed, max_inputs: int) -> list[Item]:
         parts = [Part(c.type, text=c.text, image_url=c.image_url) for c in item.content]
         items.append(content_item(parts, f"inputs[{n}].content"))
     return items
+
+
+def _cohere_item_paths(error: PoolingError, field: str) -> PoolingError:
+    """An engine refusal of an item (`embed.items[3].image`) named by the Cohere field the
+    item came from: `images[3]`, or `inputs[3].content`."""
+    if error.kind is not ErrorKind.INVALID_ARGUMENT or not error.violations:
+        return error
+    suffix = "]" if field == "images" else "].content"
+    renamed = [
+        replace(v, field=f"{field}[{v.field[len('embed.items[') :].partition(']')[0]}{suffix}")
+        if v.field.startswith("embed.items[")
+        else v
+        for v in error.violations
+    ]
+    return PoolingError.invalid(renamed)
 
 
 def _embedding(output: Any) -> Embedding:

@@ -272,7 +272,14 @@ def _refusals() -> list[tuple[str, dict[str, Any], int, str, str]]:
             {"model": "clip", "images": ["https://example.com/a.png"], "input_type": "image"},
             400,
             "IMAGE_URL_NOT_ALLOWED",
-            "",
+            "images[0]",
+        ),
+        (
+            "/v2/embed",
+            {"model": "clip", "images": [data_url(png(14)), data_url(bytes(corrupt))]},
+            400,
+            "IMAGE_INVALID",
+            "images[1]",
         ),
     ]
 
@@ -301,6 +308,8 @@ def test_refusals_are_quick_while_a_bystander_is_served(
             assert error["reason"] == reason, answer
             if url == "/v1/embeddings" and path:
                 assert path in error["param"], answer
+            elif path:  # Cohere's message names the field
+                assert error["message"].startswith(f"invalid request: {path}"), answer
             assert took < 1.0, (url, reason, took)
     finally:
         stop.set()
