@@ -51,7 +51,7 @@ from engine.model_info import (
 )
 from engine.model_runner import ModelRunner
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
-from engine.multi_output import MultiOutputSettings, find_heads, unused_ids
+from engine.multi_output import MultiOutputSettings, check_first_token, find_heads, unused_ids
 from engine.multi_output_module import MultiOutputModule, load_head
 from engine.multi_vector import DOCUMENT, QUERY, MultiVectorSettings, read_folder
 from engine.multi_vector import resolve as resolve_multi_vector
@@ -762,9 +762,9 @@ def _multi_output_info(
     config = folder.config
     assert isinstance(module, MultiOutputModule)
     hidden = int(config.hidden_size)
-    settings = MultiOutputSettings(
-        hidden, module.colbert.out_features, unused_ids(folder.hf_tokenizer)
-    )
+    unused = unused_ids(folder.hf_tokenizer)
+    check_first_token(folder.hf_tokenizer, unused, folder.path)
+    settings = MultiOutputSettings(hidden, module.colbert.out_features, unused)
     long_input = spec.long_input
     if long_input is LongInput.CHUNK:
         log.warning("model %s: --long-input chunk does not apply to bge-m3 models", spec.name)

@@ -6,8 +6,12 @@ beside its encoder gives three outputs from one forward pass.
   with the tokenizer's cls, eos/sep, pad and unk ids and zero weights left out;
 - multi (ColBERT): colbert_linear(h) for every token after the first, each row normalised.
 
-The forward (engine/multi_output_module.py) hands back, per token, one float32 row of
-[hidden | sparse weight | ColBERT vector]; the functions here slice it. The scores are the
+The forward (engine/multi_output_module.py) hands back one float32 row per token, of
+max(hidden, 1 + ColBERT width) values: the first token's row holds its hidden state (the
+dense vector), every later token's row its sparse weight then its ColBERT vector. The first
+token is the tokenizer's cls (checked at load), whose lexical weight and ColBERT row bge-m3
+drops, so nothing is lost, and the token rows a request brings back are about half as wide
+as [hidden | weight | vector] would be. The functions here slice them. The scores are the
 model card's: dense by the dot of normalised vectors, sparse by the sum over shared ids of
 the products of weights, multi by the mean over query rows of the best dot product over
 document rows; combined as sum(weight * score) / sum(weight).
@@ -39,12 +43,9 @@ class MultiOutputSettings:
     unused_ids: tuple[int, ...] = ()
 
     @property
-    def sparse_column(self) -> int:
-        return self.hidden
-
-    @property
-    def multi_start(self) -> int:
-        return self.hidden + 1
+    def width(self) -> int:
+        """Values per token row: row 0 the dense vector, the others weight and vector."""
+        return max(self.hidden, 1 + self.multi_width)
 
 
 def normalize(values: np.ndarray) -> np.ndarray:
@@ -68,6 +69,17 @@ def find_heads(path: Path) -> tuple[Path, Path] | None:
     return sparse, colbert
 
 
+def check_first_token(tokenizer: Any, unused: tuple[int, ...], path: Path) -> None:
+    """The rows leave out the first token's lexical weight and ColBERT row, which bge-m3
+    drops as the cls token's: every text must start with one of the unused ids."""
+    first = tokenizer("a")["input_ids"][:1]
+    if not first or first[0] not in unused:
+        raise ValueError(
+            f"{path}: a multi-output (bge-m3) model needs a tokenizer that starts every text "
+            "with its cls token (bge-m3 drops that token's lexical weight and ColBERT row)"
+        )
+
+
 def unused_ids(tokenizer: Any) -> tuple[int, ...]:
     """The ids whose lexical weight bge-m3 drops: cls, eos (sep for BERT-like), pad, unk."""
     names = ("cls_token_id", "eos_token_id", "sep_token_id", "pad_token_id", "unk_token_id")
@@ -85,9 +97,10 @@ def lexical(
     settings: MultiOutputSettings, input_ids: Any, rows: np.ndarray, top_k: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ids, weights): per token id its largest weight, zero weights and the unused ids left
-    out, by decreasing weight (ties by id), the first top_k of them (0: all)."""
-    ids = np.asarray(input_ids, dtype=np.int64)
-    weights = rows[: len(ids), settings.sparse_column].astype(np.float32)
+    out, by decreasing weight (ties by id), the first top_k of them (0: all). The first
+    token (cls, unused) has no weight in its row."""
+    ids = np.asarray(input_ids, dtype=np.int64)[1:]
+    weights = rows[1 : 1 + len(ids), 0].astype(np.float32)
     keep = (weights > 0) & ~np.isin(ids, settings.unused_ids)
     ids, weights = ids[keep], weights[keep]
     unique, where = np.unique(ids, return_inverse=True)
@@ -99,7 +112,8 @@ def lexical(
 
 def colbert(settings: MultiOutputSettings, rows: np.ndarray) -> np.ndarray:
     """The ColBERT matrix: every token's row after the first, projected and normalised."""
-    return normalize(np.ascontiguousarray(rows[1:, settings.multi_start :], dtype=np.float32))
+    vectors = rows[1:, 1 : 1 + settings.multi_width]
+    return normalize(np.ascontiguousarray(vectors, dtype=np.float32))
 
 
 def lexical_score(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:

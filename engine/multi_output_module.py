@@ -1,9 +1,10 @@
 """The forward of a multi-output (bge-m3) model: the encoder, then its sparse and ColBERT
-heads on every token, as one module whose `last_hidden_state` row per token is
-[hidden | relu(sparse_linear(h)) | colbert_linear(h)] in float32. The runner's paths work
-unchanged: CLS pooling of that row carries the dense vector (dense-only embed ships one
-row per text), keep-tokens hands back every token's row for the lexical weights and the
-ColBERT matrix (engine/multi_output.py slices them)."""
+heads on every token, as one module whose `last_hidden_state` holds one float32 row per
+token: the first token's hidden state (the dense vector) in row 0, and in every later row
+relu(sparse_linear(h)) then colbert_linear(h) (the layout of engine/multi_output.py). The
+runner's paths work unchanged: CLS pooling reads row 0, the dense vector (dense-only embed
+ships one row per text), keep-tokens hands back every token's row for the lexical weights
+and the ColBERT matrix."""
 
 from __future__ import annotations
 
@@ -58,5 +59,11 @@ class MultiOutputModule(torch.nn.Module):
         kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         states = self.body(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         hidden = states.last_hidden_state.float()
-        weights = torch.relu(self.sparse(hidden))
-        return JoinedStates(torch.cat([hidden, weights, self.colbert(hidden)], dim=-1))
+        rest = hidden[:, 1:]
+        size, length, width = hidden.shape
+        colbert = self.colbert.out_features
+        rows = hidden.new_zeros(size, length, max(width, 1 + colbert))
+        rows[:, 0, :width] = hidden[:, 0]
+        rows[:, 1:, :1] = torch.relu(self.sparse(rest))
+        rows[:, 1:, 1 : 1 + colbert] = self.colbert(rest)
+        return JoinedStates(rows)

@@ -498,7 +498,7 @@ _OUTPUT_OF_TASK = {
 
 def _plan_multi_output(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     """embed, embed_sparse, embed_multi and embed_outputs on a bge-m3 model: each text's
-    outputs sliced from its rows of [hidden | sparse weight | ColBERT vector]. Only the
+    outputs sliced from its token rows (engine/multi_output.py's layout). Only the
     dense vector alone comes back pooled (one row); the others need every token's row."""
     request = resolved.request
     if request.task is Task.SCORE:

@@ -187,7 +187,8 @@ def test_only_the_asked_outputs_are_set(models: dict[str, LoadedModel]) -> None:
 
 
 def test_dense_alone_ships_one_row_per_text(models: dict[str, LoadedModel]) -> None:
-    """Dense-only work pools on the engine side (no token rows come back)."""
+    """Dense-only work pools on the engine side (no token rows come back); token rows are
+    as wide as the widest output, not all three side by side."""
     model, limits = models["xlm-roberta"], Limits()
     for request in (
         PoolRequest(task=Task.EMBED, texts=tuple(TEXTS)),
@@ -197,6 +198,10 @@ def test_dense_alone_ships_one_row_per_text(models: dict[str, LoadedModel]) -> N
         assert not any(keep for _, keep in plan.work)
     plan = plan_request(validate_request(outputs(TEXTS), model.info, limits), model, limits)
     assert all(keep for _, keep in plan.work)
+    # Token rows hold the dense vector (row 0) or weight and ColBERT vector (the others):
+    # max(32, 1 + 24) values, not 32 + 1 + 24.
+    raws = model.runner.forward([s for s, _ in plan.work], [k for _, k in plan.work])
+    assert [raw.shape for raw in raws] == [(len(s), 32) for s, _ in plan.work]
 
 
 def test_use_activation_false_leaves_dense_unnormalised(
