@@ -360,6 +360,9 @@ def test_refusals(models: dict[str, LoadedModel]) -> None:
         in refusal(model, outputs(["x"], encoding=OutputEncoding.INT8))[1]
     )
     assert "INPUT_TOO_LONG" in refusal(model, outputs(["word " * 400]))[1]
+    # bge-m3 has no query/document modes: those names are unknown prompts on embed_multi.
+    query = PoolRequest(task=Task.EMBED_MULTI, texts=("x",), prompt_name="query")
+    assert "PROMPT_NAME_UNKNOWN" in refusal(model, query)[1]
 
 
 def test_refused_at_load(folders: dict[str, Path], tmp_path: Path) -> None:
