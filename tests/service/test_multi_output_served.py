@@ -307,6 +307,8 @@ def test_python_client_embed_outputs_and_weighted_rerank(
         params = PoolingParams(output_weights=ClientWeights(0.4, 0.2, 0.4))
         ranked = client.rerank(QUERY, DOCUMENTS, model="m3", pooling_params=params)
         scored = client.score(QUERY, DOCUMENTS, model="m3", pooling_params=params)
+        cards = {m.name: m for m in client.models()}
+    assert cards["m3"].outputs == ["dense", "sparse", "multi"] and cards["minilm"].outputs == []
     for out, full, w in zip(got, half, want, strict=True):
         assert isinstance(out.outputs.multi, np.ndarray)
         np.testing.assert_allclose(out.outputs.dense, w["dense"], atol=ATOL)

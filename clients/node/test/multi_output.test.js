@@ -171,5 +171,6 @@ describe('embedOutputs and weighted rerank over grpc-js', () => {
     assert.deepEqual(seen.at(-1).params.output_weights, { dense: 0, sparse: 1, multi: 0 });
     const [m3] = await client.models();
     assert.ok(m3.tasks.includes('embed_outputs'));
+    assert.deepEqual(m3.outputs, ['dense', 'sparse', 'multi']);
   });
 });
