@@ -33,7 +33,7 @@ class ImageUrl(msgspec.Struct):
 class Part(msgspec.Struct):
     """One content part: {"type": "text", "text": ...} or {"type": "image_url",
     "image_url": {"url": ...}} (also a bare string in place of the object), or
-    {"type": "image", "image": <data URL or base64>} (Infinity's and Jina's shape)."""
+    {"type": "image", "image": <data URL or base64>}."""
 
     type: str
     text: str | None = None
