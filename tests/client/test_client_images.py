@@ -82,6 +82,8 @@ def test_sync_client_embeds_images_as_the_raw_stub(server: ServerProcess, image_
         for given in (png(image), image_file, image):
             got = client.embed(["a photo of a cat", given], output="numpy")
             np.testing.assert_allclose(got, expected, atol=ATOL)
+        listed = client.embed(["a photo of a cat", image])
+        assert [out.outputs.modality for out in listed] == ["text", "image"]
         texts = client.embed(["a photo of a cat"], output="numpy")
         np.testing.assert_allclose(texts[0], expected[0], atol=ATOL)
 
@@ -101,6 +103,7 @@ def test_async_client_scores_reranks_and_classifies_images(
             assert ranked.results[0].index == best
             classes = await client.classify([image_file], candidate_labels=LABELS)
             assert len(classes[0].outputs.probs) == len(LABELS)
+            assert classes[0].outputs.modality == "image"
             assert abs(sum(classes[0].outputs.probs) - 1) < 1e-5
 
     asyncio.run(run())

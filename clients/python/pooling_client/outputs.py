@@ -35,6 +35,8 @@ class EmbeddingOutput:
     encoding: str | None = None
     dimensions: int | None = None
     data: bytes = field(default=b"", repr=False)
+    #: What was embedded: "text", or "image" (an image-text model's image input).
+    modality: str = "text"
 
     @property
     def hidden_size(self) -> int:
@@ -71,6 +73,8 @@ class ClassificationOutput:
     probs: list[float]
     label_id: int
     label: str
+    #: What was classified: "text", or "image" (zero-shot on an image-text model).
+    modality: str = "text"
 
     @property
     def num_classes(self) -> int:
@@ -411,11 +415,19 @@ def embedding_request_outputs(
 
 
 def _embedding(embedding: pooling_pb2.Embedding) -> EmbeddingOutput:
+    modality = _modality(embedding.modality)
     if embedding.encoding == pooling_pb2.EMBEDDING_ENCODING_UNSPECIFIED:
-        return EmbeddingOutput(list(embedding.values))
+        return EmbeddingOutput(list(embedding.values), modality=modality)
     encoding = _encodings.name_of(embedding.encoding)
     values = _encodings.decode_list(embedding.data, encoding, embedding.dimensions)
-    return EmbeddingOutput(values, encoding, embedding.dimensions, embedding.data)
+    return EmbeddingOutput(values, encoding, embedding.dimensions, embedding.data, modality)
+
+
+def _modality(value: int) -> str:
+    """A result's modality's short name; unset (a text model's answer) is "text"."""
+    if value == pooling_pb2.MODALITY_UNSPECIFIED:
+        return "text"
+    return _enum_suffix(pooling_pb2.Modality, value, "MODALITY_")
 
 
 def classification_request_outputs(
@@ -426,7 +438,10 @@ def classification_request_outputs(
     output = _output_of(response, "classify")
     return [
         ClassificationRequestOutput(
-            f"{rid}-{i}", ClassificationOutput(list(item.probs), item.label_id, item.label)
+            f"{rid}-{i}",
+            ClassificationOutput(
+                list(item.probs), item.label_id, item.label, _modality(item.modality)
+            ),
         )
         for i, item in enumerate(output.classifications)
     ]
