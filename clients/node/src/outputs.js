@@ -14,6 +14,7 @@ import { decodeRows, decodeValues, encodingName } from './encodings.js';
  * @property {string|null} [encoding] the encoding it travelled in; absent for repeated floats
  * @property {number} [dimensions] values in the vector (before any bit packing)
  * @property {Uint8Array} [data] the packed bytes as they came (see decodeValues)
+ * @property {string} [modality] "text" or "image", where an image-text model answered
  *
  * @typedef {object} ChunkedEmbeddingOutput One text's late chunks (embed with lateChunking).
  * @property {Array<[number, number]>} spans each chunk's character span [start, end)
@@ -183,7 +184,7 @@ const CONVERTERS = {
   classify: (response) =>
     outputOf(response, ['classify']).classifications.map((/** @type {any} */ c, /** @type {number} */ i) => ({
       requestId: `${response.request_id}-${i}`,
-      outputs: { probs: [...c.probs], labelId: c.label_id, label: c.label },
+      outputs: { probs: [...c.probs], labelId: c.label_id, label: c.label, ...modalityOf(c.modality) },
     })),
   score: (response) =>
     outputOf(response, ['score']).scores.map((/** @type {number} */ score, /** @type {number} */ i) => ({
@@ -246,9 +247,21 @@ function textOutputs(item) {
  */
 function embeddingOutput(embedding) {
   const encoding = encodingName(embedding.encoding);
-  if (encoding === null) return { embedding: [...embedding.values] };
+  const kind = modalityOf(embedding.modality);
+  if (encoding === null) return { embedding: [...embedding.values], ...kind };
   const { data, dimensions } = embedding;
-  return { embedding: decodeRows(data, encoding, dimensions, 1)[0], encoding, dimensions, data };
+  return { embedding: decodeRows(data, encoding, dimensions, 1)[0], encoding, dimensions, data, ...kind };
+}
+
+/**
+ * {modality: "text"|"image"} where an image-text model answered (it sets each result's
+ * Modality); {} for a text model's answer, which leaves it unset.
+ * @param {unknown} value
+ * @returns {{modality?: string}}
+ */
+function modalityOf(value) {
+  if (value === undefined || value === null || value === 'MODALITY_UNSPECIFIED' || value === 0) return {};
+  return { modality: enumSuffix(value, 'MODALITY_') };
 }
 
 /**

@@ -62,6 +62,7 @@ describe('images over grpc-js', () => {
             probs: labels.map(() => 1 / labels.length),
             label_id: 0,
             label: labels[0],
+            modality: 'MODALITY_IMAGE',
           }));
           callback(null, { request_id: id, model: 'clip', classify: { classifications } });
         } else {
@@ -105,10 +106,10 @@ describe('images over grpc-js', () => {
     assert.deepEqual([...request.embed.items[1].image.data], [...PNG]);
     assert.equal(request.embed.items[0].text, 'a cat');
     assert.deepEqual(
-      outputs.map((o) => o.outputs.embedding),
+      outputs.map((o) => [o.outputs.embedding, o.outputs.modality]),
       [
-        [0, 1],
-        [PNG.length, 0],
+        [[0, 1], 'text'],
+        [[PNG.length, 0], 'image'],
       ],
     );
   });
@@ -119,6 +120,7 @@ describe('images over grpc-js', () => {
     assert.deepEqual(request.classify.candidate_labels, ['cat', 'dog']);
     assert.equal(request.classify.label_template, 'a {label}');
     assert.equal(only.outputs.label, 'cat');
+    assert.equal(only.outputs.modality, 'image');
     const scores = await client.score('a cat', [PNG, 'a dog'], { model: 'clip' });
     assert.equal(scores.length, 2);
     assert.equal(seen.at(-1).score.items_1[0].text, 'a cat');
