@@ -23,6 +23,7 @@ from pooling_client._channel import (
     channel_options,
     channel_target,
 )
+from pooling_client._images import Input
 from pooling_client._progress import Progress, UseTqdm, progress
 from pooling_client.outputs import (
     ClassificationRequestOutput,
@@ -98,7 +99,7 @@ class AsyncPoolingClient:
 
     async def embed(
         self,
-        prompts: str | Sequence[str],
+        prompts: Input | Sequence[Input],
         *,
         pooling_params: PoolingParams | None = None,
         truncate_prompt_tokens: int | None = None,
@@ -152,7 +153,7 @@ class AsyncPoolingClient:
 
     async def classify(
         self,
-        prompts: str | Sequence[str],
+        prompts: Input | Sequence[Input],
         *,
         pooling_params: PoolingParams | None = None,
         truncate_prompt_tokens: int | None = None,
@@ -190,7 +191,7 @@ class AsyncPoolingClient:
     async def score(
         self,
         data_1: str | Iterable[Any],
-        data_2: str | Sequence[str] | None = None,
+        data_2: Input | Sequence[Input] | None = None,
         *,
         pooling_params: PoolingParams | None = None,
         truncate_prompt_tokens: int | None = None,
@@ -371,7 +372,7 @@ class AsyncPoolingClient:
     async def rerank(
         self,
         query: str,
-        documents: str | Sequence[str],
+        documents: Input | Sequence[Input],
         *,
         top_n: int | None = None,
         return_documents: bool = False,

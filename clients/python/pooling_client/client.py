@@ -24,6 +24,7 @@ from pooling_client._channel import (
     channel_options,
     channel_target,
 )
+from pooling_client._images import Input
 from pooling_client._progress import Progress, UseTqdm, progress
 from pooling_client.outputs import (
     ClassificationRequestOutput,
@@ -99,7 +100,7 @@ class PoolingClient:
 
     def embed(
         self,
-        prompts: str | Sequence[str],
+        prompts: Input | Sequence[Input],
         *,
         pooling_params: PoolingParams | None = None,
         truncate_prompt_tokens: int | None = None,
@@ -153,7 +154,7 @@ class PoolingClient:
 
     def classify(
         self,
-        prompts: str | Sequence[str],
+        prompts: Input | Sequence[Input],
         *,
         pooling_params: PoolingParams | None = None,
         truncate_prompt_tokens: int | None = None,
@@ -191,7 +192,7 @@ class PoolingClient:
     def score(
         self,
         data_1: str | Iterable[Any],
-        data_2: str | Sequence[str] | None = None,
+        data_2: Input | Sequence[Input] | None = None,
         *,
         pooling_params: PoolingParams | None = None,
         truncate_prompt_tokens: int | None = None,
@@ -370,7 +371,7 @@ class PoolingClient:
     def rerank(
         self,
         query: str,
-        documents: str | Sequence[str],
+        documents: Input | Sequence[Input],
         *,
         top_n: int | None = None,
         return_documents: bool = False,
