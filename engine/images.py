@@ -126,20 +126,23 @@ def decode_image(image: EncodedImage, limits: Limits, path: str) -> PILImage.Ima
         raise _too_many_pixels(path, None, limits) from error
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise _refuse(path, "IMAGE_INVALID", f"the {found} data does not decode") from error
-    with opened:
-        width, height = opened.size
-        if width * height > limits.max_image_pixels:
-            raise _too_many_pixels(path, (width, height), limits)
+    width, height = opened.size
+    if width * height > limits.max_image_pixels or width <= 0 or height <= 0:
+        opened.close()
         if width <= 0 or height <= 0:
             raise _refuse(path, "IMAGE_INVALID", "the image has no pixels")
-        try:
-            opened.seek(0)  # an animation's first frame
-            opened.load()
-            return to_rgb(ImageOps.exif_transpose(opened))
-        except (OSError, ValueError, SyntaxError, EOFError) as error:
-            raise _refuse(
-                path, "IMAGE_INVALID", f"the {found} data is corrupt or truncated"
-            ) from error
+        raise _too_many_pixels(path, (width, height), limits)
+    try:
+        opened.seek(0)  # an animation's first frame
+        opened.load()
+        ImageOps.exif_transpose(opened, in_place=True)  # upright, without a copy
+        picture = to_rgb(opened)
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
+        opened.close()
+        raise _refuse(path, "IMAGE_INVALID", f"the {found} data is corrupt or truncated") from error
+    if picture is not opened:  # converted: the decoded original is done with
+        opened.close()
+    return picture
 
 
 def _declared_format(mime_type: str, path: str) -> str | None:
