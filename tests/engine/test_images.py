@@ -226,11 +226,15 @@ def test_scores_are_cosines_of_both_towers(
         PoolRequest(Task.SCORE, items_1=(TEXTS[0],), items_2=tuple(IMAGES)),
         PoolRequest(Task.SCORE, items_1=tuple(IMAGES), items_2=tuple(reversed(IMAGES))),
         PoolRequest(Task.SCORE, text_1=(TEXTS[0],), text_2=(TEXTS[1],)),
+        PoolRequest(Task.SCORE, text_1=(TEXTS[0],), items_2=tuple(IMAGES)),  # sides differ
     ]
-    one_n, n_n, plain = (np.array([s.value for s in out]) for out in run_all(model, requests))  # type: ignore[union-attr]
+    one_n, n_n, plain, mixed = (
+        np.array([s.value for s in out]) for out in run_all(model, requests)
+    )  # type: ignore[union-attr]
     np.testing.assert_allclose(one_n, images @ texts[0], atol=ATOL)
     np.testing.assert_allclose(n_n, np.sum(images * images[::-1], axis=1), atol=ATOL)
     np.testing.assert_allclose(plain, [texts[0] @ texts[1]], atol=ATOL)
+    np.testing.assert_allclose(mixed, one_n, atol=ATOL)
 
 
 @pytest.mark.parametrize("name", ["clip", "siglip"])
