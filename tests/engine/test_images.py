@@ -478,6 +478,18 @@ def test_load_refusals(folders: dict[str, Path]) -> None:
         load_model(bad, device=torch.device("cpu"), dtype=torch.float32)
 
 
+def test_siglip2_naflex_is_refused_by_name(tmp_path: Path) -> None:
+    from transformers import Siglip2Config, Siglip2Model
+
+    layers = {"num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
+    text = {"vocab_size": 30522, "hidden_size": 16, "pad_token_id": 0, **layers}
+    config = Siglip2Config(text_config=text, vision_config={"hidden_size": 16, **layers})
+    Siglip2Model(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(MINILM).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="NaFlex"):
+        load(tmp_path, "naflex")
+
+
 @pytest.mark.parametrize("kind", ["onnx", "openvino"])
 def test_image_tower_on_a_cpu_backend(
     folders: dict[str, Path], references: dict[str, Reference], tmp_path: Path, kind: str
