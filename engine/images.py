@@ -333,30 +333,44 @@ def _size_dict(value: Any, square: bool) -> dict[str, int]:
     return {key: int(v) for key, v in dict(value).items() if v is not None}
 
 
+def _processor_settings(folder: Path) -> dict[str, Any] | None:
+    """The image processor's settings in `folder`: transformers' preprocessor_config.json,
+    or the "image_processor" entry of processor_config.json (what sentence-transformers 6
+    saves for a CLIP model)."""
+    if (folder / "preprocessor_config.json").is_file():
+        return dict(json.loads((folder / "preprocessor_config.json").read_text()))
+    if (folder / "processor_config.json").is_file():
+        settings = json.loads((folder / "processor_config.json").read_text())
+        if isinstance(settings.get("image_processor"), dict):
+            return dict(settings["image_processor"])
+    return None
+
+
 def image_model_folder(folder: Path) -> Path | None:
     """The folder holding the image processor: the model's, or for a sentence-transformers
     layout, the module's that has one (clip-ViT-B-32's `0_CLIPModel`)."""
-    if (folder / "preprocessor_config.json").is_file():
+    if _processor_settings(folder) is not None:
         return folder
     modules = folder / "modules.json"
     if modules.is_file():
         for module in json.loads(modules.read_text()):
             path = folder / module.get("path", "")
-            if (path / "preprocessor_config.json").is_file():
+            if _processor_settings(path) is not None:
                 return path
     return None
 
 
 def load_image_processor(folder: Path) -> ImagePreprocessor | None:
-    """The model's image processor from its preprocessor_config.json (and config.json for
-    the patch count); None for a folder without one (a text model).
+    """The model's image processor from its preprocessor_config.json or processor_config.json
+    (and config.json for the patch count); None for a folder without one (a text model).
 
     Raises ValueError for a processor this server does not reproduce (e.g. SigLIP2's
     variable-resolution NaFlex)."""
     where = image_model_folder(folder)
     if where is None:
         return None
-    config = json.loads((where / "preprocessor_config.json").read_text())
+    config = _processor_settings(where)
+    assert config is not None
     kind = str(config.get("image_processor_type", "CLIPImageProcessor")).removesuffix("Fast")
     kind = kind.removesuffix("Pil")
     defaults = PROCESSORS.get(kind)

@@ -469,3 +469,13 @@ def tiny_st_clip(folder: Path, clip: Path) -> Path:
     module["type"] = "sentence_transformers.models.CLIPModel"
     (folder / "modules.json").write_text(json.dumps([module]))
     return folder
+
+
+def tiny_st6_clip(folder: Path, clip: Path) -> Path:
+    """The layout sentence-transformers 6 saves for a CLIP model: one Transformer module at
+    the root (get_text_features / get_image_features) and the processor's settings in
+    processor_config.json, not preprocessor_config.json."""
+    from sentence_transformers import SentenceTransformer
+
+    SentenceTransformer(str(clip), device="cpu").save(str(folder))
+    return folder

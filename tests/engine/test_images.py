@@ -33,6 +33,7 @@ from tests.fixture_models import (
     SIGLIP_TEXT_LENGTH,
     tiny_clip,
     tiny_siglip,
+    tiny_st6_clip,
     tiny_st_clip,
 )
 
@@ -66,6 +67,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "clip": clip,
         "siglip": tiny_siglip(root / "siglip"),
         "st-clip": tiny_st_clip(root / "st-clip", clip),
+        "st6-clip": tiny_st6_clip(root / "st6-clip", clip),
     }
 
 
@@ -209,6 +211,23 @@ def test_sentence_transformers_clip_layout(
 
     reference = SentenceTransformer(str(folders["st-clip"]), device="cpu")
     model = models["st-clip"]
+    assert not model.info.default_normalize
+    [out] = run_all(model, [embed([*TEXTS, *IMAGES])])
+    expected = np.concatenate([reference.encode(list(TEXTS)), reference.encode(list(DECODED))])
+    np.testing.assert_allclose(vectors(out), expected, atol=ATOL)
+
+
+def test_sentence_transformers_6_clip_layout(
+    models: dict[str, LoadedModel], folders: dict[str, Path]
+) -> None:
+    """What sentence-transformers 6 saves for CLIP (processor_config.json, a root
+    Transformer module) loads, and embeds as its encode() does."""
+    from sentence_transformers import SentenceTransformer
+
+    assert (folders["st6-clip"] / "processor_config.json").is_file()
+    assert not (folders["st6-clip"] / "preprocessor_config.json").exists()
+    reference = SentenceTransformer(str(folders["st6-clip"]), device="cpu")
+    model = models["st6-clip"]
     assert not model.info.default_normalize
     [out] = run_all(model, [embed([*TEXTS, *IMAGES])])
     expected = np.concatenate([reference.encode(list(TEXTS)), reference.encode(list(DECODED))])

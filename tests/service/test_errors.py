@@ -53,6 +53,20 @@ EXPECTED: dict[tuple[ErrorKind, str], tuple[grpc.StatusCode, int, int, str, int]
         "Validation",
         400,
     ),
+    (ErrorKind.INVALID_ARGUMENT, "IMAGE_TOO_LARGE"): (
+        G.INVALID_ARGUMENT,
+        400,
+        413,
+        "Validation",
+        400,
+    ),
+    (ErrorKind.INVALID_ARGUMENT, "TOO_MANY_IMAGES"): (
+        G.INVALID_ARGUMENT,
+        400,
+        413,
+        "Validation",
+        400,
+    ),
     (ErrorKind.INVALID_ARGUMENT, "INPUT_TOO_LONG"): (
         G.INVALID_ARGUMENT,
         400,

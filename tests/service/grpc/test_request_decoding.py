@@ -39,10 +39,9 @@ def _refusal(raw: bytes, field: str = "input") -> tuple[str, str, str]:
     """(kind, reason, field) of how reading `field` of `raw` fails."""
     try:
         parse_body(raw, LIMIT).texts(field)
-    except BodyError as error:  # a PoolingError too: the more specific first
-        return "422", error.violation.reason, error.violation.field
-    except PoolingError as error:
-        return "400", error.reason, error.violations[0].field if error.violations else ""
+    except PoolingError as error:  # INVALID_BODY is OpenAI's 422 in the errors table
+        status = "422" if error.reason == "INVALID_BODY" else "400"
+        return status, error.reason, error.violations[0].field if error.violations else ""
     raise AssertionError("accepted")
 
 
