@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,12 @@ from engine.cuda_graphs import Buckets, GraphedForward, GraphSettings, attention
 from engine.dense import DenseLayer, load_dense
 from engine.encodings import read_calibration_ranges
 from engine.llm_scorer import LlmScorer
+from engine.model_folder import (
+    ModelFolder,
+    SentenceTransformersConfig,
+    loaded_revision,
+    max_input_tokens,
+)
 from engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
@@ -49,21 +55,21 @@ from engine.model_info import (
     SpladeActivation,
     SpladeStrategy,
 )
-from engine.model_runner import ModelRunner
+from engine.model_runner import LoadedModel, ModelRunner
 from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.multi_output import MultiOutputSettings, check_first_token, find_heads, unused_ids
 from engine.multi_output_module import MultiOutputModule, load_head
-from engine.multi_vector import DOCUMENT, QUERY, MultiVectorSettings, read_folder
+from engine.multi_vector import DOCUMENT, QUERY, read_folder
 from engine.multi_vector import resolve as resolve_multi_vector
 from engine.multi_vector_module import MultiVectorModule, load_projection, register_prefixes
 from engine.params import Task
 from engine.score_template import SCORE_TEMPLATE_FILE, ScoreTemplate, bind_template, find_template
 from engine.served import ServedModel
 from engine.tokenization import ModelTokenizer, TokenizerSpec, TokenSequence
+from engine.towers_loader import load_towers
 
 log = logging.getLogger(__name__)
 
-FALLBACK_MAX_TOKENS = 512
 MIB = 1 << 20
 
 _HEAD_CLASSES = {
@@ -82,22 +88,6 @@ _ST_POOLING_KEYS = {
     "pooling_mode_cls_token": PoolingType.CLS,
     "pooling_mode_lasttoken": PoolingType.LAST,
 }
-
-
-@dataclass(frozen=True)
-class SentenceTransformersConfig:
-    pooling_type: PoolingType | None
-    normalize: bool
-    max_seq_length: int | None
-    include_prompt: bool = True  # the Pooling module's include_prompt
-    # SpladePooling's pooling_strategy and activation_function (a SparseEncoder folder).
-    splade: tuple[SpladeStrategy, SpladeActivation] | None = None
-    dense: tuple[Path, ...] = ()  # Dense module folders, applied in order after pooling
-
-
-@dataclass
-class LoadedModel(ServedModel):
-    runner: ModelRunner
 
 
 def resolve_device(device: str) -> torch.device:
@@ -128,16 +118,6 @@ def resolve_path(source: str, revision: str | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(source, revision=revision))
-
-
-def loaded_revision(source: str, path: Path, revision: str | None) -> str:
-    """The hub revision a model came from: as asked, else the snapshot's commit; "" for a
-    local folder or the embedded default."""
-    if path == Path(source).expanduser() or (source == DEFAULT_MODEL and revision is None):
-        return ""
-    if revision:
-        return revision
-    return path.name if path.parent.name == "snapshots" else ""
 
 
 def check_custom_code(path: Path, spec: ModelSpec) -> None:
@@ -325,14 +305,6 @@ def classifier_activation(config: PretrainedConfig) -> Activation:
     return Activation.SOFTMAX
 
 
-def max_input_tokens(config: PretrainedConfig, tokenizer: Any, st_max: int | None) -> int:
-    limits = [st_max, getattr(config, "max_position_embeddings", None)]
-    if tokenizer.model_max_length and tokenizer.model_max_length < 1_000_000:
-        limits.append(tokenizer.model_max_length)
-    known = [int(limit) for limit in limits if limit]
-    return min(known) if known else FALLBACK_MAX_TOKENS
-
-
 def _calibration_ranges(
     path: Path, tasks: tuple[Task, ...], width: int
 ) -> list[list[float]] | None:
@@ -341,27 +313,6 @@ def _calibration_ranges(
     if Task.EMBED not in tasks and Task.TOKEN_EMBED not in tasks:
         return None
     return read_calibration_ranges(path, width)
-
-
-@dataclass
-class _Folder:
-    """What a model's folder says before its weights load: read once, used by every step."""
-
-    path: Path
-    hub: dict[str, Any]  # trust_remote_code and revision, for every from_pretrained
-    config: PretrainedConfig  # with --hf-overrides applied
-    st: SentenceTransformersConfig | None
-    head: HeadKind
-    hf_tokenizer: Any
-    tokenizer: ModelTokenizer
-    prompts: dict[str, str]
-    default_prompt_name: str | None
-    template: ScoreTemplate | None = None  # LLM_SCORE: the pairs' template
-    # A ColBERT folder: its query/document settings and its token projection's folder.
-    multi_vector: MultiVectorSettings | None = None
-    multi_vector_dense: Path | None = None
-    # A bge-m3 folder: its sparse_linear.pt and colbert_linear.pt.
-    multi_output_heads: tuple[Path, Path] | None = None
 
 
 def load_model(
@@ -379,8 +330,6 @@ def load_model(
     `cuda_graphs`: capture the torch forward as CUDA graphs (on CUDA only); None: eager."""
     folder = _read_folder(spec)
     if folder.head is HeadKind.TOWERS:
-        from engine.towers_loader import load_towers
-
         return load_towers(spec, folder, device, dtype, is_default, runtime, threads)
     projection = _load_projection(folder, device)
     module = _load_module(folder, device, dtype, attn_implementation)
@@ -464,7 +413,7 @@ def _attach_graphs(
     )
 
 
-def _read_folder(spec: ModelSpec) -> _Folder:
+def _read_folder(spec: ModelSpec) -> ModelFolder:
     """Find the model's folder, refuse code it may not run, and read its config (with
     --hf-overrides), sentence-transformers modules, prompts and tokenizer."""
     root = resolve_path(spec.source, spec.revision)
@@ -486,7 +435,7 @@ def _read_folder(spec: ModelSpec) -> _Folder:
     template = _score_template(spec, path, config, head, tokenizer, hf_tokenizer)
     if template is not None:
         head = HeadKind.LLM_SCORE
-    folder = _Folder(
+    folder = ModelFolder(
         path, hub, config, st, head, hf_tokenizer, tokenizer, prompts, default_prompt_name, template
     )
     if multi is not None:
@@ -545,7 +494,7 @@ def _score_template(
         raise ValueError(f"model {name}: {exc}") from None
 
 
-def _load_projection(folder: _Folder, device: torch.device) -> list[DenseLayer]:
+def _load_projection(folder: ModelFolder, device: torch.device) -> list[DenseLayer]:
     """sentence-transformers' Dense modules, in order, on the device (embedding models only)."""
     st = folder.st
     projection = [load_dense(dense).to(device) for dense in (st.dense if st else ())]
@@ -555,7 +504,7 @@ def _load_projection(folder: _Folder, device: torch.device) -> list[DenseLayer]:
 
 
 def _load_module(
-    folder: _Folder, device: torch.device, dtype: torch.dtype, attn_implementation: str | None
+    folder: ModelFolder, device: torch.device, dtype: torch.dtype, attn_implementation: str | None
 ) -> torch.nn.Module:
     """The transformers module for the head, on the device, in eval mode."""
     kwargs: dict[str, Any] = {"config": folder.config, "dtype": dtype, **folder.hub}
@@ -582,7 +531,7 @@ def _load_module(
     return module.to(device).eval()
 
 
-def _check_lm_weights(folder: _Folder, missing: Sequence[str]) -> None:
+def _check_lm_weights(folder: ModelFolder, missing: Sequence[str]) -> None:
     """An LLM reranker's weights must all come from the folder: a decoder body saved
     without its LM head (an embedding model's folder) would score with random rows."""
     if missing:
@@ -596,7 +545,7 @@ def _check_lm_weights(folder: _Folder, missing: Sequence[str]) -> None:
 
 def _model_info(
     spec: ModelSpec,
-    folder: _Folder,
+    folder: ModelFolder,
     module: torch.nn.Module,
     projection: Sequence[DenseLayer],
     is_default: bool,
@@ -664,7 +613,7 @@ def _model_info(
     )
 
 
-def _score_refusal(spec: ModelSpec, folder: _Folder) -> str:
+def _score_refusal(spec: ModelSpec, folder: ModelFolder) -> str:
     """Why score is refused on a decoder LM checkpoint served without a template (its
     cosine of last-token states is no reranker's score); "" where score means cosine (an
     embedding model's folder: sentence-transformers modules, or a bare decoder body)."""
@@ -681,7 +630,7 @@ def _score_refusal(spec: ModelSpec, folder: _Folder) -> str:
 
 
 def _llm_score_info(
-    spec: ModelSpec, folder: _Folder, module: torch.nn.Module, is_default: bool
+    spec: ModelSpec, folder: ModelFolder, module: torch.nn.Module, is_default: bool
 ) -> ModelInfo:
     """An LLM reranker's facts: score only, one sigmoid'd logit per pair, pairs always
     truncated so that the template's prefix and suffix fit (as the model card's code)."""
@@ -721,7 +670,7 @@ def _llm_score_info(
 
 
 def _multi_vector_info(
-    spec: ModelSpec, folder: _Folder, module: torch.nn.Module, is_default: bool
+    spec: ModelSpec, folder: ModelFolder, module: torch.nn.Module, is_default: bool
 ) -> ModelInfo:
     """A ColBERT model's facts: embed_multi, and score (so Rerank) by MaxSim; no single
     vector, since no pooling of its token vectors is what it was trained to give."""
@@ -753,7 +702,7 @@ def _multi_vector_info(
 
 
 def _multi_output_info(
-    spec: ModelSpec, folder: _Folder, module: torch.nn.Module, is_default: bool
+    spec: ModelSpec, folder: ModelFolder, module: torch.nn.Module, is_default: bool
 ) -> ModelInfo:
     """A bge-m3 model's facts: embed (dense), embed_sparse (lexical weights), embed_multi
     (ColBERT), embed_outputs (any of them from one pass) and score (dense cosine, or the
@@ -805,7 +754,7 @@ def _key_extra(spec: ModelSpec, attn_implementation: str | None) -> dict[str, An
 
 def _computed_ranges(
     spec: ModelSpec,
-    folder: _Folder,
+    folder: ModelFolder,
     runner: ModelRunner,
     attn_implementation: str | None,
     runtime: RuntimeSettings | None,
@@ -890,7 +839,7 @@ def _torch_only(spec: ModelSpec, info: ModelInfo, dtype: torch.dtype) -> ModelIn
 
 def _choose_forward(
     spec: ModelSpec,
-    folder: _Folder,
+    folder: ModelFolder,
     runner: ModelRunner,
     attn_implementation: str | None,
     runtime: RuntimeSettings | None,

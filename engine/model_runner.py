@@ -21,6 +21,7 @@ from engine.cuda_graphs import GraphedForward
 from engine.modality import PixelFrame, is_image
 from engine.model_info import HeadKind, ModelInfo, TowerSettings
 from engine.pooling import pool, pool_array, splade
+from engine.served import ServedModel
 from engine.tokenization import TokenSequence
 
 
@@ -286,3 +287,10 @@ def _host(output: np.ndarray | torch.Tensor) -> np.ndarray:
     if isinstance(output, np.ndarray):
         return output.astype(np.float32, copy=False)
     return output.float().cpu().numpy()
+
+
+@dataclass
+class LoadedModel(ServedModel):
+    """A served model with the runner that computes its forward (in the engine process)."""
+
+    runner: ModelRunner

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
 from engine.late_chunking import plan_late_chunking
@@ -38,24 +37,12 @@ from engine.outputs import (
     TokenRows,
 )
 from engine.params import Output, OutputEncoding, Task
+from engine.plan_parts import Plan, encoded, finish_vector, use_activation
 from engine.request import PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import TokenSequence, special_edges
+from engine.towers import plan_towers
 from engine.validation import TOKEN_TASKS, Limits, Resolved, check_tokenized, resolve
-
-Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
-
-
-@dataclass(frozen=True)
-class Plan:
-    # Per sequence, whether every token's state is wanted (True), its pooled vector
-    # (False), or late chunking's token ranges, whose mean states come back (a tuple).
-    work: list[tuple[TokenSequence, bool | tuple[int, ...]]]
-    finish: Finish
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(sequence) for sequence, _ in self.work)
 
 
 @dataclass(frozen=True)
@@ -82,8 +69,6 @@ def plan_request(
 def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
     request = resolved.request
     if model.info.towers is not None:  # an image model: texts and images (engine/towers.py)
-        from engine.towers import plan_towers
-
         return plan_towers(resolved, model, limits)
     if request.task is Task.SCORE and model.info.score_refusal:
         raise _no_score_template(model.info)
@@ -199,44 +184,26 @@ def _token_rows(text: _Text, raws: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def _use_activation(request: PoolRequest, default: bool) -> bool:
-    value = request.params.use_activation
-    return default if value is None else value
-
-
 def _finish_embed(
     request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]
 ) -> Embedding:
-    values = truncate_dimensions(_pooled_vector(text, raws), request.params.dimensions)
-    if _use_activation(request, info.default_normalize):
-        values = normalize(values)
-    values = values.astype(np.float32)
-    if request.encoding is OutputEncoding.FLOAT:
-        return Embedding(values)
-    return Embedding(values, request.encoding, _encoded(request, info, values))
+    return finish_vector(request, info, _pooled_vector(text, raws))
 
 
 def _finish_token_embed(
     request: PoolRequest, info: ModelInfo, text: _Text, raws: list[np.ndarray]
 ) -> TokenRows:
     values = truncate_dimensions(_token_rows(text, raws), request.params.dimensions)
-    if _use_activation(request, info.default_normalize):
+    if use_activation(request, info.default_normalize):
         values = normalize(values)
     rows = _rows(text, values)
     if request.encoding is OutputEncoding.FLOAT:
         return rows
-    return replace(rows, encoding=request.encoding, data=_encoded(request, info, rows.values))
-
-
-def _encoded(request: PoolRequest, info: ModelInfo, values: np.ndarray) -> bytes:
-    """The finished values packed in the request's encoding (after dimensions and
-    normalisation, as sentence-transformers quantizes what encode returned)."""
-    ranges = ranges_array(info.calibration_ranges) if request.encoding in NEEDS_RANGES else None
-    return encode(values, request.encoding, ranges)
+    return replace(rows, encoding=request.encoding, data=encoded(request, info, rows.values))
 
 
 def _class_values(request: PoolRequest, info: ModelInfo, logits: np.ndarray) -> np.ndarray:
-    activation = info.activation if _use_activation(request, True) else Activation.IDENTITY
+    activation = info.activation if use_activation(request, True) else Activation.IDENTITY
     return activate(logits.astype(np.float32), activation)
 
 
@@ -306,7 +273,7 @@ def _finish_sparse(
     tokens of relu(logits) (max pooling only; validation refuses it for sum pooling)."""
     info = model.info
     weights = _sparse_weights(info, raws)
-    if info.splade_strategy is SpladeStrategy.MAX and _use_activation(request, True):
+    if info.splade_strategy is SpladeStrategy.MAX and use_activation(request, True):
         weights = saturate(weights, info.splade_activation)
     indices = np.flatnonzero(weights)
     order = np.argsort(-weights[indices], kind="stable")
@@ -332,7 +299,7 @@ def _plan_cross_encoder(resolved: Resolved, model: ServedModel, limits: Limits) 
         "score.text_2",
         [request.text_2[j] for _, j in pairs],
     )
-    activation = Activation.SIGMOID if _use_activation(request, True) else Activation.IDENTITY
+    activation = Activation.SIGMOID if use_activation(request, True) else Activation.IDENTITY
 
     def finish_one(text: _Text, raws: list[np.ndarray]) -> Score:
         return Score(float(activate(raws[0].astype(np.float32), activation)[0]))
@@ -381,7 +348,7 @@ def _plan_llm_score(resolved: Resolved, model: ServedModel, limits: Limits) -> P
     )
     check_tokenized(resolved, limits, "score.text_2", [len(e) for e in sequences])
     texts = [_Text(e, [e]) for e in sequences]
-    activation = Activation.SIGMOID if _use_activation(request, True) else Activation.IDENTITY
+    activation = Activation.SIGMOID if use_activation(request, True) else Activation.IDENTITY
 
     def finish_one(text: _Text, raws: list[np.ndarray]) -> Score:
         return Score(float(activate(raws[0].astype(np.float32), activation)[0]))
@@ -460,7 +427,7 @@ def _plan_multi(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
         values = _matrix(settings, text, raws[0], query)
         if request.encoding is OutputEncoding.FLOAT:
             return MultiVector(values)
-        return MultiVector(values, request.encoding, _encoded(request, info, values))
+        return MultiVector(values, request.encoding, encoded(request, info, values))
 
     return _plan_texts(texts, True, finish_one)
 
@@ -541,11 +508,11 @@ def _text_outputs(
     assert settings is not None
     found: dict[str, object] = {}
     if Output.DENSE in wanted:
-        values = dense(settings, _first_row(text, raws), _use_activation(request, True))
+        values = dense(settings, _first_row(text, raws), use_activation(request, True))
         found["dense"] = (
             Embedding(values)
             if request.encoding is OutputEncoding.FLOAT
-            else Embedding(values, request.encoding, _encoded(request, info, values))
+            else Embedding(values, request.encoding, encoded(request, info, values))
         )
     if Output.SPARSE in wanted:
         ids, weights = lexical(settings, text.sequence.input_ids, raws[0], request.sparse_top_k)
@@ -556,7 +523,7 @@ def _text_outputs(
         found["multi"] = (
             MultiVector(matrix)
             if request.encoding is OutputEncoding.FLOAT
-            else MultiVector(matrix, request.encoding, _encoded(request, info, matrix))
+            else MultiVector(matrix, request.encoding, encoded(request, info, matrix))
         )
     return TextOutputs(**found)  # type: ignore[arg-type]
 

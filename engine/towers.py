@@ -19,7 +19,7 @@ from engine.modality import Modality, PixelFrame
 from engine.model_info import Activation, ModelInfo
 from engine.outputs import Classification, Embedding, ItemOutput, Score
 from engine.params import Task
-from engine.plans import Plan, _finish_embed, _Text, _use_activation
+from engine.plan_parts import Plan, finish_vector, use_activation
 from engine.request import Image, Item, PoolRequest
 from engine.served import ServedModel
 from engine.tokenization import TokenSequence
@@ -92,8 +92,7 @@ def _modality(unit: Unit) -> Modality:
 def _embedding(request: PoolRequest, info: ModelInfo, unit: Unit, raw: np.ndarray) -> Embedding:
     """As embed finishes a text's vector (dimensions, normalisation, encoding), with the
     item's modality."""
-    text = _Text(unit, [unit])  # type: ignore[arg-type]
-    return replace(_finish_embed(request, info, text, [raw]), modality=_modality(unit))
+    return replace(finish_vector(request, info, raw), modality=_modality(unit))
 
 
 def _plan_score(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
@@ -142,7 +141,7 @@ def _plan_zero_shot(
     bias = towers.logit_bias or 0.0
     softmax = towers.family == "clip"
     activation = Activation.IDENTITY
-    if _use_activation(request, True):
+    if use_activation(request, True):
         activation = Activation.SOFTMAX if softmax else Activation.SIGMOID
 
     def finish(raws: list[np.ndarray]) -> list[ItemOutput]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from engine.backends import BackendKind, RuntimeSettings
 from engine.backends.image_tower import load_image_tower
 from engine.encodings import read_calibration_ranges
 from engine.modality import Modality, PixelFrame
+from engine.model_folder import ModelFolder, loaded_revision, max_input_tokens
 from engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
@@ -28,20 +29,17 @@ from engine.model_info import (
     PoolingType,
     TowerSettings,
 )
-from engine.model_runner import ModelRunner
+from engine.model_runner import LoadedModel, ModelRunner
 from engine.model_spec import ModelSpec
 from engine.served import image_preprocessor
 from engine.tokenization import ModelTokenizer
-
-if TYPE_CHECKING:
-    from engine.loader import LoadedModel, _Folder
 
 log = logging.getLogger(__name__)
 
 
 def load_towers(
     spec: ModelSpec,
-    folder: _Folder,
+    folder: ModelFolder,
     device: torch.device,
     dtype: torch.dtype,
     is_default: bool,
@@ -50,8 +48,6 @@ def load_towers(
 ) -> LoadedModel:
     """The model on the device with both towers warm; its info lists both modalities.
     `runtime` and `threads`: an exported image tower's cache and cores."""
-    from engine.loader import LoadedModel, loaded_revision, max_input_tokens
-
     exported = _image_backend_kind(spec, device, dtype)
     config = folder.config
     if config.model_type == "siglip2":
