@@ -6,28 +6,12 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import { PoolingClient, PoolingError } from '../src/index.js';
-
-const ADDRESS = process.env.POOLING_SERVER_ADDRESS;
-const SKIP_MESSAGE = 'POOLING_SERVER_ADDRESS is not set: start a pooling server and export its host:port to run this test';
+import { ADDRESS, live } from './helpers.js';
 
 const DEFAULT_MODEL = 'sentence-transformers/all-MiniLM-L6-v2';
 
 /** @type {PoolingClient} */
 let client;
-
-/**
- * Wrap a test body so it is skipped, with a clear message, when no server address is given.
- * @param {(t: import('node:test').TestContext) => Promise<void>} body
- */
-function live(body) {
-  return async (/** @type {import('node:test').TestContext} */ t) => {
-    if (!ADDRESS) {
-      t.skip(SKIP_MESSAGE);
-      return;
-    }
-    await body(t);
-  };
-}
 
 /** @param {number[]} values */
 const norm = (values) => Math.sqrt(values.reduce((sum, v) => sum + v * v, 0));

@@ -6,10 +6,9 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import * as grpc from '@grpc/grpc-js';
-
-import { PoolingClient, loadPoolingService } from '../src/index.js';
+import { PoolingClient } from '../src/index.js';
 import { asInputs, inputMessage, rerankRequest, scoreTexts } from '../src/requests.js';
+import { fakeServer } from './helpers.js';
 
 const PNG = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 1, 2, 3]);
 
@@ -38,17 +37,15 @@ describe('image inputs without a server', () => {
 });
 
 describe('images over grpc-js', () => {
-  /** @type {grpc.Server} */
-  let server;
   /** @type {PoolingClient} */
   let client;
+  /** @type {() => void} */
+  let stop;
   /** @type {any[]} */
   const seen = [];
 
   before(async () => {
-    const { Service } = loadPoolingService();
-    server = new grpc.Server();
-    server.addService(Service.service, {
+    ({ client, stop } = await fakeServer({
       Pool: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         const request = call.request;
         seen.push(request);
@@ -73,10 +70,8 @@ describe('images over grpc-js', () => {
           callback(null, { request_id: id, model: 'clip', embed: { embeddings } });
         }
       },
-      PoolStream: (/** @type {any} */ call) => call.end(),
       ListModels: (/** @type {any} */ _call, /** @type {Function} */ callback) =>
         callback(null, { models: [{ name: 'clip', modalities: ['MODALITY_TEXT', 'MODALITY_IMAGE'] }], max_client_batch_size: 8 }),
-      Tokenize: (/** @type {any} */ _call, /** @type {Function} */ callback) => callback(null, { items: [] }),
       Rerank: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         seen.push(call.request);
         const results = call.request.items.map((/** @type {any} */ _d, /** @type {number} */ index) => ({
@@ -85,19 +80,10 @@ describe('images over grpc-js', () => {
         }));
         callback(null, { request_id: call.request.request_id, model: 'clip', results });
       },
-    });
-    const port = await new Promise((resolve, reject) => {
-      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, bound) =>
-        error ? reject(error) : resolve(bound),
-      );
-    });
-    client = new PoolingClient(`127.0.0.1:${port}`, { timeout: 10 });
+    }));
   });
 
-  after(() => {
-    client?.close();
-    server?.forceShutdown();
-  });
+  after(() => stop?.());
 
   test('embed sends the Buffer bytes as Item.image', async () => {
     const outputs = await client.embed(['a cat', PNG], { model: 'clip' });

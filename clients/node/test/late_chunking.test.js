@@ -12,25 +12,11 @@ import { after, before, describe, test } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 
 import { ChunkedJob } from '../src/chunking.js';
-import { CHUNK_RULES, PoolingClient, PoolingError, lateChunkingToWire, loadPoolingService } from '../src/index.js';
+import { CHUNK_RULES, PoolingClient, PoolingError, lateChunkingToWire } from '../src/index.js';
 import { requestTemplate } from '../src/requests.js';
+import { ADDRESS, fakeServer, live } from './helpers.js';
 
-const ADDRESS = process.env.POOLING_SERVER_ADDRESS;
-const SKIP_MESSAGE = 'POOLING_SERVER_ADDRESS is not set: start a pooling server and export its host:port to run this test';
 const TEXT = 'Late chunking keeps context. Each chunk is pooled from one pass! Is that not neat?';
-
-/**
- * @param {(t: import('node:test').TestContext) => Promise<void>} body
- */
-function live(body) {
-  return async (/** @type {import('node:test').TestContext} */ t) => {
-    if (!ADDRESS) {
-      t.skip(SKIP_MESSAGE);
-      return;
-    }
-    await body(t);
-  };
-}
 
 /**
  * @param {number[]} a
@@ -90,17 +76,15 @@ describe('late chunking and the newer card fields without a server', () => {
 });
 
 describe('late chunking and the newer card fields over grpc-js', () => {
-  /** @type {grpc.Server} */
-  let server;
   /** @type {PoolingClient} */
   let client;
+  /** @type {() => void} */
+  let stop;
   /** @type {any[]} */
   const seen = [];
 
   before(async () => {
-    const { Service } = loadPoolingService();
-    server = new grpc.Server();
-    server.addService(Service.service, {
+    ({ client, stop } = await fakeServer({
       Pool: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         const request = call.request;
         seen.push(request);
@@ -112,7 +96,6 @@ describe('late chunking and the newer card fields over grpc-js', () => {
         }));
         callback(null, { request_id: request.request_id, model: 'm', embed: { chunked } });
       },
-      PoolStream: (/** @type {any} */ call) => call.end(),
       ListModels: (/** @type {any} */ _call, /** @type {Function} */ callback) =>
         callback(null, {
           models: [
@@ -121,21 +104,11 @@ describe('late chunking and the newer card fields over grpc-js', () => {
             { name: 'old', tasks: ['POOLING_TASK_EMBED'] },
           ],
         }),
-      Tokenize: (/** @type {any} */ _call, /** @type {Function} */ callback) => callback(null, { items: [] }),
       Rerank: (/** @type {any} */ _call, /** @type {Function} */ callback) => callback(null, { results: [] }),
-    });
-    const port = await new Promise((resolve, reject) => {
-      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, bound) =>
-        error ? reject(error) : resolve(bound),
-      );
-    });
-    client = new PoolingClient(`127.0.0.1:${port}`, { timeout: 10 });
+    }));
   });
 
-  after(() => {
-    client?.close();
-    server?.forceShutdown();
-  });
+  after(() => stop?.());
 
   test('embed with lateChunking sends it and returns spans with embeddings per text', async () => {
     const outputs = await client.embed(['ab cd', 'ab cdef'], { lateChunking: { rule: 'sentences' }, requestId: 'c' });

@@ -7,11 +7,10 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import * as grpc from '@grpc/grpc-js';
-
 import { ChunkedJob } from '../src/chunking.js';
-import { PoolingClient, loadPoolingService, paramsToWire, verifyParams } from '../src/index.js';
+import { PoolingClient, paramsToWire, verifyParams } from '../src/index.js';
 import { outputsOptions, requestTemplate, rerankRequest } from '../src/requests.js';
+import { fakeServer } from './helpers.js';
 
 /** A 2 x 3 matrix and its float16 bytes (each value is exact in half precision). */
 const VALUES = [0.5, -0.25, 1, 0.125, 0, -2];
@@ -92,17 +91,15 @@ describe('embed_outputs and output weights without a server', () => {
 });
 
 describe('embedOutputs and weighted rerank over grpc-js', () => {
-  /** @type {grpc.Server} */
-  let server;
   /** @type {PoolingClient} */
   let client;
+  /** @type {() => void} */
+  let stop;
   /** @type {any[]} */
   const seen = [];
 
   before(async () => {
-    const { Service } = loadPoolingService();
-    server = new grpc.Server();
-    server.addService(Service.service, {
+    ({ client, stop } = await fakeServer({
       Pool: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         const request = call.request;
         seen.push(request);
@@ -114,10 +111,8 @@ describe('embedOutputs and weighted rerank over grpc-js', () => {
         const items = asked.texts.map((/** @type {string} */ _t, /** @type {number} */ i) => textOutputs(asked, i));
         callback(null, { request_id: request.request_id, model: 'm3', embed_outputs: { items } });
       },
-      PoolStream: (/** @type {any} */ call) => call.end(),
       ListModels: (/** @type {any} */ _call, /** @type {Function} */ callback) =>
         callback(null, { models: [M3_CARD], max_client_batch_size: 8 }),
-      Tokenize: (/** @type {any} */ _call, /** @type {Function} */ callback) => callback(null, { items: [] }),
       Rerank: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         seen.push(call.request);
         callback(null, {
@@ -126,19 +121,10 @@ describe('embedOutputs and weighted rerank over grpc-js', () => {
           results: call.request.documents.map((/** @type {string} */ _d, /** @type {number} */ index) => ({ index, relevance_score: 1 - index })),
         });
       },
-    });
-    const port = await new Promise((resolve, reject) => {
-      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, bound) =>
-        error ? reject(error) : resolve(bound),
-      );
-    });
-    client = new PoolingClient(`127.0.0.1:${port}`, { timeout: 10 });
+    }));
   });
 
-  after(() => {
-    client?.close();
-    server?.forceShutdown();
-  });
+  after(() => stop?.());
 
   test('embedOutputs returns each text\'s asked outputs, the others null', async () => {
     const outputs = await client.embedOutputs(['a', 'b'], { requestId: 'o', sparseTopK: 2, returnTokens: true, encoding: 'float16' });

@@ -6,12 +6,11 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import * as grpc from '@grpc/grpc-js';
-
 import { ChunkedJob } from '../src/chunking.js';
-import { PoolingClient, loadPoolingService, verifyParams } from '../src/index.js';
+import { PoolingClient, verifyParams } from '../src/index.js';
 import { multiVectorOutput } from '../src/outputs.js';
 import { requestTemplate, rerankRequest } from '../src/requests.js';
+import { fakeServer } from './helpers.js';
 
 /** A 2 x 3 matrix and its float16 bytes (each value is exact in half precision). */
 const VALUES = [0.5, -0.25, 1, 0.125, 0, -2];
@@ -137,17 +136,15 @@ describe('embed_multi, prompts and instructions without a server', () => {
 });
 
 describe('embed_multi, ModelCard fields and instruction over grpc-js', () => {
-  /** @type {grpc.Server} */
-  let server;
   /** @type {PoolingClient} */
   let client;
+  /** @type {() => void} */
+  let stop;
   /** @type {any[]} */
   const seen = [];
 
   before(async () => {
-    const { Service } = loadPoolingService();
-    server = new grpc.Server();
-    server.addService(Service.service, {
+    ({ client, stop } = await fakeServer({
       Pool: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         const request = call.request;
         seen.push(request);
@@ -160,10 +157,8 @@ describe('embed_multi, ModelCard fields and instruction over grpc-js', () => {
         }));
         callback(null, { request_id: request.request_id, model: 'colbert', embed_multi: { items } });
       },
-      PoolStream: (/** @type {any} */ call) => call.end(),
       ListModels: (/** @type {any} */ _call, /** @type {Function} */ callback) =>
         callback(null, { models: [PLAIN_CARD, COLBERT_CARD, RERANKER_CARD], max_client_batch_size: 8 }),
-      Tokenize: (/** @type {any} */ _call, /** @type {Function} */ callback) => callback(null, { items: [] }),
       Rerank: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         seen.push(call.request);
         callback(null, {
@@ -172,19 +167,10 @@ describe('embed_multi, ModelCard fields and instruction over grpc-js', () => {
           results: call.request.documents.map((/** @type {string} */ _d, /** @type {number} */ index) => ({ index, relevance_score: 1 - index })),
         });
       },
-    });
-    const port = await new Promise((resolve, reject) => {
-      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, bound) =>
-        error ? reject(error) : resolve(bound),
-      );
-    });
-    client = new PoolingClient(`127.0.0.1:${port}`, { timeout: 10 });
+    }));
   });
 
-  after(() => {
-    client?.close();
-    server?.forceShutdown();
-  });
+  after(() => stop?.());
 
   test('encode(embed_multi) sends the mode and returns one matrix per text', async () => {
     const outputs = await client.encode(['a', 'b'], { poolingTask: 'embed_multi', promptName: 'document', requestId: 'm' });

@@ -7,9 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import { PoolingClient, PoolingError } from '../src/index.js';
 import { rerankOutput } from '../src/outputs.js';
 import { rerankRequest } from '../src/requests.js';
-
-const ADDRESS = process.env.POOLING_SERVER_ADDRESS;
-const SKIP_MESSAGE = 'POOLING_SERVER_ADDRESS is not set: start a pooling server and export its host:port to run this test';
+import { ADDRESS, live } from './helpers.js';
 
 const QUERY = 'what is the capital of france?';
 const DOCUMENTS = [
@@ -133,19 +131,6 @@ describe('rerank against a live server', () => {
   after(() => {
     client?.close();
   });
-
-  /**
-   * @param {(t: import('node:test').TestContext) => Promise<void>} body
-   */
-  function live(body) {
-    return async (/** @type {import('node:test').TestContext} */ t) => {
-      if (!ADDRESS) {
-        t.skip(SKIP_MESSAGE);
-        return;
-      }
-      await body(t);
-    };
-  }
 
   for (const model of ['tiny-cross-encoder', 'tiny-st-mean']) {
     test(

@@ -7,11 +7,12 @@ import { after, before, describe, test } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 
 import { ChunkedJob, chunkSize, chunksInFlight, needsLimits } from '../src/chunking.js';
-import { PoolingClient, PoolingError, channelTarget, loadPoolingService, paramsToWire, verifyParams } from '../src/index.js';
+import { PoolingClient, PoolingError, channelTarget, paramsToWire, verifyParams } from '../src/index.js';
 import { errorTypes } from '../src/proto.js';
 import { bfloat16ToNumber, decodeValues, encodingName, float16ToNumber } from '../src/encodings.js';
 import { convertOutputs } from '../src/outputs.js';
 import { requestTemplate, scoreTexts, splitSep } from '../src/requests.js';
+import { fakeServer } from './helpers.js';
 
 /**
  * A serialized google.rpc.Status carrying ErrorInfo, BadRequest and RetryInfo details.
@@ -212,17 +213,17 @@ describe('chunking', () => {
 });
 
 describe('wire behaviour against an in-process fake server', () => {
-  /** @type {grpc.Server} */
-  let server;
   /** @type {PoolingClient} */
   let client;
+  /** @type {() => void} */
+  let stop;
   /** @type {any[]} */
   const seen = [];
 
   before(async () => {
-    const { Service } = loadPoolingService();
-    server = new grpc.Server();
-    server.addService(Service.service, {
+    /** @type {import('../src/client.js').ClientOptions} */
+    const options = { apiKey: 'k3y', metadata: [['x-extra', 'yes']], model: 'default-model', timeout: 10 };
+    ({ client, stop } = await fakeServer({
       Pool: (/** @type {any} */ call, /** @type {Function} */ callback) => {
         seen.push({ request: call.request, metadata: call.metadata.getMap() });
         if (call.request.request_id.startsWith('cancel-once')) {
@@ -245,28 +246,12 @@ describe('wire behaviour against an in-process fake server', () => {
           embed: { embeddings: texts.map((/** @type {string} */ t) => ({ values: [t.length, 0.5] })) },
         });
       },
-      PoolStream: (/** @type {any} */ call) => call.end(),
       ListModels: (/** @type {any} */ _call, /** @type {Function} */ callback) =>
         callback(null, { models: [], max_client_batch_size: 8, max_stream_inflight: 16 }),
-      Tokenize: (/** @type {any} */ _call, /** @type {Function} */ callback) => callback(null, { items: [] }),
-    });
-    const port = await new Promise((resolve, reject) => {
-      server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (error, bound) =>
-        error ? reject(error) : resolve(bound),
-      );
-    });
-    client = new PoolingClient(`127.0.0.1:${port}`, {
-      apiKey: 'k3y',
-      metadata: [['x-extra', 'yes']],
-      model: 'default-model',
-      timeout: 10,
-    });
+    }, options));
   });
 
-  after(() => {
-    client?.close();
-    server?.forceShutdown();
-  });
+  after(() => stop?.());
 
   test('requests carry the model, params, request id, api key and metadata', async () => {
     const outputs = await client.embed(['abc', 'de'], {
