@@ -42,8 +42,8 @@ from engine.llm_scorer import LlmScorer
 from engine.model_folder import (
     ModelFolder,
     SentenceTransformersConfig,
-    loaded_revision,
     max_input_tokens,
+    served_fields,
 )
 from engine.model_info import (
     TASKS_BY_HEAD,
@@ -575,12 +575,11 @@ def _model_info(
         labels = tuple(str(config.id2label[i]) for i in range(config.num_labels))
     dims = tuple(getattr(config, "matryoshka_dimensions", None) or ())
     cross_encoder = head is HeadKind.SEQUENCE and Task.SCORE in tasks
-    weights = next(module.parameters())
     # --pooling-type splade without a SparseEncoder config: SPLADE v2's max over relu.
     splade = (st.splade if st else None) or (SpladeStrategy.MAX, SpladeActivation.RELU)
     ranges = _calibration_ranges(folder.path, tasks, int(config.hidden_size))
     return ModelInfo(
-        name=spec.served_name,
+        **served_fields(spec, folder, module, is_default),
         architecture=(config.architectures or [type(module).__name__])[0],
         head=head,
         tasks=tasks,
@@ -595,16 +594,10 @@ def _model_info(
         labels=labels,
         is_matryoshka=bool(getattr(config, "is_matryoshka", False) or dims),
         matryoshka_dimensions=dims,
-        truncation_side=spec.truncation_side,
         long_input=spec.long_input,
-        max_input_chars=spec.max_input_chars,
-        is_default=is_default,
         prompts=folder.prompts,
         default_prompt_name=folder.default_prompt_name,
         include_prompt=st.include_prompt if st else True,
-        dtype=str(weights.dtype).removeprefix("torch."),
-        device=str(weights.device),
-        revision=loaded_revision(spec.source, folder.path, spec.revision),
         calibration_ranges=ranges,
         calibration_source=FOLDER if ranges is not None else "",
         splade_strategy=splade[0],
@@ -643,11 +636,10 @@ def _llm_score_info(
             f"take {template.fixed_tokens} tokens, leaving no room for a pair within the "
             f"maximum length of {maximum}"
         )
-    weights = next(module.parameters())
     if spec.long_input is LongInput.CHUNK:
         log.warning("model %s: --long-input chunk does not apply to LLM rerankers", spec.name)
     return ModelInfo(
-        name=spec.served_name,
+        **served_fields(spec, folder, module, is_default),
         architecture=(config.architectures or [type(module).__name__])[0],
         head=HeadKind.LLM_SCORE,
         tasks=TASKS_BY_HEAD[HeadKind.LLM_SCORE],
@@ -658,13 +650,7 @@ def _llm_score_info(
         pooling_type=PoolingType.LAST,
         default_normalize=False,
         activation=Activation.SIGMOID,
-        truncation_side=spec.truncation_side,
         long_input=LongInput.TRUNCATE,  # the pair part is cut, as the model card cuts it
-        max_input_chars=spec.max_input_chars,
-        is_default=is_default,
-        dtype=str(weights.dtype).removeprefix("torch."),
-        device=str(weights.device),
-        revision=loaded_revision(spec.source, folder.path, spec.revision),
         score_template=template,
     )
 
@@ -676,9 +662,8 @@ def _multi_vector_info(
     vector, since no pooling of its token vectors is what it was trained to give."""
     settings, config = folder.multi_vector, folder.config
     assert settings is not None
-    weights = next(module.parameters())
     return ModelInfo(
-        name=spec.served_name,
+        **served_fields(spec, folder, module, is_default),
         architecture=(config.architectures or ["BertModel"])[0],
         head=HeadKind.HIDDEN,
         tasks=(Task.EMBED_MULTI, Task.SCORE),
@@ -688,15 +673,9 @@ def _multi_vector_info(
         pooling_type=PoolingType.MEAN,  # unused: every request keeps its token rows
         default_normalize=True,
         activation=Activation.IDENTITY,
-        truncation_side=spec.truncation_side,
         long_input=LongInput.TRUNCATE,  # queries and documents are cut to their lengths
-        max_input_chars=spec.max_input_chars,
-        is_default=is_default,
         prompts=folder.prompts,
         default_prompt_name=folder.default_prompt_name,
-        dtype=str(weights.dtype).removeprefix("torch."),
-        device=str(weights.device),
-        revision=loaded_revision(spec.source, folder.path, spec.revision),
         multi_vector=settings,
     )
 
@@ -718,9 +697,8 @@ def _multi_output_info(
     if long_input is LongInput.CHUNK:
         log.warning("model %s: --long-input chunk does not apply to bge-m3 models", spec.name)
         long_input = LongInput.REJECT
-    weights = next(module.parameters())
     return ModelInfo(
-        name=spec.served_name,
+        **served_fields(spec, folder, module, is_default),
         architecture=(config.architectures or [type(module.body).__name__])[0],
         head=HeadKind.HIDDEN,
         tasks=(Task.EMBED, Task.EMBED_SPARSE, Task.EMBED_MULTI, Task.EMBED_OUTPUTS, Task.SCORE),
@@ -730,15 +708,9 @@ def _multi_output_info(
         pooling_type=PoolingType.CLS,  # the dense vector is the first token's state
         default_normalize=True,
         activation=Activation.IDENTITY,
-        truncation_side=spec.truncation_side,
         long_input=long_input,
-        max_input_chars=spec.max_input_chars,
-        is_default=is_default,
         prompts=folder.prompts,
         default_prompt_name=folder.default_prompt_name,
-        dtype=str(weights.dtype).removeprefix("torch."),
-        device=str(weights.device),
-        revision=loaded_revision(spec.source, folder.path, spec.revision),
         multi_output=settings,
     )
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import PretrainedConfig
 
 from engine.model_info import HeadKind, PoolingType, SpladeActivation, SpladeStrategy
-from engine.model_spec import DEFAULT_MODEL
+from engine.model_spec import DEFAULT_MODEL, ModelSpec
 from engine.multi_vector import MultiVectorSettings
 from engine.score_template import ScoreTemplate
 from engine.tokenization import ModelTokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 FALLBACK_MAX_TOKENS = 512
 
@@ -59,6 +62,24 @@ def loaded_revision(source: str, path: Path, revision: str | None) -> str:
     if revision:
         return revision
     return path.name if path.parent.name == "snapshots" else ""
+
+
+def served_fields(
+    spec: ModelSpec, folder: ModelFolder, module: torch.nn.Module, is_default: bool
+) -> dict[str, Any]:
+    """The ModelInfo fields every kind of model fills alike, from its spec, its folder and
+    its loaded weights (where they sit and in what dtype), so the loaders state only what
+    differs."""
+    weights = next(module.parameters())
+    return {
+        "name": spec.served_name,
+        "truncation_side": spec.truncation_side,
+        "max_input_chars": spec.max_input_chars,
+        "is_default": is_default,
+        "dtype": str(weights.dtype).removeprefix("torch."),
+        "device": str(weights.device),
+        "revision": loaded_revision(spec.source, folder.path, spec.revision),
+    }
 
 
 def max_input_tokens(config: PretrainedConfig, tokenizer: Any, st_max: int | None) -> int:

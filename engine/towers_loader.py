@@ -19,7 +19,7 @@ from engine.backends import BackendKind, RuntimeSettings
 from engine.backends.image_tower import load_image_tower
 from engine.encodings import read_calibration_ranges
 from engine.modality import Modality, PixelFrame
-from engine.model_folder import ModelFolder, loaded_revision, max_input_tokens
+from engine.model_folder import ModelFolder, max_input_tokens, served_fields
 from engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
@@ -84,14 +84,13 @@ def load_towers(
         folder=str(folder.path),
         label_template=template,
     )
-    weights = next(module.parameters())
     st = folder.st
     long_input = spec.long_input
     if long_input is LongInput.CHUNK:
         log.warning("model %s: --long-input chunk does not apply to image models", spec.name)
         long_input = LongInput.REJECT
     info = ModelInfo(
-        name=spec.served_name,
+        **served_fields(spec, folder, module, is_default),
         architecture=(config.architectures or [type(module).__name__])[0],
         head=HeadKind.TOWERS,
         tasks=TASKS_BY_HEAD[HeadKind.TOWERS],
@@ -104,15 +103,9 @@ def load_towers(
         # no Normalize module, so encode() returns the raw features).
         default_normalize=st.normalize if st is not None else True,
         activation=Activation.SOFTMAX if family == "clip" else Activation.SIGMOID,
-        truncation_side=spec.truncation_side,
         long_input=long_input,
-        max_input_chars=spec.max_input_chars,
-        is_default=is_default,
         prompts=folder.prompts,
         default_prompt_name=folder.default_prompt_name,
-        dtype=str(weights.dtype).removeprefix("torch."),
-        device=str(weights.device),
-        revision=loaded_revision(spec.source, folder.path, spec.revision),
         backend=str(BackendKind.TORCH),
         precision=str(dtype).removeprefix("torch."),
         modalities=(Modality.TEXT.value, Modality.IMAGE.value),
