@@ -25,9 +25,10 @@ from engine.modality import Modality
 from engine.model_spec import ModelSpec
 from engine.outputs import Classification, Embedding, ItemOutput
 from engine.params import PoolingParams, Task
-from engine.plans import Plan, plan_request
+from engine.plans import plan_request
 from engine.request import Image, Item, PoolRequest, RerankRequest
 from engine.validation import Limits, validate_request, validate_rerank
+from tests.engine.planned import load, run_all
 from tests.fixture_models import (
     MINILM,
     SIGLIP_TEXT_LENGTH,
@@ -69,11 +70,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "st-clip": tiny_st_clip(root / "st-clip", clip),
         "st6-clip": tiny_st6_clip(root / "st6-clip", clip),
     }
-
-
-def load(folder: Path, name: str | None = None) -> LoadedModel:
-    spec = ModelSpec(str(folder), name=name or folder.name)
-    return load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -130,21 +126,6 @@ def _rows(output: object) -> np.ndarray:
 @pytest.fixture(scope="module")
 def references(folders: dict[str, Path]) -> dict[str, Reference]:
     return {name: Reference(folders[name]) for name in ("clip", "siglip")}
-
-
-def run_all(model: LoadedModel, requests: Sequence[PoolRequest]) -> list[list[ItemOutput]]:
-    """Every request planned, then all their inputs in ONE forward pass (a mixed batch)."""
-    limits = Limits()
-    plans: list[Plan] = [
-        plan_request(validate_request(r, model.info, limits), model, limits) for r in requests
-    ]
-    work = [item for plan in plans for item in plan.work]
-    raws = model.runner.forward([s for s, _ in work], [keep for _, keep in work])
-    results, start = [], 0
-    for plan in plans:
-        results.append(plan.finish(raws[start : start + len(plan.work)]))
-        start += len(plan.work)
-    return results
 
 
 def embed(items: Sequence[Item], normalize: bool | None = None) -> PoolRequest:

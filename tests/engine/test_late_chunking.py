@@ -15,21 +15,16 @@ from transformers import AutoModel, AutoTokenizer
 
 from engine.errors import PoolingError
 from engine.late_chunking import macro_windows, owned, sentence_spans, token_window_spans
-from engine.loader import LoadedModel, load_model
-from engine.model_spec import ModelSpec
+from engine.loader import LoadedModel
 from engine.outputs import Embedding, ItemOutput, LateChunks, TokenRows
 from engine.params import PoolingParams, Task
-from engine.plans import Plan, plan_request
+from engine.plans import plan_request
 from engine.request import ChunkRule, LateChunking, PoolRequest
 from engine.validation import Limits, validate_request
+from tests.engine.planned import load, run_all
 from tests.fixture_models import MINILM, tiny_mean_bert
 
 TEXT = "Berlin is the capital of Germany. It has 3.8 million people!  The Spree runs through it."
-
-
-def load(folder: Path) -> LoadedModel:
-    spec = ModelSpec(str(folder), name=folder.name)
-    return load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -40,21 +35,6 @@ def minilm() -> LoadedModel:
 @pytest.fixture(scope="module")
 def short(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return load(tiny_mean_bert(tmp_path_factory.mktemp("late") / "short-bert"))
-
-
-def run_all(model: LoadedModel, requests: Sequence[PoolRequest]) -> list[list[ItemOutput]]:
-    """Every request planned, then all their sequences in one forward pass (a mixed batch)."""
-    limits = Limits()
-    plans: list[Plan] = [
-        plan_request(validate_request(r, model.info, limits), model, limits) for r in requests
-    ]
-    work = [item for plan in plans for item in plan.work]
-    raws = model.runner.forward([s for s, _ in work], [keep for _, keep in work])
-    results, start = [], 0
-    for plan in plans:
-        results.append(plan.finish(raws[start : start + len(plan.work)]))
-        start += len(plan.work)
-    return results
 
 
 def late(texts: Sequence[str], **chunking: object) -> PoolRequest:

@@ -23,6 +23,7 @@ from engine.params import PoolingParams, Task
 from engine.plans import plan_request
 from engine.request import PoolRequest, RerankRequest
 from engine.validation import Limits, validate_request, validate_rerank
+from tests.engine.planned import load
 from tests.fixture_models import MINILM, tiny_qwen3_reranker
 
 ATOL = 1e-5
@@ -126,11 +127,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             root / "qwen3-chat", template_file=False, chat_template=CHAT_TEMPLATE
         ),
     }
-
-
-def load(folder: Path, **options: object) -> LoadedModel:
-    spec = ModelSpec(str(folder), name=folder.name, **options)  # type: ignore[arg-type]
-    return load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

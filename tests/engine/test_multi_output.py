@@ -12,25 +12,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from engine.backends import BackendKind, BackendOptions
 from engine.errors import PoolingError
-from engine.loader import LoadedModel, load_model
-from engine.model_spec import ModelSpec
+from engine.loader import LoadedModel
 from engine.outputs import (
     Embedding,
-    ItemOutput,
     MultiVector,
     Score,
     SparseEmbedding,
     TextOutputs,
 )
 from engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, Task
-from engine.plans import Plan, plan_request
+from engine.plans import plan_request
 from engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
 from engine.validation import Limits, validate_request, validate_rerank
 from tests.bge_m3_reference import Reference, expected_score
+from tests.engine.planned import load, run_all
 from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3, tiny_mean_bert
 
 ATOL = 1e-5
@@ -52,11 +50,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def load(folder: Path, **options: object) -> LoadedModel:
-    spec = ModelSpec(str(folder), name=folder.name, **options)  # type: ignore[arg-type]
-    return load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
-
-
 @pytest.fixture(scope="module")
 def models(folders: dict[str, Path]) -> dict[str, LoadedModel]:
     return {name: load(folder) for name, folder in folders.items()}
@@ -65,21 +58,6 @@ def models(folders: dict[str, Path]) -> dict[str, LoadedModel]:
 @pytest.fixture(scope="module")
 def references(folders: dict[str, Path]) -> dict[str, Reference]:
     return {name: Reference(folders[name]) for name in ("xlm-roberta", "bert")}
-
-
-def run_all(model: LoadedModel, requests: Sequence[PoolRequest]) -> list[list[ItemOutput]]:
-    """Every request planned, then all their sequences in ONE forward pass (a mixed batch)."""
-    limits = Limits()
-    plans: list[Plan] = [
-        plan_request(validate_request(r, model.info, limits), model, limits) for r in requests
-    ]
-    work = [item for plan in plans for item in plan.work]
-    raws = model.runner.forward([s for s, _ in work], [keep for _, keep in work])
-    results, start = [], 0
-    for plan in plans:
-        results.append(plan.finish(raws[start : start + len(plan.work)]))
-        start += len(plan.work)
-    return results
 
 
 def outputs(texts: Sequence[str], wanted: frozenset[Output] = ALL, **fields: object) -> PoolRequest:

@@ -17,13 +17,13 @@ from sentence_transformers import MultiVectorEncoder
 
 from engine.backends import BackendKind, BackendOptions
 from engine.errors import PoolingError
-from engine.loader import LoadedModel, load_model
-from engine.model_spec import ModelSpec
+from engine.loader import LoadedModel
 from engine.outputs import ItemOutput, MultiVector, Score
 from engine.params import OutputEncoding, PoolingParams, Task
-from engine.plans import Plan, plan_request
+from engine.plans import plan_request
 from engine.request import PoolRequest, RerankRequest
 from engine.validation import Limits, validate_request, validate_rerank
+from tests.engine.planned import load, run_all
 from tests.fixture_models import COLBERT_DIM, MINILM, tiny_colbert
 
 ATOL = 1e-5
@@ -47,11 +47,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"pylate": pylate, "attend": attend, "native": native, "unused": unused}
 
 
-def load(folder: Path, **options: object) -> LoadedModel:
-    spec = ModelSpec(str(folder), name=folder.name, **options)  # type: ignore[arg-type]
-    return load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
-
-
 @pytest.fixture(scope="module")
 def models(folders: dict[str, Path]) -> dict[str, LoadedModel]:
     return {name: load(folder) for name, folder in folders.items()}
@@ -60,21 +55,6 @@ def models(folders: dict[str, Path]) -> dict[str, LoadedModel]:
 @pytest.fixture(scope="module")
 def references(folders: dict[str, Path]) -> dict[str, MultiVectorEncoder]:
     return {name: MultiVectorEncoder(str(f), device="cpu") for name, f in folders.items()}
-
-
-def run_all(model: LoadedModel, requests: Sequence[PoolRequest]) -> list[list[ItemOutput]]:
-    """Every request planned, then all their sequences in ONE forward pass (a mixed batch)."""
-    limits = Limits()
-    plans: list[Plan] = [
-        plan_request(validate_request(r, model.info, limits), model, limits) for r in requests
-    ]
-    work = [item for plan in plans for item in plan.work]
-    raws = model.runner.forward([s for s, _ in work], [keep for _, keep in work])
-    results, start = [], 0
-    for plan in plans:
-        results.append(plan.finish(raws[start : start + len(plan.work)]))
-        start += len(plan.work)
-    return results
 
 
 def multi(texts: Sequence[str], mode: str | None, **fields: object) -> PoolRequest:

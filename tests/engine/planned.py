@@ -1,0 +1,39 @@
+"""What the engine tests of one model kind share: a folder loaded on the CPU in float32,
+and requests run as the engine runs them (validated, planned, forwarded, finished) without
+a queue, so a test sees the outputs of exactly the batch it built."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engine.loader import LoadedModel, load_model
+from engine.model_spec import ModelSpec
+from engine.outputs import ItemOutput
+from engine.plans import Plan, plan_request
+from engine.request import PoolRequest
+from engine.validation import Limits, validate_request
+
+
+def load(folder: Path, name: str | None = None, **options: object) -> LoadedModel:
+    """The folder served as `name` (default: the folder's name), with ModelSpec `options`."""
+    spec = ModelSpec(str(folder), name=name or folder.name, **options)  # type: ignore[arg-type]
+    return load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
+
+
+def run_all(model: LoadedModel, requests: Sequence[PoolRequest]) -> list[list[ItemOutput]]:
+    """Every request planned, then all their inputs in ONE forward pass (a mixed batch),
+    each request's outputs finished from its own slice of the rows."""
+    limits = Limits()
+    plans: list[Plan] = [
+        plan_request(validate_request(r, model.info, limits), model, limits) for r in requests
+    ]
+    work = [item for plan in plans for item in plan.work]
+    raws = model.runner.forward([s for s, _ in work], [keep for _, keep in work])
+    results, start = [], 0
+    for plan in plans:
+        results.append(plan.finish(raws[start : start + len(plan.work)]))
+        start += len(plan.work)
+    return results
