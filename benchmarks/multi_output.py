@@ -19,16 +19,14 @@ asserted.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import paired
 from benchmarks.multi_vector import paragraphs
-from benchmarks.report import code_version
+from benchmarks.paired import header, milliseconds, run_and_report, time_pair
 
 NAME = "minilm-m3"
 HIDDEN = 384
@@ -65,7 +63,6 @@ def all_three(client: Any, texts: list[str]) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
 
     from benchmarks.servers import start_project_server
     from engine.loader import resolve_device, resolve_dtype
@@ -84,32 +81,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if "embed_outputs" not in info.tasks:
                 raise RuntimeError(f"{NAME} is not served as a multi-output model: {info}")
             rows = all_three(client, texts)
-            for _ in range(args.warmup):
-                dense_alone(client, texts)
-                all_three(client, texts)
-            dense, three = [], []
-            for _ in range(args.rounds):
-                started = time.perf_counter()
-                dense_alone(client, texts)
-                dense.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                all_three(client, texts)
-                three.append(time.perf_counter() - started)
+            dense, three = time_pair(
+                lambda: dense_alone(client, texts),
+                lambda: all_three(client, texts),
+                args.rounds,
+                args.warmup,
+            )
     finally:
         target.stop()
-    dense_ms, three_ms = 1000 * statistics.median(dense), 1000 * statistics.median(three)
-    return {
-        "benchmark": "multi_output",
-        "code": code_version(),
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch_threads": torch.get_num_threads(),
+    dense_ms, three_ms = milliseconds(dense), milliseconds(three)
+    return header("multi_output", device, dtype) | {
         "texts": len(texts),
         "matrix_rows": rows,
         "rounds": args.rounds,
-        "dense_ms": {"median": dense_ms, "min": 1000 * min(dense)},
-        "three_outputs_ms": {"median": three_ms, "min": 1000 * min(three)},
-        "ratio_three_over_dense": three_ms / dense_ms,
+        "dense_ms": dense_ms,
+        "three_outputs_ms": three_ms,
+        "ratio_three_over_dense": three_ms["median"] / dense_ms["median"],
         "target_ratio": 1.15,
     }
 
@@ -132,20 +119,9 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser = paired.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=64)
-    parser.add_argument("--folder", help="where the model is built (kept); default: a temp dir")
-    parser.add_argument(
-        "--server-arg", action="append", default=[], help="an extra server flag (repeatable)"
-    )
-    parser.add_argument("--output", help="also write the result as JSON here")
-    args = parser.parse_args(argv)
-    result = run(args)
-    print(format_result(result))
-    if args.output:
-        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    run_and_report(parser.parse_args(argv), run, format_result)
 
 
 if __name__ == "__main__":

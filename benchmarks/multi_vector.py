@@ -21,17 +21,16 @@ server / in-process are printed (and written as JSON with --output); nothing is 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import string
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.report import code_version
+from benchmarks import paired
+from benchmarks.paired import header, milliseconds, run_and_report, time_pair
 from benchmarks.workload import WORDS
 
 NAME = "minilm-colbert"
@@ -173,38 +172,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             info = {m.name: m for m in client.models()}[NAME]
             reference = in_process.scores(query, documents)
             worst = check_served(client, info, reference, served_scores(client, query, documents))
-            for _ in range(args.warmup):
-                in_process.scores(query, documents)
-                served_scores(client, query, documents)
-            local, served = [], []
-            for _ in range(args.rounds):
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-                in_process.scores(query, documents)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                local.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                served_scores(client, query, documents)
-                served.append(time.perf_counter() - started)
+            local, served = time_pair(
+                lambda: in_process.scores(query, documents),
+                lambda: served_scores(client, query, documents),
+                args.rounds,
+                args.warmup,
+                torch.cuda.synchronize if device.type == "cuda" else lambda: None,
+            )
     finally:
         target.stop()
-    local_ms, served_ms = 1000 * statistics.median(local), 1000 * statistics.median(served)
-    return {
-        "benchmark": "multi_vector",
-        "code": code_version(),
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch_threads": torch.get_num_threads(),
+    local_ms, served_ms = milliseconds(local), milliseconds(served)
+    return header("multi_vector", device, dtype) | {
         "documents": len(documents),
         "document_tokens": {"min": min(tokens), "median": statistics.median(tokens)}
         | {"max": max(tokens)},
         "rounds": args.rounds,
         "max_score_difference": worst,
-        "in_process_ms": {"median": local_ms, "min": 1000 * min(local)},
-        "server_ms": {"median": served_ms, "min": 1000 * min(served)},
-        "ratio_server_over_in_process": served_ms / local_ms,
+        "in_process_ms": local_ms,
+        "server_ms": served_ms,
+        "ratio_server_over_in_process": served_ms["median"] / local_ms["median"],
         "target_ratio": 1.2,
     }
 
@@ -229,20 +215,9 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser = paired.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=100)
-    parser.add_argument("--folder", help="where the model is built (kept); default: a temp dir")
-    parser.add_argument(
-        "--server-arg", action="append", default=[], help="an extra server flag (repeatable)"
-    )
-    parser.add_argument("--output", help="also write the result as JSON here")
-    args = parser.parse_args(argv)
-    result = run(args)
-    print(format_result(result))
-    if args.output:
-        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    run_and_report(parser.parse_args(argv), run, format_result)
 
 
 if __name__ == "__main__":
