@@ -54,3 +54,19 @@ export async function fakeServer(handlers, options = { timeout: 10 }) {
     },
   };
 }
+
+/**
+ * A fake Rerank that records each request in `seen` and ranks its documents (or, where it
+ * sends items, its items) in the order given, scoring them 1, 0, -1, ...
+ * @param {string} model the model the answers name
+ * @param {any[]} seen
+ */
+export function rerankInOrder(model, seen) {
+  return (/** @type {any} */ call, /** @type {Function} */ callback) => {
+    seen.push(call.request);
+    const { request_id, items, documents } = call.request;
+    const inputs = items?.length ? items : documents;
+    const results = inputs.map((/** @type {any} */ _d, /** @type {number} */ index) => ({ index, relevance_score: 1 - index }));
+    callback(null, { request_id, model, results });
+  };
+}

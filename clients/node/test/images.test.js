@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 
 import { PoolingClient } from '../src/index.js';
 import { asInputs, inputMessage, rerankRequest, scoreTexts } from '../src/requests.js';
-import { fakeServer } from './helpers.js';
+import { fakeServer, rerankInOrder } from './helpers.js';
 
 const PNG = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 1, 2, 3]);
 
@@ -72,14 +72,7 @@ describe('images over grpc-js', () => {
       },
       ListModels: (/** @type {any} */ _call, /** @type {Function} */ callback) =>
         callback(null, { models: [{ name: 'clip', modalities: ['MODALITY_TEXT', 'MODALITY_IMAGE'] }], max_client_batch_size: 8 }),
-      Rerank: (/** @type {any} */ call, /** @type {Function} */ callback) => {
-        seen.push(call.request);
-        const results = call.request.items.map((/** @type {any} */ _d, /** @type {number} */ index) => ({
-          index,
-          relevance_score: 1 - index,
-        }));
-        callback(null, { request_id: call.request.request_id, model: 'clip', results });
-      },
+      Rerank: rerankInOrder('clip', seen),
     }));
   });
 

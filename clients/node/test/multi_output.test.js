@@ -10,7 +10,7 @@ import { after, before, describe, test } from 'node:test';
 import { ChunkedJob } from '../src/chunking.js';
 import { PoolingClient, paramsToWire, verifyParams } from '../src/index.js';
 import { outputsOptions, requestTemplate, rerankRequest } from '../src/requests.js';
-import { fakeServer } from './helpers.js';
+import { fakeServer, rerankInOrder } from './helpers.js';
 
 /** A 2 x 3 matrix and its float16 bytes (each value is exact in half precision). */
 const VALUES = [0.5, -0.25, 1, 0.125, 0, -2];
@@ -113,14 +113,7 @@ describe('embedOutputs and weighted rerank over grpc-js', () => {
       },
       ListModels: (/** @type {any} */ _call, /** @type {Function} */ callback) =>
         callback(null, { models: [M3_CARD], max_client_batch_size: 8 }),
-      Rerank: (/** @type {any} */ call, /** @type {Function} */ callback) => {
-        seen.push(call.request);
-        callback(null, {
-          request_id: call.request.request_id,
-          model: 'm3',
-          results: call.request.documents.map((/** @type {string} */ _d, /** @type {number} */ index) => ({ index, relevance_score: 1 - index })),
-        });
-      },
+      Rerank: rerankInOrder('m3', seen),
     }));
   });
 
