@@ -27,7 +27,7 @@ from engine.model_info import ModelInfo
 from engine.output_size import ResponseBudget
 from engine.outputs import PoolResult, Ranked, RerankResult, Score
 from engine.plans import Plan, plan_request
-from engine.request import PoolRequest, RerankRequest
+from engine.request import PoolRequest, RerankRequest, has_images
 from engine.served import ServedModel
 from engine.tokenization import Vocabulary
 from engine.validation import (
@@ -114,9 +114,23 @@ class Engine:
         # Requests to tokenize and queue; each thread has its own tokenizer (ModelTokenizer).
         self._intake: SimpleQueue[_Intake | None] = SimpleQueue()
         self._tokenizers = [
-            threading.Thread(target=self._tokenize_and_queue, name=f"tokenize-{k}", daemon=True)
+            threading.Thread(
+                target=self._tokenize_and_queue, args=(self._intake,), name=f"tokenize-{k}"
+            )
             for k in range(max(1, tokenizer_threads))
         ]
+        # Requests with images take turns on a thread of their own, one image decoded at a
+        # time: a decode of tens of megapixels neither holds up the texts behind it nor
+        # multiplies its memory by the requests that send one at once.
+        self._pictures: SimpleQueue[_Intake | None] = SimpleQueue()
+        if any(model.info.accepts_images for model in models):
+            self._tokenizers.append(
+                threading.Thread(
+                    target=self._tokenize_and_queue, args=(self._pictures,), name="images"
+                )
+            )
+        for thread in self._tokenizers:
+            thread.daemon = True
 
     @property
     def model_infos(self) -> list[ModelInfo]:
@@ -125,7 +139,7 @@ class Engine:
     @property
     def tokenizer_threads(self) -> int:
         """Threads tokenizing requests (--tokenizer-threads), as TEI's /info reports them."""
-        return len(self._tokenizers)
+        return sum(thread.name != "images" for thread in self._tokenizers)
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
@@ -138,8 +152,8 @@ class Engine:
             thread.start()
 
     async def stop(self) -> None:
-        for _ in self._tokenizers:
-            self._intake.put(None)
+        for thread in self._tokenizers:
+            (self._pictures if thread.name == "images" else self._intake).put(None)
         for thread in self._tokenizers:
             if thread.is_alive():
                 await asyncio.to_thread(thread.join)
@@ -217,7 +231,8 @@ class Engine:
         timings = timings if timings is not None else Timings()
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
         intake = _Intake(request, model, deadline, timings, future, started, client)
-        self._intake.put(intake)
+        pictures = model.info.accepts_images and has_images(request.request)
+        (self._pictures if pictures else self._intake).put(intake)
         try:
             result = await future  # a cancelled caller cancels the future: its items are dropped
         except asyncio.CancelledError:
@@ -236,11 +251,11 @@ class Engine:
             timings.inference_s = batches.finished - batches.started
         return result
 
-    def _tokenize_and_queue(self) -> None:
+    def _tokenize_and_queue(self, intake: SimpleQueue[_Intake | None]) -> None:
         """A tokenizer thread: take every request waiting, plan each (tokenize, check
-        lengths), then queue the jobs with one lock and one wake-up per model."""
+        lengths; decode images), then queue the jobs with one lock and one wake-up per model."""
         while True:
-            entries = self._take_intake()
+            entries = _take_intake(intake)
             jobs: dict[str, list[Job]] = {}
             failed: list[tuple[Job | _Intake, BaseException]] = []
             for entry in entries:
@@ -274,16 +289,6 @@ class Engine:
                     loop.call_soon_threadsafe(settle, failed)
             if None in entries:
                 return
-
-    def _take_intake(self) -> list[_Intake | None]:
-        """Block for one request, then take the others already waiting (up to a bound)."""
-        entries = [self._intake.get()]
-        while entries[-1] is not None and len(entries) < INTAKE_BATCH:
-            try:
-                entries.append(self._intake.get_nowait())
-            except Empty:
-                break
-        return entries
 
     def tokenize(
         self,
@@ -363,3 +368,14 @@ def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
     else:
         ranking = [Ranked(int(i), float(scores[i])) for i in order]
     return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)
+
+
+def _take_intake(intake: SimpleQueue[_Intake | None]) -> list[_Intake | None]:
+    """Block for one request, then take the others already waiting (up to a bound)."""
+    entries = [intake.get()]
+    while entries[-1] is not None and len(entries) < INTAKE_BATCH:
+        try:
+            entries.append(intake.get_nowait())
+        except Empty:
+            break
+    return entries

@@ -129,3 +129,12 @@ class RerankRequest:
             truncation_side=self.truncation_side,
             prompt=self.instruction,
         )
+
+
+def has_images(request: PoolRequest) -> bool:
+    """Whether any input of the request is an image (a Rerank's documents included)."""
+    return any(
+        type(item) is Image
+        for items in (request.items, request.items_1, request.items_2)
+        for item in items
+    )

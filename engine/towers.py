@@ -79,10 +79,13 @@ def _frames(
 
     processor = model.images
     assert processor is not None  # validation refuses images to a text-only model
-    pictures = [decode_image(image, limits, f"{path}[{i}].image") for i, image in images]
-    pixels = processor(pictures)
     patches = int(processor.patches)
-    return [PixelFrame(pixels[k], patches) for k in range(len(pictures))]
+    # One at a time: only one decoded picture (up to --max-image-pixels) is held at once,
+    # however many images the request carries.
+    return [
+        PixelFrame(processor([decode_image(image, limits, f"{path}[{i}].image")])[0], patches)
+        for i, image in images
+    ]
 
 
 def _modality(unit: Unit) -> Modality:
