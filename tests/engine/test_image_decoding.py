@@ -214,24 +214,23 @@ def test_a_mime_type_must_agree_with_the_bytes() -> None:
 # ------------------------------------------------------------------ preprocessing
 
 
-def clip_folder(tmp_path: Path, processor: object) -> Path:
-    folder = tmp_path / "clip"
-    vision = {"image_size": 224, "patch_size": 32, "hidden_size": 32, "num_attention_heads": 2}
-    CLIPConfig(
+def _config_folder(folder: Path, config_class: type, patch: int, processor: object) -> Path:
+    """A config (224-pixel images in `patch`-pixel patches, tiny towers) beside the
+    processor's settings: all that loading an image processor reads."""
+    vision = {"image_size": 224, "patch_size": patch, "hidden_size": 32, "num_attention_heads": 2}
+    config_class(
         vision_config=vision, text_config={"hidden_size": 32, "num_attention_heads": 2}
     ).save_pretrained(folder)
     processor.save_pretrained(folder)  # type: ignore[attr-defined]
     return folder
+
+
+def clip_folder(tmp_path: Path, processor: object) -> Path:
+    return _config_folder(tmp_path / "clip", CLIPConfig, 32, processor)
 
 
 def siglip_folder(tmp_path: Path, processor: object) -> Path:
-    folder = tmp_path / "siglip"
-    vision = {"image_size": 224, "patch_size": 16, "hidden_size": 32, "num_attention_heads": 2}
-    SiglipConfig(
-        vision_config=vision, text_config={"hidden_size": 32, "num_attention_heads": 2}
-    ).save_pretrained(folder)
-    processor.save_pretrained(folder)  # type: ignore[attr-defined]
-    return folder
+    return _config_folder(tmp_path / "siglip", SiglipConfig, 16, processor)
 
 
 SIZES = [(224, 224), (300, 200), (180, 400), (97, 61), (640, 480)]

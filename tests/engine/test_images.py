@@ -142,6 +142,18 @@ def unit(rows: np.ndarray) -> np.ndarray:
     return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
 
 
+def embeds_as_encode(model: LoadedModel, folder: Path) -> None:
+    """A sentence-transformers CLIP layout without a Normalize module: embed's default
+    gives the raw features, as the folder's SentenceTransformer encode() does."""
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(folder), device="cpu")
+    assert not model.info.default_normalize
+    [out] = run_all(model, [embed([*TEXTS, *IMAGES])])
+    expected = np.concatenate([reference.encode(list(TEXTS)), reference.encode(list(DECODED))])
+    np.testing.assert_allclose(vectors(out), expected, atol=ATOL)
+
+
 @pytest.mark.parametrize("name", ["clip", "siglip"])
 def test_model_card(models: dict[str, LoadedModel], name: str) -> None:
     info = models[name].info
@@ -188,14 +200,7 @@ def test_sentence_transformers_clip_layout(
 ) -> None:
     """clip-ViT-B-32's layout: no Normalize module, so encode() returns raw features, and
     so does embed by default."""
-    from sentence_transformers import SentenceTransformer
-
-    reference = SentenceTransformer(str(folders["st-clip"]), device="cpu")
-    model = models["st-clip"]
-    assert not model.info.default_normalize
-    [out] = run_all(model, [embed([*TEXTS, *IMAGES])])
-    expected = np.concatenate([reference.encode(list(TEXTS)), reference.encode(list(DECODED))])
-    np.testing.assert_allclose(vectors(out), expected, atol=ATOL)
+    embeds_as_encode(models["st-clip"], folders["st-clip"])
 
 
 def test_sentence_transformers_6_clip_layout(
@@ -203,16 +208,9 @@ def test_sentence_transformers_6_clip_layout(
 ) -> None:
     """What sentence-transformers 6 saves for CLIP (processor_config.json, a root
     Transformer module) loads, and embeds as its encode() does."""
-    from sentence_transformers import SentenceTransformer
-
     assert (folders["st6-clip"] / "processor_config.json").is_file()
     assert not (folders["st6-clip"] / "preprocessor_config.json").exists()
-    reference = SentenceTransformer(str(folders["st6-clip"]), device="cpu")
-    model = models["st6-clip"]
-    assert not model.info.default_normalize
-    [out] = run_all(model, [embed([*TEXTS, *IMAGES])])
-    expected = np.concatenate([reference.encode(list(TEXTS)), reference.encode(list(DECODED))])
-    np.testing.assert_allclose(vectors(out), expected, atol=ATOL)
+    embeds_as_encode(models["st6-clip"], folders["st6-clip"])
 
 
 @pytest.mark.parametrize("name", ["clip", "siglip"])
