@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from pooling_client.v1 import pooling_pb2_grpc
 from tests.server_process import ServerProcess, free_port, start_server
 
+ROOT = Path(__file__).resolve().parents[2]
 SERVER_KEY = object()  # `call`'s default: the server's own key
 
 
@@ -57,3 +63,32 @@ def serving_http(args: list[str], log_dir: Path, name: str) -> Iterator[HttpServ
         yield HttpServer(process, http_port, 0)
     finally:
         process.stop(signal.SIGTERM)
+
+
+def grpc_stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
+    """A stub on the same server's gRPC port, open while iterated: a module fixture's
+    `yield from grpc_stub(http)`."""
+    with grpc.insecure_channel(http.process.address) as channel:
+        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+
+
+def batch_line(custom_id: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One line of a batch job's input: a POST of `body` to `url`."""
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def run_batch(args: list[str], lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`pooling-server batch` with `args` (models and their flags) on `lines` through stdin
+    and stdout; the job must succeed. Each answer's response, by custom_id."""
+    command = [sys.executable, "-m", "service.launch", "batch", *args]
+    command += ["--no-progress", "--input", "-", "--output", "-"]
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {a["custom_id"]: a["response"] for a in map(json.loads, done.stdout.splitlines())}

@@ -22,7 +22,7 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import SIGLIP_TEXT_LENGTH, tiny_clip, tiny_siglip
 from tests.rpc_errors import decode_rpc_error, decode_status
-from tests.service.http_calls import HttpServer, serving_http
+from tests.service.http_calls import HttpServer, grpc_stub, serving_http
 
 ATOL = 2e-4
 TEXTS = ["a photo of a cat", "a red car on a road"]
@@ -67,8 +67,7 @@ def http(
 
 @pytest.fixture(scope="module")
 def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(http.process.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+    yield from grpc_stub(http)
 
 
 class Towers:

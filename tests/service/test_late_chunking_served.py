@@ -6,9 +6,6 @@ plain embed beside it at once; refusals at each door."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +29,13 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import tiny_mean_bert
 from tests.rpc_errors import decode_rpc_error
-from tests.service.http_calls import HttpServer, serving_http
+from tests.service.http_calls import (
+    HttpServer,
+    batch_line,
+    grpc_stub,
+    run_batch,
+    serving_http,
+)
 
 TEXT = "Berlin is the capital of Germany. It has 3.8 million people!  The Spree runs through it."
 SPANS = [(0, 33), (34, 60), (62, 88), (7, 9), (3, 5)]
@@ -55,8 +58,7 @@ def http(short: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Http
 
 @pytest.fixture(scope="module")
 def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(http.process.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+    yield from grpc_stub(http)
 
 
 def spans_request(text: str, spans: list[tuple[int, int]], model: str = "minilm") -> pb.PoolRequest:
@@ -167,16 +169,9 @@ def test_http_routes_equal_grpc(
 def test_batch_job(stub: pooling_pb2_grpc.PoolingServiceStub) -> None:
     want = chunk_vectors(stub.Pool(spans_request(TEXT, SPANS), timeout=60).embed.chunked[0])
     body = {"model": "m", "input": [TEXT], "late_chunking": {"spans": SPANS}}
-    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/embeddings", "body": body})
-    command = [sys.executable, "-m", "service.launch", "batch", "--model", f"m={MINILM_ID}"]
-    command += ["--dtype", "float32", "--no-progress", "--input", "-", "--output", "-"]
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        command, cwd=root, input=line + "\n", capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (answer,) = map(json.loads, done.stdout.splitlines())
-    chunks = answer["response"]["body"]["data"][0]["chunks"]
+    line = batch_line("c", "/v1/embeddings", body)
+    answers = run_batch(["--model", f"m={MINILM_ID}", "--dtype", "float32"], [line])
+    chunks = answers["c"]["body"]["data"][0]["chunks"]
     np.testing.assert_allclose([c["embedding"] for c in chunks], want, atol=1e-5)
 
 

@@ -6,8 +6,6 @@ computation done here with transformers; a decoder LM without a template refused
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,13 @@ from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.engine.test_llm_reranker import CARD_TASK, card_format, card_inputs, card_scores
 from tests.fixture_models import QWEN3_RERANKER_TEMPLATE, tiny_qwen3_reranker
 from tests.rpc_errors import decode_rpc_error
-from tests.service.http_calls import HttpServer, serving_http
+from tests.service.http_calls import (
+    HttpServer,
+    batch_line,
+    grpc_stub,
+    run_batch,
+    serving_http,
+)
 
 ATOL = 1e-5
 QUERY = "What is the capital of China?"
@@ -74,8 +78,7 @@ def http(
 
 @pytest.fixture(scope="module")
 def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(http.process.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+    yield from grpc_stub(http)
 
 
 @pytest.fixture(scope="module")
@@ -262,28 +265,14 @@ def test_batch_job_ranks_and_scores(
     by the flags this time."""
     body = {"model": "rr", "query": QUERY, "documents": DOCUMENTS}
     pairs = {"model": "rr", "text_1": QUERY, "text_2": DOCUMENTS}
-    lines = [
-        json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": body}),
-        json.dumps({"custom_id": "s", "method": "POST", "url": "/v1/score", "body": pairs}),
-    ]
+    lines = [batch_line("r", "/v1/rerank", body), batch_line("s", "/v1/score", pairs)]
     for custom_id, url, given in (("ri", "/v1/rerank", body), ("si", "/v1/score", pairs)):
-        line = {"custom_id": custom_id, "url": url, "body": {**given, "instruction": INSTRUCTION}}
-        lines.append(json.dumps(line))
-    command = [sys.executable, "-m", "service.launch", "batch", "--model"]
-    command += [f"rr={folders['bare']}", "--score-template", str(folders["template_json"])]
-    command += ["--backend", "torch", "--dtype", "float32", "--no-progress"]
-    command += ["--input", "-", "--output", "-"]
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        command,
-        cwd=root,
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    answers = {a["custom_id"]: a["response"] for a in map(json.loads, done.stdout.splitlines())}
+        # No "method": a line without one is a POST.
+        lines.append(
+            {"custom_id": custom_id, "url": url, "body": {**given, "instruction": INSTRUCTION}}
+        )
+    args = ["--model", f"rr={folders['bare']}", "--score-template", str(folders["template_json"])]
+    answers = run_batch([*args, "--backend", "torch", "--dtype", "float32"], lines)
     ranked = answers["r"]["body"]["results"]
     scored = [d["score"] for d in answers["s"]["body"]["data"]]
     got = by_index([(r["index"], r["relevance_score"]) for r in ranked])

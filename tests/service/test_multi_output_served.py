@@ -8,8 +8,6 @@ the refusals of each door."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,13 @@ from tests.bge_m3_reference import Reference, expected_score
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3
 from tests.rpc_errors import decode_rpc_error
-from tests.service.http_calls import HttpServer, serving_http
+from tests.service.http_calls import (
+    HttpServer,
+    batch_line,
+    grpc_stub,
+    run_batch,
+    serving_http,
+)
 
 ATOL = 1e-4
 QUERY = "what is the capital of france?"
@@ -46,8 +50,7 @@ def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Htt
 
 @pytest.fixture(scope="module")
 def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(http.process.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+    yield from grpc_stub(http)
 
 
 @pytest.fixture(scope="module")
@@ -264,23 +267,8 @@ def test_batch_job_follows_the_http_bodies(folder: Path, reference: Reference) -
     pooling = {"model": "m", "task": "embed_outputs", "input": [QUERY], "outputs": ["sparse"]}
     weights = {"dense": 0.4, "sparse": 0.2, "multi": 0.4}
     rerank = {"model": "m", "query": QUERY, "documents": DOCUMENTS, "output_weights": weights}
-    lines = [
-        json.dumps({"custom_id": "p", "method": "POST", "url": "/pooling", "body": pooling}),
-        json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": rerank}),
-    ]
-    command = [sys.executable, "-m", "service.launch", "batch", "--model", f"m={folder}"]
-    command += ["--dtype", "float32", "--no-progress", "--input", "-", "--output", "-"]
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        command,
-        cwd=root,
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    answers = {a["custom_id"]: a["response"] for a in map(json.loads, done.stdout.splitlines())}
+    lines = [batch_line("p", "/pooling", pooling), batch_line("r", "/v1/rerank", rerank)]
+    answers = run_batch(["--model", f"m={folder}", "--dtype", "float32"], lines)
     sparse = answers["p"]["body"]["data"][0]["sparse"]
     check_sparse(sparse["indices"], sparse["values"], reference.encode([QUERY])[0]["sparse"])  # type: ignore[arg-type]
     got = {r["index"]: r["relevance_score"] for r in answers["r"]["body"]["results"]}

@@ -8,8 +8,6 @@ the refusals of each door."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +23,13 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import COLBERT_DIM, MINILM, tiny_colbert
 from tests.rpc_errors import decode_rpc_error
-from tests.service.http_calls import HttpServer, serving_http
+from tests.service.http_calls import (
+    HttpServer,
+    batch_line,
+    grpc_stub,
+    run_batch,
+    serving_http,
+)
 
 ATOL = 1e-4
 QUERY = "what is the capital of france?"
@@ -51,8 +55,7 @@ def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Htt
 
 @pytest.fixture(scope="module")
 def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(http.process.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+    yield from grpc_stub(http)
 
 
 @pytest.fixture(scope="module")
@@ -216,23 +219,8 @@ def test_refusals(stub: pooling_pb2_grpc.PoolingServiceStub, http: HttpServer) -
 def test_batch_job_pools_and_ranks(folder: Path, expected: np.ndarray) -> None:
     pooling = {"model": "c", "task": "embed_multi", "input": [QUERY], "prompt_name": "query"}
     rerank = {"model": "c", "query": QUERY, "documents": DOCUMENTS}
-    lines = [
-        json.dumps({"custom_id": "p", "method": "POST", "url": "/pooling", "body": pooling}),
-        json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/rerank", "body": rerank}),
-    ]
-    command = [sys.executable, "-m", "service.launch", "batch", "--model", f"c={folder}"]
-    command += ["--dtype", "float32", "--no-progress", "--input", "-", "--output", "-"]
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        command,
-        cwd=root,
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    answers = {a["custom_id"]: a["response"] for a in map(json.loads, done.stdout.splitlines())}
+    lines = [batch_line("p", "/pooling", pooling), batch_line("r", "/v1/rerank", rerank)]
+    answers = run_batch(["--model", f"c={folder}", "--dtype", "float32"], lines)
     assert np.array(answers["p"]["body"]["data"][0]["data"]).shape == (12, COLBERT_DIM)
     ranked = answers["r"]["body"]["results"]
     got = by_index([(r["index"], r["relevance_score"]) for r in ranked])

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 from PIL import Image as PILImage
@@ -31,7 +30,7 @@ from service.http.json_body import parse_body
 from service.http.openai import ROUTES
 from tests.engine.test_image_decoding import png_claiming
 from tests.fixture_models import tiny_clip
-from tests.service.http_calls import HttpServer, serving_http
+from tests.service.http_calls import HttpServer, grpc_stub, serving_http
 
 ATOL = 1e-5
 
@@ -154,8 +153,7 @@ def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Htt
 
 @pytest.fixture(scope="module")
 def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(http.process.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+    yield from grpc_stub(http)
 
 
 IMAGES = [png(10), png(11, 64)]
