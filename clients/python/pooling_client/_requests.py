@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pooling_client import _encodings, _images
+from pooling_client._progress import UseTqdm
 from pooling_client.outputs import (
     PoolingResults,
     ServerTiming,
@@ -59,6 +60,18 @@ _CONVERTERS: dict[str, Callable[[pooling_pb2.PoolResponse], list[Any]]] = {
     "embed_multi": multi_vector_request_outputs,
     "embed_outputs": outputs_request_outputs,
 }
+
+
+class CallArgs(NamedTuple):
+    """The arguments every pooling method takes alike, handed on to the one request path
+    (the client's _pool) as one value rather than six positional ones."""
+
+    pooling_params: PoolingParams | None
+    truncate_prompt_tokens: int | None
+    model: str | None
+    timeout: float | None
+    request_id: str | None
+    use_tqdm: UseTqdm
 
 
 def new_request_id() -> str:

@@ -138,12 +138,9 @@ class AsyncPoolingClient:
         results = await self._pool(
             "embed",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             encoding=encoding,
             prompt_name=prompt_name,
             prompt=prompt,
@@ -179,12 +176,9 @@ class AsyncPoolingClient:
         return await self._pool(
             "classify",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             input_options=options,
         )
 
@@ -213,12 +207,9 @@ class AsyncPoolingClient:
         return await self._pool(
             "score",
             pairs,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             prompt=instruction,
         )
 
@@ -254,14 +245,10 @@ class AsyncPoolingClient:
         _requests.check_encode_task(pooling_task)
         _encodings.check_encoding(encoding, pooling_task)
         _encodings.check_output(output)
-        kwargs: dict[str, Any] = {
-            "pooling_params": pooling_params,
-            "truncate_prompt_tokens": truncate_prompt_tokens,
-            "model": model,
-            "timeout": timeout,
-            "request_id": request_id,
-            "use_tqdm": use_tqdm,
-        }
+        call = _requests.CallArgs(
+            pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+        )
+        kwargs = call._asdict()
         prompting = {"prompt_name": prompt_name, "prompt": prompt}
         if pooling_task == "embed":
             return await self.embed(
@@ -278,12 +265,7 @@ class AsyncPoolingClient:
         results = await self._pool(
             pooling_task,
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            call,
             encoding=encoding,
             **prompting,
         )
@@ -318,12 +300,9 @@ class AsyncPoolingClient:
         return await self._pool(
             "embed_sparse",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             input_options=options,
             prompt_name=prompt_name,
             prompt=prompt,
@@ -359,12 +338,9 @@ class AsyncPoolingClient:
         return await self._pool(
             "embed_outputs",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             encoding=encoding,
             input_options=options,
         )
@@ -448,12 +424,7 @@ class AsyncPoolingClient:
         self,
         task: str,
         inputs: _chunking.Inputs,
-        pooling_params: PoolingParams | None,
-        truncate_prompt_tokens: int | None,
-        model: str | None,
-        timeout: float | None,
-        request_id: str | None,
-        use_tqdm: UseTqdm,
+        call: _requests.CallArgs,
         *,
         encoding: str | None = None,
         input_options: dict[str, Any] | None = None,
@@ -462,6 +433,7 @@ class AsyncPoolingClient:
         late_chunking: LateChunking | None = None,
     ) -> PoolingResults[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
+        pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm = call
         template = _requests.pool_request(
             task,
             _chunking.empty_inputs(task),

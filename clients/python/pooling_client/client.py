@@ -139,12 +139,9 @@ class PoolingClient:
         results = self._pool(
             "embed",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             encoding=encoding,
             prompt_name=prompt_name,
             prompt=prompt,
@@ -180,12 +177,9 @@ class PoolingClient:
         return self._pool(
             "classify",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             input_options=options,
         )
 
@@ -214,12 +208,9 @@ class PoolingClient:
         return self._pool(
             "score",
             pairs,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             prompt=instruction,
         )
 
@@ -255,14 +246,10 @@ class PoolingClient:
         _requests.check_encode_task(pooling_task)
         _encodings.check_encoding(encoding, pooling_task)
         _encodings.check_output(output)
-        kwargs: dict[str, Any] = {
-            "pooling_params": pooling_params,
-            "truncate_prompt_tokens": truncate_prompt_tokens,
-            "model": model,
-            "timeout": timeout,
-            "request_id": request_id,
-            "use_tqdm": use_tqdm,
-        }
+        call = _requests.CallArgs(
+            pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+        )
+        kwargs = call._asdict()
         prompting = {"prompt_name": prompt_name, "prompt": prompt}
         if pooling_task == "embed":
             return self.embed(prompts, encoding=encoding, output=output, **prompting, **kwargs)
@@ -277,12 +264,7 @@ class PoolingClient:
         results = self._pool(
             pooling_task,
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            call,
             encoding=encoding,
             **prompting,
         )
@@ -317,12 +299,9 @@ class PoolingClient:
         return self._pool(
             "embed_sparse",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             input_options=options,
             prompt_name=prompt_name,
             prompt=prompt,
@@ -358,12 +337,9 @@ class PoolingClient:
         return self._pool(
             "embed_outputs",
             texts,
-            pooling_params,
-            truncate_prompt_tokens,
-            model,
-            timeout,
-            request_id,
-            use_tqdm,
+            _requests.CallArgs(
+                pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm
+            ),
             encoding=encoding,
             input_options=options,
         )
@@ -447,12 +423,7 @@ class PoolingClient:
         self,
         task: str,
         inputs: _chunking.Inputs,
-        pooling_params: PoolingParams | None,
-        truncate_prompt_tokens: int | None,
-        model: str | None,
-        timeout: float | None,
-        request_id: str | None,
-        use_tqdm: UseTqdm,
+        call: _requests.CallArgs,
         *,
         encoding: str | None = None,
         input_options: dict[str, Any] | None = None,
@@ -461,6 +432,7 @@ class PoolingClient:
         late_chunking: LateChunking | None = None,
     ) -> PoolingResults[Any]:
         """Run one task: one unary Pool call, or chunks over PoolStream if it needs several."""
+        pooling_params, truncate_prompt_tokens, model, timeout, request_id, use_tqdm = call
         template = _requests.pool_request(
             task,
             _chunking.empty_inputs(task),
