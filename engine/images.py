@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from PIL import Image as PILImage
 from PIL import ImageOps, UnidentifiedImageError
 
 from engine.errors import FieldViolation, PoolingError
+from engine.modality import PixelFrame
 
 if TYPE_CHECKING:
     from engine.validation import Limits
@@ -249,6 +251,14 @@ class ImagePreprocessor:
             self.one(image, out[i])
         return out
 
+    def frame(self, image: PILImage.Image) -> PixelFrame:
+        """One image as the engine queues it: [3, H, W], costing the tower's positions."""
+        return PixelFrame(self.one(image), self.patches)
+
+    def blank(self) -> PixelFrame:
+        """A frame of zeros, the shape of every frame (a warm-up's)."""
+        return PixelFrame(np.zeros((3, *self.size), np.float32), self.patches)
+
     def one(self, image: PILImage.Image, out: np.ndarray | None = None) -> np.ndarray:
         """One image as float32 [3, H, W] (written into `out` when given)."""
         image = to_rgb(image)
@@ -270,14 +280,7 @@ class ImagePreprocessor:
         """float32 [3, 256]: what rescale then normalize make of each uint8 value, computed
         as transformers computes them (rescale in float64, cast, normalize in float32), so
         a lookup equals the arithmetic on every pixel at a fraction of its cost."""
-        values: np.ndarray = np.arange(256, dtype=np.uint8)[:, None].repeat(3, axis=1)
-        if self.rescale is not None:
-            values = (values.astype(np.float64) * self.rescale).astype(np.float32)
-        else:
-            values = values.astype(np.float32)
-        if self.mean is not None and self.std is not None:
-            values = (values - self.mean) / self.std
-        return np.ascontiguousarray(values.T, dtype=np.float32)
+        return _value_table(self.rescale, self.mean, self.std)
 
     def _resized(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) transformers' resize gives for this `size`."""
@@ -291,6 +294,116 @@ class ImagePreprocessor:
             new_short, new_long = short_edge, int(short_edge * long / short)
             return (new_long, new_short) if width <= height else (new_short, new_long)
         return size["height"], size["width"]
+
+
+def _value_table(
+    rescale: float | None, mean: np.ndarray | None, std: np.ndarray | None
+) -> np.ndarray:
+    """float32 [3, 256]: each uint8 value rescaled (in float64, then cast) and normalised
+    (in float32), as transformers' numpy steps compute it."""
+    values: np.ndarray = np.arange(256, dtype=np.uint8)[:, None].repeat(3, axis=1)
+    if rescale is not None:
+        values = (values.astype(np.float64) * rescale).astype(np.float32)
+    else:
+        values = values.astype(np.float32)
+    if mean is not None and std is not None:
+        values = (values - mean) / std
+    return np.ascontiguousarray(values.T, dtype=np.float32)
+
+
+NAFLEX = "Siglip2ImageProcessor"
+
+
+@dataclass(frozen=True, eq=False)
+class NaFlexPreprocessor:
+    """SigLIP 2's variable-resolution (NaFlex) processor in Pillow and numpy: each image
+    resized, keeping its aspect ratio, to the largest grid of whole patches that fits
+    `max_patches`, rescaled, normalised and cut into patches.
+
+    A frame is float32 [rows, cols, patch * patch * 3], the real patches only: its shape
+    carries the grid (spatial_shapes) to the engine, which pads a batch and masks the
+    padding. Its cost is rows * cols."""
+
+    patch: int
+    max_patches: int
+    resample: int
+    rescale: float | None
+    mean: np.ndarray | None  # float32 [3]; None: no normalize
+    std: np.ndarray | None
+
+    @property
+    def patches(self) -> int:
+        """The most an image costs."""
+        return self.max_patches
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """A square image's (height, width): the size a model card names."""
+        side = self.grid(1, 1)[0] * self.patch
+        return side, side
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        """The (rows, cols) of patches an image of this size is resized to: the largest
+        scale (found by bisection, as SigLIP 2's processor does) at which each side,
+        rounded up to whole patches (at least one), gives at most `max_patches`."""
+
+        def cells(scale: float, side: int) -> int:
+            return max(1, math.ceil(side * scale / self.patch))
+
+        low, high = 1e-6, 100.0
+        while high - low >= 1e-5:
+            middle = (low + high) / 2
+            if cells(middle, height) * cells(middle, width) <= self.max_patches:
+                low = middle
+            else:
+                high = middle
+        return cells(low, height), cells(low, width)
+
+    def frame(self, image: PILImage.Image) -> PixelFrame:
+        pixels = self.one(image)
+        return PixelFrame(pixels, pixels.shape[0] * pixels.shape[1])
+
+    def blank(self) -> PixelFrame:
+        rows, cols = self.grid(1, 1)
+        pixels = np.zeros((rows, cols, 3 * self.patch * self.patch), np.float32)
+        return PixelFrame(pixels, rows * cols)
+
+    def one(self, image: PILImage.Image) -> np.ndarray:
+        """float32 [rows, cols, patch * patch * 3]: each patch's pixels row by row, each
+        pixel's three channels together."""
+        image = to_rgb(image)
+        rows, cols = self.grid(image.height, image.width)
+        size = (cols * self.patch, rows * self.patch)
+        if size != image.size:
+            image = image.resize(size, resample=self.resample)
+        pixels = np.asarray(image)  # [H, W, 3] uint8
+        values = np.empty(pixels.shape, dtype=np.float32)
+        for channel in range(3):
+            np.take(self.table[channel], pixels[..., channel], out=values[..., channel])
+        p = self.patch
+        tiles = values.reshape(rows, p, cols, p, 3).transpose(0, 2, 1, 3, 4)
+        return np.ascontiguousarray(tiles.reshape(rows, cols, p * p * 3))
+
+    @cached_property
+    def table(self) -> np.ndarray:
+        return _value_table(self.rescale, self.mean, self.std)
+
+
+def _naflex(config: Mapping[str, Any]) -> NaFlexPreprocessor:
+    normalize = config.get("do_normalize", True)
+    mean = np.asarray(config.get("image_mean", STANDARD_MEAN), dtype=np.float32)
+    std = np.asarray(config.get("image_std", STANDARD_MEAN), dtype=np.float32)
+    rescale = (
+        float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None
+    )
+    return NaFlexPreprocessor(
+        patch=int(config.get("patch_size", 16)),
+        max_patches=int(config.get("max_num_patches", 256)),
+        resample=int(config.get("resample", PILImage.Resampling.BILINEAR)),
+        rescale=rescale,
+        mean=mean if normalize else None,
+        std=std if normalize else None,
+    )
 
 
 def _aspect_size(height: int, width: int, size: int, max_size: int) -> tuple[int, int]:
@@ -360,12 +473,11 @@ def image_model_folder(folder: Path) -> Path | None:
     return None
 
 
-def load_image_processor(folder: Path) -> ImagePreprocessor | None:
+def load_image_processor(folder: Path) -> ImagePreprocessor | NaFlexPreprocessor | None:
     """The model's image processor from its preprocessor_config.json or processor_config.json
     (and config.json for the patch count); None for a folder without one (a text model).
 
-    Raises ValueError for a processor this server does not reproduce (e.g. SigLIP2's
-    variable-resolution NaFlex)."""
+    Raises ValueError for a processor this server does not reproduce."""
     where = image_model_folder(folder)
     if where is None:
         return None
@@ -373,10 +485,13 @@ def load_image_processor(folder: Path) -> ImagePreprocessor | None:
     assert config is not None
     kind = str(config.get("image_processor_type", "CLIPImageProcessor")).removesuffix("Fast")
     kind = kind.removesuffix("Pil")
+    if kind == NAFLEX:
+        return _naflex(config)
     defaults = PROCESSORS.get(kind)
     if defaults is None:
         raise ValueError(
-            f"{where}: image processor {kind} is not supported (supported: {', '.join(PROCESSORS)})"
+            f"{where}: image processor {kind} is not supported (supported: "
+            f"{', '.join([*PROCESSORS, NAFLEX])})"
         )
     resize = _size_dict(config.get("size", defaults.size), square=False)
     if not config.get("do_resize", True):

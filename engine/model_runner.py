@@ -246,10 +246,34 @@ class ModelRunner:
         if self.image_backend is not None:
             return self.image_backend.run(np.stack([f.pixels for f in batch]), threads)
         assert self.module is not None
-        pixels = torch.from_numpy(np.stack([frame.pixels for frame in batch]))
         dtype = next(self.module.parameters()).dtype
+        if self.module.config.model_type == "siglip2":  # NaFlex: [rows, cols, patch values]
+            return self._naflex_tower(batch, dtype)
+        pixels = torch.from_numpy(np.stack([frame.pixels for frame in batch]))
         pixels = pixels.to(self.device, dtype=dtype, non_blocking=True)
         return _features(self.module.get_image_features(pixel_values=pixels))
+
+    def _naflex_tower(self, batch: Sequence[PixelFrame], dtype: torch.dtype) -> np.ndarray:
+        """SigLIP 2's variable-resolution tower: each image's patches in a row, padded to
+        the batch's longest, with the mask over the real ones and each image's grid (the
+        processor pads to max_num_patches; the mask makes the padding's length moot)."""
+        longest = max(len(frame) for frame in batch)
+        width = batch[0].pixels.shape[-1]
+        pixels = np.zeros((len(batch), longest, width), np.float32)
+        mask = np.zeros((len(batch), longest), np.int64)
+        shapes = np.zeros((len(batch), 2), np.int64)
+        for i, frame in enumerate(batch):
+            rows, cols, _ = frame.pixels.shape
+            pixels[i, : rows * cols] = frame.pixels.reshape(rows * cols, width)
+            mask[i, : rows * cols] = 1
+            shapes[i] = (rows, cols)
+        assert self.module is not None
+        output = self.module.get_image_features(
+            pixel_values=torch.from_numpy(pixels).to(self.device, dtype=dtype),
+            pixel_attention_mask=torch.from_numpy(mask).to(self.device),
+            spatial_shapes=torch.from_numpy(shapes).to(self.device),
+        )
+        return _features(output)
 
     def warm_up(self, alone: bool = True) -> None:
         """Run once on the thread that will serve: torch's thread pools, and CUDA's handles,

@@ -1,5 +1,5 @@
-"""Plans on a two-tower image-text model (CLIP, SigLIP): embed, score and zero-shot classify
-over items, each a text or an image.
+"""Plans on a two-tower image-text model (CLIP, SigLIP, SigLIP 2): embed, score and
+zero-shot classify over items, each a text or an image.
 
 Runs on the front end's intake threads, like tokenizing: texts become token sequences,
 images are decoded (within the request's bounds) and preprocessed by the model's image
@@ -79,12 +79,10 @@ def _frames(
 
     processor = model.images
     assert processor is not None  # validation refuses images to a text-only model
-    patches = int(processor.patches)
     # One at a time: only one decoded picture (up to --max-image-pixels) is held at once,
     # however many images the request carries.
     return [
-        PixelFrame(processor([decode_image(image, limits, f"{path}[{i}].image")])[0], patches)
-        for i, image in images
+        processor.frame(decode_image(image, limits, f"{path}[{i}].image")) for i, image in images
     ]
 
 

@@ -11,14 +11,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import AutoModel
 
 from engine.backends import BackendKind, RuntimeSettings
 from engine.backends.image_tower import load_image_tower
 from engine.encodings import read_calibration_ranges
-from engine.modality import Modality, PixelFrame
+from engine.modality import Modality
 from engine.model_folder import ModelFolder, max_input_tokens, served_fields
 from engine.model_info import (
     TASKS_BY_HEAD,
@@ -50,11 +49,11 @@ def load_towers(
     `runtime` and `threads`: an exported image tower's cache and cores."""
     exported = _image_backend_kind(spec, device, dtype)
     config = folder.config
-    if config.model_type == "siglip2":
+    if exported is not None and config.model_type == "siglip2":
         raise ValueError(
-            f"model {spec.served_name}: SigLIP 2's NaFlex models (Siglip2Model, variable "
-            "resolution) are not supported; the fixed-resolution SigLIP 2 checkpoints "
-            "(SiglipModel) are"
+            f"model {spec.served_name}: --backend {exported} exports a fixed-size image "
+            "tower; SigLIP 2's NaFlex towers (Siglip2Model, variable resolution) run on "
+            "torch: pass --backend torch"
         )
     template = spec.label_template or TowerSettings.label_template
     if "{label}" not in template:
@@ -114,7 +113,7 @@ def load_towers(
     processor = image_preprocessor(info)
     settings = _with_processor(settings, processor)
     warm_up: list[Any] = list(tokenizer.tokenize(["warm up"]))
-    warm_up.append(PixelFrame(np.zeros((3, *settings.image_size), np.float32), settings.patches))
+    warm_up.append(processor.blank())
     runner = ModelRunner(module, _replace(info, towers=settings), tokenizer.pad_token_id, device)
     if exported is not None:
         runner.image_backend = load_image_tower(

@@ -459,6 +459,39 @@ def tiny_siglip(folder: Path) -> Path:
     return folder
 
 
+NAFLEX_PATCH = 4
+SIGLIP2_TEXT_LENGTH = 64
+NAFLEX_MAX_PATCHES = 16
+
+
+def tiny_siglip2(folder: Path) -> Path:
+    """A random-weight Siglip2Model (NaFlex: 4-pixel patches, at most 16 an image, as a 4x4
+    grid of position embeddings) with SigLIP 2's processor; texts padded to 64 tokens, as
+    SigLIP 2's processor pads them. transformers reads MiniLM's files through its
+    Siglip2Tokenizer (a token per character here), the engine's tokenizer too."""
+    from transformers import Siglip2Config, Siglip2ImageProcessorPil, Siglip2Model
+
+    text, vision = _tower_configs(SIGLIP2_TEXT_LENGTH)
+    text.update(bos_token_id=101, eos_token_id=102, pad_token_id=0)
+    del vision["image_size"]
+    vision.update(patch_size=NAFLEX_PATCH, num_patches=NAFLEX_MAX_PATCHES)
+    config = Siglip2Config(text_config=text, vision_config=vision)
+    torch.manual_seed(2)
+    model = Siglip2Model(config)
+    with torch.no_grad():
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-1.5)
+    model.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(
+        MINILM, model_input_names=["input_ids"], model_max_length=SIGLIP2_TEXT_LENGTH
+    )
+    tokenizer.save_pretrained(folder)
+    Siglip2ImageProcessorPil(
+        patch_size=NAFLEX_PATCH, max_num_patches=NAFLEX_MAX_PATCHES
+    ).save_pretrained(folder)
+    return folder
+
+
 def tiny_st_clip(folder: Path, clip: Path) -> Path:
     """sentence-transformers' CLIP layout (as clip-ViT-B-32 ships): modules.json naming a
     CLIPModel module whose folder, 0_CLIPModel, holds the transformers model."""

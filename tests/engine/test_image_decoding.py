@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image as PILImage
-from transformers import CLIPConfig, CLIPImageProcessorPil, SiglipConfig, SiglipImageProcessorPil
+from transformers import (
+    CLIPConfig,
+    CLIPImageProcessorPil,
+    Siglip2ImageProcessorPil,
+    SiglipConfig,
+    SiglipImageProcessorPil,
+)
 
 from engine.errors import PoolingError
 from engine.images import decode_image, load_image_processor, sniff
@@ -277,6 +283,35 @@ def test_siglip_preprocessing_equals_transformers(tmp_path: Path, processor: obj
     np.testing.assert_array_equal(ours(images), expected)
 
 
+@pytest.mark.parametrize(
+    "processor",
+    [
+        Siglip2ImageProcessorPil(),
+        Siglip2ImageProcessorPil(patch_size=4, max_num_patches=16),
+        Siglip2ImageProcessorPil(
+            patch_size=8, max_num_patches=100, resample=3, image_mean=[0.4, 0.5, 0.6]
+        ),
+    ],
+    ids=["default", "tiny", "bicubic-other-stats"],
+)
+def test_siglip2_naflex_preprocessing_equals_transformers(
+    tmp_path: Path, processor: object
+) -> None:
+    """SigLIP 2's NaFlex: each image's own patch grid, its patches bit for bit the real
+    (unpadded) rows of transformers' pixel_values, its cost the grid's patch count."""
+    ours = load_image_processor(siglip_folder(tmp_path, processor))
+    assert ours is not None
+    images = _pictures()
+    expected = processor(images, return_tensors="np")  # type: ignore[operator]
+    for k, image in enumerate(images):
+        frame = ours.frame(image)  # type: ignore[union-attr]
+        rows, cols = (int(n) for n in expected["spatial_shapes"][k])
+        assert frame.pixels.shape[:2] == (rows, cols) and len(frame) == rows * cols
+        assert int(expected["pixel_attention_mask"][k].sum()) == rows * cols
+        real = expected["pixel_values"][k][: rows * cols]
+        np.testing.assert_array_equal(frame.pixels.reshape(rows * cols, -1), real)
+
+
 def test_patch_counts(tmp_path: Path) -> None:
     clip = load_image_processor(clip_folder(tmp_path, CLIPImageProcessorPil()))
     siglip = load_image_processor(siglip_folder(tmp_path, SiglipImageProcessorPil()))
@@ -300,7 +335,7 @@ def test_sentence_transformers_layout_and_text_models(tmp_path: Path) -> None:
 def test_an_unknown_processor_is_named(tmp_path: Path) -> None:
     folder = clip_folder(tmp_path, CLIPImageProcessorPil())
     config = json.loads((folder / "preprocessor_config.json").read_text())
-    config["image_processor_type"] = "Siglip2ImageProcessor"
+    config["image_processor_type"] = "ViTImageProcessor"
     (folder / "preprocessor_config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="Siglip2ImageProcessor"):
+    with pytest.raises(ValueError, match="ViTImageProcessor"):
         load_image_processor(folder)

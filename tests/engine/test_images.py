@@ -1,6 +1,7 @@
-"""Image models (two towers: CLIP, SigLIP) on tiny random-weight folders: embeddings equal to
-transformers' get_image_features / get_text_features through the model's own processor and
-to sentence-transformers' encode on its CLIP layout, text-image scores, zero-shot
+"""Image models (two towers: CLIP, SigLIP, SigLIP 2's NaFlex) on tiny random-weight folders:
+embeddings equal to transformers' get_image_features / get_text_features through the model's
+own processor (SigLIP 2: images of mixed aspect ratios in one batch) and to
+sentence-transformers' encode on its CLIP layout, text-image scores, zero-shot
 probabilities equal to the model's logits softmaxed (CLIP) or sigmoid'd (SigLIP), mixed
 text and image batches (in one forward pass and through the queue), and the refusals."""
 
@@ -31,9 +32,9 @@ from engine.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load, run_all
 from tests.fixture_models import (
     MINILM,
-    SIGLIP_TEXT_LENGTH,
     tiny_clip,
     tiny_siglip,
+    tiny_siglip2,
     tiny_st6_clip,
     tiny_st_clip,
 )
@@ -58,6 +59,12 @@ def encoded(image: PILImage.Image, fmt: str) -> bytes:
 FORMATS = ("PNG", "JPEG", "WEBP")
 IMAGES = [Image(encoded(picture(k), fmt)) for k, fmt in enumerate(FORMATS)]
 DECODED = [PILImage.open(io.BytesIO(image.data)).convert("RGB") for image in IMAGES]
+# Aspect ratios that give SigLIP 2's processor different patch grids (4x4, 2x6, 8x2, 3x5
+# of at most 16): one batch pads them to its longest.
+SHAPES = ((40, 48), (8, 24), (64, 16), (30, 50))
+MIXED = [Image(encoded(picture(10 + k, size), "PNG")) for k, size in enumerate(SHAPES)]
+MIXED_DECODED = [PILImage.open(io.BytesIO(image.data)).convert("RGB") for image in MIXED]
+TOWERS = ["clip", "siglip", "siglip2"]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +74,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "clip": clip,
         "siglip": tiny_siglip(root / "siglip"),
+        "siglip2": tiny_siglip2(root / "siglip2"),
         "st-clip": tiny_st_clip(root / "st-clip", clip),
         "st6-clip": tiny_st6_clip(root / "st6-clip", clip),
     }
@@ -86,20 +94,21 @@ class Reference:
         self.model = AutoModel.from_pretrained(folder).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.processor = AutoImageProcessor.from_pretrained(folder)
-        self.siglip = self.model.config.model_type == "siglip"
+        self.siglip = self.model.config.model_type in ("siglip", "siglip2")
 
     def text_inputs(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         if self.siglip:  # as SigLIP's processor: padded to max_length
             return self.tokenizer(
                 list(texts),
                 padding="max_length",
-                max_length=SIGLIP_TEXT_LENGTH,
+                max_length=self.model.config.text_config.max_position_embeddings,
                 return_tensors="pt",
             )
         return self.tokenizer(list(texts), padding=True, return_tensors="pt")
 
-    def pixels(self, images: Sequence[PILImage.Image]) -> torch.Tensor:
-        return self.processor(images=list(images), return_tensors="pt")["pixel_values"]
+    def pixels(self, images: Sequence[PILImage.Image]) -> dict[str, torch.Tensor]:
+        """pixel_values, and for SigLIP 2 its pixel_attention_mask and spatial_shapes."""
+        return dict(self.processor(images=list(images), return_tensors="pt"))
 
     @torch.inference_mode()
     def text(self, texts: Sequence[str]) -> np.ndarray:
@@ -107,14 +116,14 @@ class Reference:
 
     @torch.inference_mode()
     def image(self, images: Sequence[PILImage.Image]) -> np.ndarray:
-        return _rows(self.model.get_image_features(pixel_values=self.pixels(images)))
+        return _rows(self.model.get_image_features(**self.pixels(images)))
 
     @torch.inference_mode()
     def logits_per_image(
         self, images: Sequence[PILImage.Image], texts: Sequence[str]
     ) -> np.ndarray:
         inputs = dict(self.text_inputs(texts))
-        output = self.model(**inputs, pixel_values=self.pixels(images))
+        output = self.model(**inputs, **self.pixels(images))
         return output.logits_per_image.numpy()
 
 
@@ -125,7 +134,7 @@ def _rows(output: object) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def references(folders: dict[str, Path]) -> dict[str, Reference]:
-    return {name: Reference(folders[name]) for name in ("clip", "siglip")}
+    return {name: Reference(folders[name]) for name in TOWERS}
 
 
 def embed(items: Sequence[Item], normalize: bool | None = None) -> PoolRequest:
@@ -154,18 +163,20 @@ def embeds_as_encode(model: LoadedModel, folder: Path) -> None:
     np.testing.assert_allclose(vectors(out), expected, atol=ATOL)
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip"])
+@pytest.mark.parametrize("name", TOWERS)
 def test_model_card(models: dict[str, LoadedModel], name: str) -> None:
     info = models[name].info
     assert info.modalities == ("text", "image")
-    assert info.towers is not None and info.towers.image_size == (32, 32)
+    # SigLIP 2: a square image's size at its most patches (4x4 of 4 pixels)
+    size = (16, 16) if name == "siglip2" else (32, 32)
+    assert info.towers is not None and info.towers.image_size == size
     assert info.towers.patches == (17 if name == "clip" else 16)  # CLIP adds its class token
     assert info.hidden_size == (24 if name == "clip" else 32)
     assert set(info.tasks) == {Task.EMBED, Task.SCORE, Task.CLASSIFY}
     assert models["minilm"].info.modalities == ("text",)
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip"])
+@pytest.mark.parametrize("name", TOWERS)
 def test_embeddings_equal_the_towers_features(
     models: dict[str, LoadedModel], references: dict[str, Reference], name: str
 ) -> None:
@@ -186,6 +197,27 @@ def test_embeddings_equal_the_towers_features(
         Modality.IMAGE,
         Modality.TEXT,
     ]
+
+
+def test_siglip2_mixed_sizes_in_one_batch(
+    models: dict[str, LoadedModel], references: dict[str, Reference]
+) -> None:
+    """Images of four aspect ratios in one forward pass, each its own patch grid padded to
+    the batch's longest and masked: each equals get_image_features through SigLIP 2's
+    processor (which pads to max_num_patches), and costs its own patch count."""
+    from engine.towers import prepare
+
+    model, reference = models["siglip2"], references["siglip2"]
+    grids = reference.pixels(MIXED_DECODED)["spatial_shapes"].tolist()
+    assert len({tuple(grid) for grid in grids}) == 4  # four different grids
+    request = embed([*MIXED, TEXTS[0]], False)
+    resolved = validate_request(request, model.info, Limits())
+    frames = prepare(resolved, model, Limits(), request.items[:4], "embed.items")
+    assert [list(frame.pixels.shape[:2]) for frame in frames] == grids
+    assert [len(frame) for frame in frames] == [rows * cols for rows, cols in grids]
+    [out] = run_all(model, [request])
+    expected = np.concatenate([reference.image(MIXED_DECODED), reference.text(TEXTS[:1])])
+    np.testing.assert_allclose(vectors(out), expected, atol=ATOL)
 
 
 def test_texts_without_items_embed_through_the_text_tower(
@@ -213,7 +245,7 @@ def test_sentence_transformers_6_clip_layout(
     embeds_as_encode(models["st6-clip"], folders["st6-clip"])
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip"])
+@pytest.mark.parametrize("name", TOWERS)
 def test_scores_are_cosines_of_both_towers(
     models: dict[str, LoadedModel], references: dict[str, Reference], name: str
 ) -> None:
@@ -235,7 +267,7 @@ def test_scores_are_cosines_of_both_towers(
     np.testing.assert_allclose(mixed, one_n, atol=ATOL)
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip"])
+@pytest.mark.parametrize("name", TOWERS)
 def test_zero_shot_equals_the_models_logits(
     models: dict[str, LoadedModel], references: dict[str, Reference], name: str
 ) -> None:
@@ -246,7 +278,7 @@ def test_zero_shot_equals_the_models_logits(
     logits = reference.logits_per_image(DECODED, prompts)
     expected = (
         torch.sigmoid(torch.from_numpy(logits))
-        if name == "siglip"
+        if name != "clip"
         else torch.from_numpy(logits).softmax(-1)
     ).numpy()
     request = PoolRequest(Task.CLASSIFY, items=tuple(IMAGES), candidate_labels=LABELS)
@@ -397,19 +429,22 @@ def test_rerank_paths(models: dict[str, LoadedModel]) -> None:
     assert reasons(caught.value) == [("items[0].image", "MODALITY_NOT_SUPPORTED")]
 
 
+@pytest.mark.parametrize("name", ["siglip", "siglip2"])
 def test_images_through_an_engine_process_link(
-    models: dict[str, LoadedModel], references: dict[str, Reference], tmp_path: Path
+    models: dict[str, LoadedModel], references: dict[str, Reference], tmp_path: Path, name: str
 ) -> None:
     """The split path: a front end built from the engine's description (its own image
     processor) sends pixel frames over the link as raw float32 beside the token ids, and
-    gets the same vectors back as the in-process engine computes."""
+    gets the same vectors back as the in-process engine computes. SigLIP 2's frames (each
+    its own patch grid) carry their grid in their shape."""
     from engine.core import EngineCore
     from engine.ipc import EngineReady
     from engine.remote_client import RemoteEngineClient
     from engine.served import ModelDescription
 
-    model = models["siglip"]
-    items: list[Item] = [IMAGES[0], TEXTS[0], IMAGES[1], IMAGES[2], TEXTS[1]]
+    model = models[name]
+    images, decoded = (MIXED, MIXED_DECODED) if name == "siglip2" else (IMAGES, DECODED)
+    items: list[Item] = [images[0], TEXTS[0], images[1], images[2], TEXTS[1]]
 
     async def main() -> list[ItemOutput]:
         core = EngineCore([model], BatchConfig(), str(tmp_path / "engine.sock"))
@@ -417,7 +452,8 @@ def test_images_through_an_engine_process_link(
         serving = asyncio.create_task(core.serve())
         description = ModelDescription(model.info, model.tokenizer.spec)
         front = description.served()
-        assert front.images is not None and front.images.size == (32, 32)
+        assert model.info.towers is not None and front.images is not None
+        assert front.images.size == model.info.towers.image_size
         client = RemoteEngineClient([EngineReady(core.address, 0, [description])])
         engine = Engine([front], client=client)
         await engine.start()
@@ -430,8 +466,8 @@ def test_images_through_an_engine_process_link(
             await core.stop()
 
     outputs = asyncio.run(main())
-    texts, images = references["siglip"].text(TEXTS), references["siglip"].image(DECODED)
-    expected = np.stack([images[0], texts[0], images[1], images[2], texts[1]])
+    texts, pictures = references[name].text(TEXTS), references[name].image(decoded[:3])
+    expected = np.stack([pictures[0], texts[0], pictures[1], pictures[2], texts[1]])
     np.testing.assert_allclose(vectors(outputs), expected, atol=ATOL)
     assert [o.modality for o in outputs][:2] == [Modality.IMAGE, Modality.TEXT]  # type: ignore[union-attr]
 
@@ -476,16 +512,13 @@ def test_load_refusals(folders: dict[str, Path]) -> None:
         load_model(bad, device=torch.device("cpu"), dtype=torch.float32)
 
 
-def test_siglip2_naflex_is_refused_by_name(tmp_path: Path) -> None:
-    from transformers import Siglip2Config, Siglip2Model
+def test_siglip2_on_an_exported_backend_is_refused_by_name(folders: dict[str, Path]) -> None:
+    """An exported image tower takes one fixed image size; SigLIP 2's runs on torch."""
+    from engine.backends import BackendKind, BackendOptions
 
-    layers = {"num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
-    text = {"vocab_size": 30522, "hidden_size": 16, "pad_token_id": 0, **layers}
-    config = Siglip2Config(text_config=text, vision_config={"hidden_size": 16, **layers})
-    Siglip2Model(config).save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(MINILM).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="NaFlex"):
-        load(tmp_path, "naflex")
+    spec = ModelSpec(str(folders["siglip2"]), backend=BackendOptions(kind=BackendKind.ONNX))
+    with pytest.raises(ValueError, match=r"NaFlex.*--backend torch"):
+        load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
 
 
 @pytest.mark.parametrize("kind", ["onnx", "openvino"])
