@@ -311,13 +311,14 @@ def test_label_template(models: dict[str, LoadedModel], references: dict[str, Re
     )  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("name", ["clip", "siglip2"])
 def test_rerank_with_image_documents(
-    models: dict[str, LoadedModel], references: dict[str, Reference]
+    models: dict[str, LoadedModel], references: dict[str, Reference], name: str
 ) -> None:
     """Through the engine and its queue: a text query against image and text documents,
     ranked by cosine, each result with its document's modality; the queue keeps the
     towers' batches apart."""
-    model, reference = models["clip"], references["clip"]
+    model, reference = models[name], references[name]
     documents: tuple[Item, ...] = (IMAGES[0], TEXTS[1], IMAGES[1], IMAGES[2])
 
     async def body(engine: Engine) -> tuple[object, object]:

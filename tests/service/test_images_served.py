@@ -20,7 +20,7 @@ from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
-from tests.fixture_models import SIGLIP_TEXT_LENGTH, tiny_clip, tiny_siglip
+from tests.fixture_models import tiny_clip, tiny_siglip, tiny_siglip2
 from tests.rpc_errors import decode_rpc_error, decode_status
 from tests.service.http_calls import HttpServer, grpc_stub, serving_http
 
@@ -52,14 +52,18 @@ def image_item(data: bytes, mime: str = "") -> pb.Item:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("served-images")
-    return {"clip": tiny_clip(root / "clip"), "siglip": tiny_siglip(root / "siglip")}
+    return {
+        "clip": tiny_clip(root / "clip"),
+        "siglip": tiny_siglip(root / "siglip"),
+        "siglip2": tiny_siglip2(root / "siglip2"),
+    }
 
 
 @pytest.fixture(scope="module")
 def http(
     folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HttpServer]:
-    args = ["--model", f"clip={folders['clip']}", "--model", f"siglip={folders['siglip']}"]
+    args = [arg for name in folders for arg in ("--model", f"{name}={folders[name]}")]
     args += ["--model", f"minilm={MINILM_ID}", "--dtype", "float32"]
     with serving_http(args, tmp_path_factory.mktemp("images-logs"), "images") as server:
         yield server
@@ -77,17 +81,19 @@ class Towers:
         self.model = AutoModel.from_pretrained(folder).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.processor = AutoImageProcessor.from_pretrained(folder)
-        self.siglip = self.model.config.model_type == "siglip"
+        self.siglip = self.model.config.model_type in ("siglip", "siglip2")
 
     def texts(self, texts: list[str]) -> dict[str, torch.Tensor]:
         if self.siglip:
+            length = self.model.config.text_config.max_position_embeddings
             return self.tokenizer(
-                texts, padding="max_length", max_length=SIGLIP_TEXT_LENGTH, return_tensors="pt"
+                texts, padding="max_length", max_length=length, return_tensors="pt"
             )
         return self.tokenizer(texts, padding=True, return_tensors="pt")
 
-    def pixels(self, images: list[PILImage.Image]) -> torch.Tensor:
-        return self.processor(images=images, return_tensors="pt")["pixel_values"]
+    def pixels(self, images: list[PILImage.Image]) -> dict[str, torch.Tensor]:
+        """pixel_values, and for SigLIP 2 its pixel_attention_mask and spatial_shapes."""
+        return dict(self.processor(images=images, return_tensors="pt"))
 
     @torch.inference_mode()
     def text(self, texts: list[str]) -> np.ndarray:
@@ -95,12 +101,12 @@ class Towers:
 
     @torch.inference_mode()
     def image(self, images: list[PILImage.Image]) -> np.ndarray:
-        output = self.model.get_image_features(pixel_values=self.pixels(images))
+        output = self.model.get_image_features(**self.pixels(images))
         return unit(output.pooler_output.numpy())
 
     @torch.inference_mode()
     def logits_per_image(self, images: list[PILImage.Image], texts: list[str]) -> torch.Tensor:
-        output = self.model(**self.texts(texts), pixel_values=self.pixels(images))
+        output = self.model(**self.texts(texts), **self.pixels(images))
         return output.logits_per_image
 
 
@@ -117,10 +123,10 @@ def test_list_models_shows_modalities_and_image_size(
     stub: pooling_pb2_grpc.PoolingServiceStub,
 ) -> None:
     cards = {card.name: card for card in stub.ListModels(pb.ListModelsRequest()).models}
-    for name, width in (("clip", 24), ("siglip", 32)):
+    for name, width, size in (("clip", 24, 32), ("siglip", 32, 32), ("siglip2", 32, 16)):
         card = cards[name]
         assert list(card.modalities) == [pb.MODALITY_TEXT, pb.MODALITY_IMAGE]
-        assert card.image_size == 32 and card.hidden_size == width
+        assert card.image_size == size and card.hidden_size == width
         assert set(card.tasks) == {
             pb.POOLING_TASK_EMBED,
             pb.POOLING_TASK_SCORE,
@@ -130,7 +136,7 @@ def test_list_models_shows_modalities_and_image_size(
     assert cards["minilm"].image_size == 0
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip"])
+@pytest.mark.parametrize("name", ["clip", "siglip", "siglip2"])
 def test_embed_mixed_items(
     stub: pooling_pb2_grpc.PoolingServiceStub, towers: dict[str, Towers], name: str
 ) -> None:
@@ -155,13 +161,14 @@ def test_score_text_against_images(
     np.testing.assert_allclose(list(response.score.scores), expected, atol=ATOL)
 
 
+@pytest.mark.parametrize("name", ["siglip", "siglip2"])
 def test_rerank_with_image_documents(
-    stub: pooling_pb2_grpc.PoolingServiceStub, towers: dict[str, Towers]
+    stub: pooling_pb2_grpc.PoolingServiceStub, towers: dict[str, Towers], name: str
 ) -> None:
     items = [image_item(IMAGES[0]), text_item(TEXTS[0]), image_item(IMAGES[2])]
-    request = pb.RerankRequest(model="siglip", query=TEXTS[1], items=items, return_documents=True)
+    request = pb.RerankRequest(model=name, query=TEXTS[1], items=items, return_documents=True)
     response = stub.Rerank(request)
-    reference = towers["siglip"]
+    reference = towers[name]
     query = reference.text(TEXTS[1:])[0]
     images = reference.image([DECODED[0], DECODED[2]])
     expected = [images[0] @ query, reference.text(TEXTS[:1])[0] @ query, images[1] @ query]
@@ -177,14 +184,14 @@ def test_rerank_with_image_documents(
         assert not is_text or result.document == TEXTS[0]
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip"])
+@pytest.mark.parametrize("name", ["clip", "siglip", "siglip2"])
 def test_zero_shot_classify(
     stub: pooling_pb2_grpc.PoolingServiceStub, towers: dict[str, Towers], name: str
 ) -> None:
     given = pb.TextInput(items=[image_item(data) for data in IMAGES], candidate_labels=LABELS)
     response = stub.Pool(pb.PoolRequest(model=name, classify=given))
     logits = towers[name].logits_per_image(DECODED, [f"a photo of a {x}." for x in LABELS])
-    expected = (logits.sigmoid() if name == "siglip" else logits.softmax(-1)).numpy()
+    expected = (logits.softmax(-1) if name == "clip" else logits.sigmoid()).numpy()
     got = response.classify.classifications
     np.testing.assert_allclose([list(c.probs) for c in got], expected, atol=ATOL)
     assert [c.label for c in got] == [LABELS[int(i)] for i in expected.argmax(-1)]
