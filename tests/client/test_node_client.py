@@ -34,7 +34,8 @@ from tests.server_process import ServerProcess, start_server
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "clients" / "node"
 MIN_NODE_MAJOR = 20
-TIMEOUT = 300
+TIMEOUT = 480
+TEST_TIMEOUT_MS = 120_000  # one node test; the whole run has TIMEOUT
 
 _SUMMARY = re.compile(r"^# (tests|suites|pass|fail|cancelled|skipped|todo) (\d+)\s*$", re.MULTILINE)
 
@@ -92,7 +93,8 @@ def _run_node_tests(
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
     """Run the whole Node suite with the TAP reporter; return the run and its summary counts."""
     result = subprocess.run(
-        [node, "--test", "--test-reporter=tap"],
+        # A test that hangs fails by its name (node's own timeout) before the run's.
+        [node, "--test", f"--test-timeout={TEST_TIMEOUT_MS}", "--test-reporter=tap"],
         cwd=NODE_DIR,
         env=_node_env(address),
         capture_output=True,
