@@ -26,10 +26,20 @@ PORT_ATTEMPTS = 3
 PORT_TAKEN = "is the port taken?"  # service/server.py's message
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port, never one this process gave before: the kernel may hand a
+    just-closed port out again, and a server given the same port for its gRPC and HTTP
+    doors fails to start."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +89,36 @@ def _node_env(address: str | None) -> dict[str, str]:
     return env
 
 
+@contextmanager
+def node_tree() -> Iterator[None]:
+    """Hold clients/node to oneself: `npm pack` (tests/client/test_node_pack.py) writes and
+    then removes the bundled proto/ there, which the client's tests, in another worker,
+    would otherwise find and then lose mid-run (ENOENT in a hook)."""
+    with (NODE_DIR / ".node-tree.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def run_node(command: list[str], address: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`command` (node and its arguments) in clients/node, held to itself (node_tree)."""
+    with node_tree():
+        return subprocess.run(
+            command,
+            cwd=NODE_DIR,
+            env=_node_env(address),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+
+
 def _run_node_tests(
     node: str, address: str | None
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, int]]:
-    """Run the whole Node suite with the TAP reporter; return the run and its summary counts."""
-    result = subprocess.run(
-        # A test that hangs fails by its name (node's own timeout) before the run's.
-        [node, "--test", f"--test-timeout={TEST_TIMEOUT_MS}", "--test-reporter=tap"],
-        cwd=NODE_DIR,
-        env=_node_env(address),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
+    """Run the whole Node suite with the TAP reporter; return the run and its summary counts.
+    A test that hangs fails by its name (node's own timeout) before the run's."""
+    result = run_node(
+        [node, "--test", f"--test-timeout={TEST_TIMEOUT_MS}", "--test-reporter=tap"], address
     )
     summary = {name: int(count) for name, count in _SUMMARY.findall(result.stdout)}
     return result, summary
@@ -131,14 +150,7 @@ def test_node_embedding_matches_python_client(
     node: str, server: ServerProcess, client: PoolingClient
 ) -> None:
     texts = ["Hello world", "The Node client must agree with the Python client."]
-    result = subprocess.run(
-        [node, "scripts/embed.js", "--address", server.address, *texts],
-        cwd=NODE_DIR,
-        env=_node_env(None),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    result = run_node([node, "scripts/embed.js", "--address", server.address, *texts])
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     node_embeddings = json.loads(result.stdout)["embeddings"]
     python_embeddings = [output.outputs.embedding for output in client.embed(texts)]
@@ -175,9 +187,7 @@ def from_node(node: str, retrieval_server: ServerProcess) -> dict[str, Any]:
     command = [node, "scripts/contract.js", "--address", retrieval_server.address]
     command += ["--colbert", "colbert", "--reranker", "rr", "--instruction", INSTRUCTION]
     command += ["--query", QUERY, *DOCUMENTS]
-    result = subprocess.run(
-        command, cwd=NODE_DIR, env=_node_env(None), capture_output=True, text=True, timeout=TIMEOUT
-    )
+    result = run_node(command)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     return json.loads(result.stdout)
 

@@ -22,6 +22,7 @@ from tests.client.test_node_client import (
     TIMEOUT,
     _require_node,
     install_node_modules,
+    node_tree,
 )
 from tests.server_process import ServerProcess
 
@@ -45,16 +46,17 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _, npm = _require_node()
     install_node_modules(npm)
     out = tmp_path_factory.mktemp("npm-pack")
-    result = subprocess.run(
-        [npm, "pack", "--pack-destination", str(out)],
-        cwd=NODE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    with node_tree():  # the bundled proto/ lives in clients/node while npm packs
+        result = subprocess.run(
+            [npm, "pack", "--pack-destination", str(out)],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+        assert not (NODE_DIR / "proto").exists(), "postpack must remove the bundled copy"
     [tarball] = out.glob("pooling-client-*.tgz")
-    assert not (NODE_DIR / "proto").exists(), "postpack must remove the bundled copy"
     return tarball
 
 

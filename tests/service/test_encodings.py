@@ -29,7 +29,7 @@ from engine.model_spec import ModelSpec
 from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, PoolingParams, Usage
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from tests.client.test_node_client import NODE_DIR, TIMEOUT, _node_env, _require_node
+from tests.client.test_node_client import NODE_DIR, TIMEOUT, _require_node, run_node
 from tests.conftest import Served, server_args
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
 from tests.server_process import ServerProcess, free_port, start_server
@@ -436,14 +436,7 @@ def node_embed(node: str, address: str, model: str, encoding: str | None, task: 
     args = ["--address", address, "--model", model, "--task", task]
     if encoding is not None:
         args += ["--encoding", encoding]
-    result = subprocess.run(
-        [node, "scripts/embed.js", *args, *TEXTS],
-        cwd=NODE_DIR,
-        env=_node_env(None),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    result = run_node([node, "scripts/embed.js", *args, *TEXTS])
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     return json.loads(result.stdout)["embeddings"]
 
