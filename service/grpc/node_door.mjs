@@ -190,6 +190,7 @@ Base.decompressMessage = async function decompressMessage(framed, encoding) {
     maxOutputLength: settings.max_message_bytes,
     chunkSize: Math.min(1 << 20, Math.max(16 << 10, body.length * 64)),
   };
+  this.inflating = true;
   try {
     return await (encoding === 'gzip' ? gunzip : inflate)(body, options);
   } catch (error) {
@@ -200,6 +201,12 @@ Base.decompressMessage = async function decompressMessage(framed, encoding) {
     }
     throw { code: Status.INVALID_ARGUMENT,
       details: `Failed to decompress the message (${encoding}): ${error?.message}` };
+  } finally {
+    this.inflating = false;
+    if (this.giveWhenInflated) {
+      this.giveWhenInflated = false;
+      giveTurn(this.doorCall ?? { base: this });
+    }
   }
 };
 
@@ -227,6 +234,9 @@ const reading = {
   give(call) {
     const held = call.readHeld ?? 0;
     if (held === 0) return;
+    // A call ended while its message inflates keeps its share until the inflation is done:
+    // the output is in memory until then (73 calls refused at once so inflated side by side).
+    if (call.inflating) { call.giveWhenInflated = true; return; }
     call.readHeld = 0;
     this.free += held;
     while (this.waiting.length) {

@@ -86,21 +86,31 @@ class PeakRss:
     """
 
     def __init__(self, pid: int) -> None:
-        self.processes = process_tree(pid)
-        self.baseline = self.peak = self._total()
+        self.processes = [p for p in process_tree(pid) if self._counted(p)]
+        self.first = self._sizes()
+        self.baseline = self.peak = sum(self.first)
+        self.at_peak = self.first  # each process's size when the total peaked
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
         self._thread.start()
 
+    def _counted(self, process: psutil.Process) -> bool:
+        return True
+
+    def _sizes(self) -> list[int]:
+        return [process.memory_info().rss for process in self.processes]
+
     def _total(self) -> int:
-        return sum(process.memory_info().rss for process in self.processes)
+        return sum(self._sizes())
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
             try:
-                self.peak = max(self.peak, self._total())
+                sizes = self._sizes()
             except psutil.Error:  # a server process died: the test says so
                 return
+            if sum(sizes) > self.peak:
+                self.peak, self.at_peak = sum(sizes), sizes
 
     def stop(self) -> None:
         self._stop.set()
@@ -109,6 +119,21 @@ class PeakRss:
     @property
     def extra_mb(self) -> float:
         return (self.peak - self.baseline) / MB
+
+    @property
+    def growth_at_peak(self) -> str:
+        """Which process grew by how much at the peak: pid and name, MB."""
+        return ",".join(
+            f"{process.pid}:{_name(process)}+{(size - first) / MB:.0f}"
+            for process, size, first in zip(self.processes, self.at_peak, self.first, strict=True)
+        )
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.Error:
+        return "gone"
 
 
 @dataclass
@@ -122,6 +147,7 @@ class Watch:
         return {
             "answer_s": self.answer_s,
             "extra_rss_mb": self.rss.extra_mb,
+            "growth_at_peak_mb": self.rss.growth_at_peak,
             "bystander_calls": len(latencies),
             "bystander_max_s": max(latencies, default=0.0),
             "bystander_failures": dict(self.bystander.failures),

@@ -158,8 +158,8 @@ class DoorRss(PeakRss):
     that holds the door, and the door's Node.js child. An engine's forward pass keeps its
     own scratch memory whatever door fed it; what an attack on the door costs is here."""
 
-    def _total(self) -> int:
-        return sum(p.memory_info().rss for p in self.processes if not _is_engine(p.pid))
+    def _counted(self, process: psutil.Process) -> bool:
+        return not _is_engine(process.pid)
 
 
 @contextmanager
