@@ -197,6 +197,23 @@ class ModelTokenizer:
         to_token = self._shared.id_to_token
         return [to_token(i) for i in ids]
 
+    def join_tokens(self, tokens: Sequence[str]) -> str:
+        """Token strings as text by the tokenizer's decoder, as transformers'
+        convert_tokens_to_string joins them ("john", "##son" -> "johnson")."""
+        decoder = self._shared.decoder
+        return decoder.decode(list(tokens)) if decoder is not None else " ".join(tokens)
+
+    @property
+    def subword_prefix(self) -> str:
+        """What marks a word's continuing pieces ("##" in WordPiece); "" if none does."""
+        return getattr(self._shared.model, "continuing_subword_prefix", None) or ""
+
+    @property
+    def unk_id(self) -> int | None:
+        """The unknown token's id (None: the tokenizer has none)."""
+        token = getattr(self._shared.model, "unk_token", None)
+        return None if token is None else self._shared.token_to_id(token)
+
     def vocabulary(self) -> Vocabulary:
         """Every token's string as bytes, built once: the doors copy a long text's token
         strings out of it with numpy, where a string per token costs ~60 bytes of Python."""

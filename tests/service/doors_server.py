@@ -1,7 +1,8 @@
 """One real server for the TEI and Cohere door tests (tests/service/http/test_tei.py and
 http/test_cohere.py share it through tests/service/conftest.py): an embedding model with
-prompts and calibration ranges (the default), a classifier, a cross-encoder and a SPLADE
-model (a masked LM with --pooling-type splade); JSON answers are capped at 4 MB."""
+prompts and calibration ranges (the default), a classifier, a cross-encoder, two token
+classifiers (WordPiece and byte-level BPE) and a SPLADE model (a masked LM with
+--pooling-type splade); JSON answers are capped at 4 MB."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import shutil
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
 from pooling_client import PoolingClient
-from tests.fixture_models import MAX_POSITIONS, MINILM
+from tests.fixture_models import MAX_POSITIONS, MINILM, tiny_bpe_ner
 from tests.server_process import free_port, start_server
 from tests.service.http_calls import HttpServer
 
@@ -30,6 +31,8 @@ WIDTH = 32  # the tiny models' hidden size
 
 @dataclass
 class DoorsServer(HttpServer):
+    folders: dict[str, Path] = field(default_factory=dict)  # each served model's folder
+
     def grpc(self) -> PoolingClient:
         return PoolingClient(self.process.address, timeout=60, api_key=KEY)
 
@@ -61,16 +64,17 @@ def splade_folder(root: Path) -> Path:
 
 def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsServer]:
     http_port, metrics_port = free_port(), free_port()
+    folders = {
+        "embedder": prompted_folder(model_folders, root),
+        "classifier": model_folders["tiny-classifier"],
+        "cross": model_folders["tiny-cross-encoder"],
+        "ner": model_folders["tiny-ner"],
+        "ner-bpe": tiny_bpe_ner(root / "ner-bpe"),
+        "splade": splade_folder(root),
+    }
     args = [
-        "--model",
-        f"embedder={prompted_folder(model_folders, root)}",
-        "--model",
-        f"classifier={model_folders['tiny-classifier']}",
-        "--model",
-        f"cross={model_folders['tiny-cross-encoder']}",
-        "--model",
-        f"splade={splade_folder(root)}",
-        *("--pooling-type", "auto") * 3,
+        *(f"--model={name}={folder}" for name, folder in folders.items()),
+        *("--pooling-type", "auto") * 5,
         "--pooling-type",
         "splade",
         "--max-http-response-mb",
@@ -90,7 +94,7 @@ def start_doors(model_folders: dict[str, Path], root: Path) -> Iterator[DoorsSer
     ]
     process = start_server(args, root, "doors")
     try:
-        yield DoorsServer(process, http_port, metrics_port, KEY)
+        yield DoorsServer(process, http_port, metrics_port, KEY, folders)
     finally:
         process.stop(signal.SIGTERM)
 
