@@ -6,9 +6,10 @@ point at this server.
 Routes: POST /embed, /embed_all, /embed_sparse, /predict, /rerank, /similarity,
 /tokenize, /decode, GET /info, and POST /, which TEI routes by the model's kind (and, as
 Hugging Face's endpoints do, a sentence-similarity body on an embedding model goes to
-/similarity, and a token-classification model answers InferenceClient.token_classification
-with entities). TEI serves one model: here a request acts on the default model unless it
-names another in an optional `model` field. /rerank is shared with the Cohere/Jina shape:
+/similarity; a token-classification model answers InferenceClient.token_classification
+with entities, and an image model its zero_shot_image_classification). TEI serves one
+model: here a request acts on the default model unless it names another in an optional
+`model` field. /rerank is shared with the Cohere/Jina shape:
 a body with `texts` and no `documents` is TEI's (see HttpApi.app).
 
 Each route parses its body, runs engine requests through the RequestRunner, and renders
@@ -65,6 +66,7 @@ from service.http.door import (
     within,
 )
 from service.http.entities import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_IGNORED, entities
+from service.http.image_parts import image_from_url
 from service.http.token_json import tokenize_json
 from service.ops.version import server_version
 from service.runner import RequestRunner
@@ -82,6 +84,9 @@ TEI_FIELDS = FieldMap(
         "embed_sparse.texts": "inputs",
         "classify.texts": "inputs",
         "token_classify.texts": "inputs",
+        "classify.items": "inputs",
+        "classify.candidate_labels": "parameters.candidate_labels",
+        "classify.label_template": "parameters.hypothesis_template",
         "score.text_1": "inputs",
         "score.text_2": "inputs",
         "params.truncate_prompt_tokens": "truncate",
@@ -139,6 +144,19 @@ class _TokenClassify(msgspec.Struct):
     parameters: _TokenClassificationParameters | None = None
     truncate: bool | None = None
     truncation_direction: str | None = None
+    model: str = ""
+
+
+class _ZeroShotImageParameters(msgspec.Struct):
+    """What InferenceClient.zero_shot_image_classification sends beside the image."""
+
+    candidate_labels: list[str] = []
+    hypothesis_template: str | None = None  # "This is a photo of {}." (the label at {})
+
+
+class _ZeroShotImage(msgspec.Struct):
+    inputs: str | None = None  # the image: base64, or a data URL
+    parameters: _ZeroShotImageParameters | None = None
     model: str = ""
 
 
@@ -209,6 +227,7 @@ class _Shape(msgspec.Struct):
     inputs: msgspec.Raw = msgspec.Raw()
     texts: msgspec.Raw = msgspec.Raw()
     documents: msgspec.Raw = msgspec.Raw()
+    parameters: msgspec.Raw = msgspec.Raw()
     model: str = ""
 
 
@@ -310,6 +329,8 @@ class TeiRoutes:
         info = served.info
         if info.head is HeadKind.TOKEN:  # InferenceClient.token_classification
             return await self.token_classify(request, served.tokenizer)
+        if info.accepts_images and present(shape.parameters):
+            return await self.zero_shot_image(request)  # its zero_shot_image_classification
         kind = model_kind(info)
         if kind == "reranker":
             return await self.rerank(request)
@@ -542,6 +563,32 @@ class TeiRoutes:
         ]
         single = bytes(memoryview(body.inputs)[:1]) != b"["
         return json_response(found[0] if single else found)
+
+    async def zero_shot_image(self, request: web.Request) -> web.Response:
+        """[{label, score}] by decreasing score: an image model's zero-shot classification
+        of one image over `parameters.candidate_labels`, each in the hypothesis template
+        (Hugging Face's "{}" for the label, or the server's --label-template)."""
+        body = await _decode(request, _ZeroShotImage)
+        if not body.inputs:
+            raise refused("inputs", "missing; send one image as base64 or a data URL")
+        hub = body.parameters or _ZeroShotImageParameters()
+        template = hub.hypothesis_template
+        if template is not None and "{label}" not in template:
+            template = template.replace("{}", "{label}")
+        pool = PoolRequest(
+            task=Task.CLASSIFY,
+            params=PoolingParams(),
+            request_id=request_id(request, "zero-shot"),
+            model=body.model,
+            items=(image_from_url(body.inputs, "inputs"),),
+            candidate_labels=tuple(hub.candidate_labels),
+            label_template=template,
+        )
+        [output] = (await self._pool(request, pool)).outputs
+        probs = _of(output, Classification).probs
+        order = np.argsort(-probs, kind="stable")
+        labels = hub.candidate_labels
+        return json_response([{"label": labels[i], "score": float(probs[i])} for i in order])
 
     async def rerank(self, request: web.Request) -> web.Response:
         """[{index, score, text?}], best first."""

@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from huggingface_hub import InferenceClient
 from PIL import Image as PILImage
+from transformers import pipeline
 
 from engine.errors import PoolingError
 from engine.request import Image, PoolRequest, RerankRequest
@@ -313,3 +315,55 @@ def test_refusals_are_quick_while_a_bystander_is_served(
         stop.set()
         thread.join()
     assert served, "the bystander was never answered"
+
+
+# ------------------------------------------------------------------ huggingface_hub
+
+ZERO_SHOT_LABELS = ["cat", "dog", "bird"]
+
+
+def test_inference_client_zero_shot_equals_the_pipeline(http: HttpServer, folder: Path) -> None:
+    """InferenceClient.zero_shot_image_classification on TEI's root route: transformers'
+    zero-shot-image-classification pipeline's labels and scores, with Hugging Face's "{}"
+    template or, with none, the server's --label-template ("a photo of a {label}.")."""
+    client = InferenceClient(model=http.url("/?model=clip"))
+    classify = pipeline("zero-shot-image-classification", model=str(folder), device="cpu")
+    for data in IMAGES:
+        image = PILImage.open(io.BytesIO(data))
+        for template in ("This is a photo of {}.", None):
+            got = client.zero_shot_image_classification(
+                data, candidate_labels=ZERO_SHOT_LABELS, hypothesis_template=template
+            )
+            want = classify(
+                image,
+                candidate_labels=ZERO_SHOT_LABELS,
+                hypothesis_template=template or "a photo of a {}.",
+            )
+            assert [e.label for e in got] == [w["label"] for w in want]
+            np.testing.assert_allclose(
+                [e.score for e in got], [w["score"] for w in want], atol=ATOL
+            )
+
+
+@pytest.mark.parametrize(
+    ("parameters", "inputs", "field"),
+    [
+        (
+            {"candidate_labels": ["cat"], "hypothesis_template": "a photo"},
+            None,
+            "hypothesis_template",
+        ),
+        ({"candidate_labels": ["cat", " "]}, None, "parameters.candidate_labels[1]"),
+        ({"candidate_labels": []}, None, "candidate_labels"),
+        ({"candidate_labels": ["cat"]}, "https://example.com/cat.png", "inputs"),
+        ({"candidate_labels": ["cat"]}, data_url(b"not an image"), "inputs"),
+    ],
+)
+def test_zero_shot_refusals_name_the_field(
+    http: HttpServer, parameters: dict[str, Any], inputs: str | None, field: str
+) -> None:
+    body = {"model": "clip", "inputs": inputs or data_url(IMAGES[0]), "parameters": parameters}
+    status, _, answer = http.call("/", body)
+    assert 400 <= status < 500, answer
+    assert set(answer) == {"error", "error_type"}, answer
+    assert field in answer["error"], answer
