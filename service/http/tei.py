@@ -557,12 +557,18 @@ class TeiRoutes:
         info, outputs = ran.info, [_of(rows, TokenRows) for rows in ran.result.outputs]
         assert info is not None
         labels = [info.label(i) for i in range(outputs[0].values.shape[-1])]
-        found = [
-            entities(text, rows, labels, tokenizer, aggregation, ignore)
-            for text, rows in zip(texts, outputs, strict=True)
-        ]
         single = bytes(memoryview(body.inputs)[:1]) != b"["
-        return json_response(found[0] if single else found)
+
+        def build() -> list[Any]:
+            found = [
+                entities(text, rows, labels, tokenizer, aggregation, ignore)
+                for text, rows in zip(texts, outputs, strict=True)
+            ]
+            return found[0] if single else found
+
+        # Up to six fields a token: many tokens are grouped on a worker thread.
+        tokens = sum(len(rows.token_ids) for rows in outputs)
+        return await render(build, 6 * tokens, self._max_bytes)
 
     async def zero_shot_image(self, request: web.Request) -> web.Response:
         """[{label, score}] by decreasing score: an image model's zero-shot classification
