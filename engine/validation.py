@@ -1090,6 +1090,11 @@ UNKNOWN_VALUES: dict[str, tuple[str, str]] = {
     "encoding": ("ENCODING_UNKNOWN", "unknown encoding value {value}"),  # gRPC's enum
     "params.task": ("TASK_UNKNOWN", "unknown task value {value}"),  # gRPC's enum
     "encoding_format": ("ENCODING_UNKNOWN", "must be float or base64"),  # OpenAI's
+    "embed_dtype": (  # vLLM's, for base64's bytes
+        "ENCODING_UNKNOWN",
+        "must be float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2",
+    ),
+    "endianness": ("ENCODING_UNKNOWN", "must be native, big or little"),  # vLLM's
     "task": (  # vLLM's /pooling
         "TASK_UNKNOWN",
         "must be embed, classify, token_embed, token_classify, embed_multi or embed_outputs",

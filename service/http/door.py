@@ -244,7 +244,11 @@ def matrix(rows: Sequence[np.ndarray]) -> list[Any]:
 def base64_floats(values: np.ndarray) -> str:
     """Values as the base64 of their little-endian float32 bytes (OpenAI's, vLLM's and
     Cohere's base64 encoding)."""
-    return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode("ascii")
+    return base64_of(np.ascontiguousarray(values, dtype="<f4").tobytes())
+
+
+def base64_of(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 async def render(

@@ -54,6 +54,8 @@ class _Fields(msgspec.Struct):
     input: msgspec.Raw = msgspec.Raw()
     model: msgspec.Raw = msgspec.Raw()
     encoding_format: msgspec.Raw = msgspec.Raw()
+    embed_dtype: msgspec.Raw = msgspec.Raw()
+    endianness: msgspec.Raw = msgspec.Raw()
     dimensions: msgspec.Raw = msgspec.Raw()
     text_1: msgspec.Raw = msgspec.Raw()
     text_2: msgspec.Raw = msgspec.Raw()

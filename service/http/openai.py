@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from engine.errors import FieldViolation, PoolingError
 from engine.output_size import ResponseBudget
@@ -36,7 +35,8 @@ from engine.params import Output, OutputWeights, PoolingParams, Task
 from engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankRequest
 from engine.validation import unknown_value
 from service.errors import FieldMap
-from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats
+from service.http.door import JSON_FLOAT_BYTES
+from service.http.float_format import FloatFormat, float_format
 from service.http.image_parts import has_image
 from service.http.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
@@ -83,7 +83,7 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
     """OpenAI's POST /v1/embeddings, with vLLM's extra fields (truncate_prompt_tokens,
     use_activation or its older name normalize), as vLLM's own route takes them."""
     items = embedding_inputs(body)
-    fmt = _encoding_format(body)
+    fmt = float_format(body)
     images = has_image(items)
     request = PoolRequest(
         task=Task.EMBED,
@@ -103,14 +103,14 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
                 data.append({"object": "embedding", "index": index, "chunks": chunks})
                 continue
             assert isinstance(output, Embedding)
-            values = _encoded(output.values, fmt)
+            values = fmt.json(output.values)
             row = {"object": "embedding", "index": index, "embedding": values}
             if images:  # which tower embedded it (not in OpenAI's shape: only with images)
                 row["modality"] = str(output.modality)
             data.append(row)
         return {"object": "list", "data": data, "model": result.model, "usage": usage(result)}
 
-    return Parsed(request, render, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES)
+    return Parsed(request, render, fmt.float_bytes)
 
 
 def embedding_inputs(body: Body) -> list[Item]:
@@ -199,7 +199,7 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
     task = body.string("task", "embed")
     if task not in POOLING_TASKS:
         raise unknown_value("task", task)
-    fmt = _encoding_format(body)
+    fmt = float_format(body)
     params = dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions"))
     request = PoolRequest(
         task=Task(task),
@@ -223,14 +223,14 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
                 data.append({"index": index, "object": "pooling", **_text_outputs(output, fmt)})
                 continue
             if isinstance(output, Classification):
-                row = _encoded(output.probs, fmt)
+                row = fmt.json(output.probs)
             else:
                 assert isinstance(output, (Embedding, TokenRows, MultiVector))
-                row = _encoded(output.values, fmt)
+                row = fmt.json(output.values)
             data.append({"index": index, "object": "pooling", "data": row})
         return listing(request_id, result, data)
 
-    return Parsed(request, render, BASE64_FLOAT_BYTES if fmt == "base64" else JSON_FLOAT_BYTES)
+    return Parsed(request, render, fmt.float_bytes)
 
 
 def parse_rerank(body: Body, request_id: str) -> Parsed:
@@ -322,10 +322,10 @@ def late_chunking(body: Body) -> LateChunking | None:
     return LateChunking(tuple(given.spans), rule, given.window, given.overlap)
 
 
-def _chunks(output: LateChunks, fmt: str, key: str) -> list[dict[str, Any]]:
+def _chunks(output: LateChunks, fmt: FloatFormat, key: str) -> list[dict[str, Any]]:
     """Each late chunk as {"span": [start, end], key: its vector}."""
     return [
-        {"span": [start, end], key: _encoded(embedding.values, fmt)}
+        {"span": [start, end], key: fmt.json(embedding.values)}
         for (start, end), embedding in zip(output.spans, output.embeddings, strict=True)
     ]
 
@@ -347,21 +347,21 @@ def _outputs(body: Body) -> dict[str, Any]:
     }
 
 
-def _text_outputs(output: TextOutputs, fmt: str) -> dict[str, Any]:
+def _text_outputs(output: TextOutputs, fmt: FloatFormat) -> dict[str, Any]:
     """One text's asked outputs: "dense" a vector, "sparse" {"indices", "values"} (and
     "tokens" when asked), "multi" a list of rows; with base64, the vector's and the
     matrix's float32 bytes (the matrix row after row, "multi_shape" [rows, cols])."""
     found: dict[str, Any] = {}
     if output.dense is not None:
-        found["dense"] = _encoded(output.dense.values, fmt)
+        found["dense"] = fmt.json(output.dense.values)
     if output.sparse is not None:
         sparse = output.sparse
         found["sparse"] = {"indices": sparse.indices.tolist(), "values": sparse.values.tolist()}
         if sparse.tokens:
             found["sparse"]["tokens"] = sparse.tokens
     if output.multi is not None:
-        found["multi"] = _encoded(output.multi.values, fmt)
-        if fmt == "base64":
+        found["multi"] = fmt.json(output.multi.values)
+        if fmt.encoding == "base64":
             found["multi_shape"] = list(output.multi.values.shape)
     return found
 
@@ -382,18 +382,6 @@ def output_weights(body: Body) -> OutputWeights | None:
         "output_weights", _weights_body, 'an object: {"dense": w, "sparse": w, "multi": w}'
     )
     return None if given is None else OutputWeights(given.dense, given.sparse, given.multi)
-
-
-def _encoding_format(body: Body) -> str:
-    fmt = body.string("encoding_format", "float")
-    if fmt not in ("float", "base64"):
-        raise unknown_value("encoding_format", fmt)
-    return fmt
-
-
-def _encoded(values: np.ndarray, fmt: str) -> Any:
-    """Floats as JSON numbers, or (base64) the little-endian float32 bytes of them all."""
-    return base64_floats(values) if fmt == "base64" else values.tolist()
 
 
 def pooling_params(body: Body) -> PoolingParams:

@@ -444,3 +444,30 @@ def test_expect_100_continue_only_for_a_body_the_server_will_read(http: HttpServ
         assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
         sock.sendall(body)
         assert sock.recv(100).startswith(b"HTTP/1.1 200")
+
+
+def test_embed_dtype_and_endianness_shape_the_base64_bytes(http: HttpServer) -> None:
+    """vLLM's embed_dtype and endianness on /v1/embeddings (through the openai client) and
+    /pooling: the bytes of the same vectors in float16, bfloat16 and fp8, either order."""
+    expected = grpc_embed(http, TEXTS)
+    client = openai.OpenAI(base_url=http.url("/v1"), api_key=KEY, max_retries=0)
+    half = client.embeddings.create(
+        model="tiny-bert",
+        input=TEXTS,
+        encoding_format="base64",
+        extra_body={"embed_dtype": "float16", "endianness": "big"},
+    )
+    for row, vector in zip(half.data, expected, strict=True):
+        got = np.frombuffer(base64.b64decode(row.embedding), dtype=">f2")  # type: ignore[arg-type]
+        np.testing.assert_array_equal(got, vector.astype(np.float16))
+    body = {"model": "tiny-bert", "input": TEXTS, "encoding_format": "base64"}
+    status, _, answer = http.call("/pooling", {**body, "embed_dtype": "bfloat16"})
+    assert status == 200, answer
+    for row, vector in zip(answer["data"], expected, strict=True):
+        bits = np.frombuffer(base64.b64decode(row["data"]), dtype="<u2").astype(np.uint32) << 16
+        np.testing.assert_allclose(bits.view(np.float32), vector, rtol=2**-8)
+    status, _, answer = http.call("/v1/embeddings", {**body, "embed_dtype": "fp8_e4m3"})
+    assert status == 200, answer
+    assert [len(base64.b64decode(row["embedding"])) for row in answer["data"]] == [32] * 3
+    status, _, answer = http.call("/v1/embeddings", {**body, "embed_dtype": "float64"})
+    assert status == 400 and answer["error"]["param"] == "embed_dtype", answer
