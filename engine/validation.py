@@ -1089,7 +1089,7 @@ def validate_rerank(request: RerankRequest, info: ModelInfo, limits: Limits) -> 
 UNKNOWN_VALUES: dict[str, tuple[str, str]] = {
     "encoding": ("ENCODING_UNKNOWN", "unknown encoding value {value}"),  # gRPC's enum
     "params.task": ("TASK_UNKNOWN", "unknown task value {value}"),  # gRPC's enum
-    "encoding_format": ("ENCODING_UNKNOWN", "must be float or base64"),  # OpenAI's
+    "encoding_format": ("ENCODING_UNKNOWN", "must be float, base64, bytes or bytes_only"),
     "embed_dtype": (  # vLLM's, for base64's bytes
         "ENCODING_UNKNOWN",
         "must be float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2",

@@ -33,7 +33,7 @@ from typing import IO, Any
 import msgspec
 
 from engine.engine import Engine
-from engine.errors import ErrorKind, PoolingError
+from engine.errors import ErrorKind, FieldViolation, PoolingError
 from service.errors import FieldMap, http_error
 from service.http.door import MAX_RESPONSE_BYTES, budget
 from service.http.json_body import BodyError, malformed, parse_body
@@ -150,7 +150,14 @@ def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
         raise BodyError("body", "must be a JSON object")
     body = parse_body(bytes(line.body), max_inputs)
     request_id = f"{route.prefix}-{_JOB}{next(_serial):012x}"
-    return route.rpc, route.parse(body, request_id)
+    parsed = route.parse(body, request_id)
+    if parsed.binary:
+        description = "an output line is JSON: bytes answers are for HTTP; use base64"
+        violation = FieldViolation(
+            "encoding_format", description, "ENCODING_NOT_SUPPORTED_FOR_TASK"
+        )
+        raise PoolingError.invalid([violation])
+    return route.rpc, parsed
 
 
 class LineRunner:

@@ -241,6 +241,10 @@ class HttpApi:
             parsed = parsed.budgeted(self.budget(parsed.float_bytes))
             ran = await parsed.run(self.runner, http_doors.call(request, route.rpc))
             result = ran.result
+            if parsed.binary:  # vLLM's bytes: a BinaryAnswer
+                answer = parsed.render(result)
+                max_bytes = self.max_response_bytes
+                return http_doors.binary_response(answer.parts, answer.metadata, max_bytes)
             return await http_doors.render(
                 lambda: parsed.render(result), values_in(result), self.max_response_bytes
             )

@@ -241,6 +241,19 @@ def matrix(rows: Sequence[np.ndarray]) -> list[Any]:
     return [row.tolist() for row in rows]
 
 
+def binary_response(
+    parts: Sequence[bytes], metadata: dict[str, Any] | None, max_bytes: int
+) -> web.Response:
+    """vLLM's bytes answer: the arrays' bytes as the body, their layout in a `metadata`
+    header (none for bytes_only)."""
+    size = sum(map(len, parts))
+    if size > max_bytes:
+        raise output_too_large("", size, budget(max_bytes))
+    headers = {} if metadata is None else {"metadata": _encoder.encode(metadata).decode()}
+    body = b"".join(parts)
+    return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+
+
 def base64_floats(values: np.ndarray) -> str:
     """Values as the base64 of their little-endian float32 bytes (OpenAI's, vLLM's and
     Cohere's base64 encoding)."""

@@ -1,10 +1,16 @@
-"""How an OpenAI/vLLM answer carries its float arrays: `encoding_format` float (JSON
-numbers) or base64 (each array's bytes), and vLLM's `embed_dtype` and `endianness`, which
-say what those bytes are: float32 (the default, OpenAI's), float16, bfloat16 (the top half
-of each float32, rounded to nearest even), or fp8 (e4m3 or e5m2, one byte a value, as
-torch's float8_e4m3fn and float8_e5m2 round them); in the server's byte order (native,
-little-endian on the hosts it runs on), big or little. A client reads them back with
-numpy's frombuffer (bfloat16 and fp8 as their bit patterns)."""
+"""How an OpenAI/vLLM answer carries its float arrays.
+
+`encoding_format`: float (JSON numbers), base64 (each array's bytes in the JSON), or
+vLLM's bytes and bytes_only (the arrays' bytes one after another as the whole body,
+application/octet-stream; with bytes, a `metadata` header holds the JSON of id, model,
+usage and each array's index, start, end and shape).
+
+vLLM's `embed_dtype` and `endianness` say what those bytes are: float32 (the default,
+OpenAI's), float16, bfloat16 (the top half of each float32, rounded to nearest even), or
+fp8 (e4m3 or e5m2, one byte a value, as torch's float8_e4m3fn and float8_e5m2 round them);
+in the server's byte order (native: little-endian on the hosts it runs on), big or little.
+A client reads them back with numpy's frombuffer (bfloat16 and fp8 as their bit patterns).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from engine.validation import unknown_value
 from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats, base64_of
 from service.http.json_body import Body
 
-ENCODING_FORMATS = ("float", "base64")
+ENCODING_FORMATS = ("float", "base64", "bytes", "bytes_only")
 EMBED_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 ENDIANNESS = ("native", "big", "little")
 _FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
@@ -37,7 +43,14 @@ class FloatFormat:
         """The most bytes one value takes in the answer (for the answer's budget)."""
         if self.encoding == "float":
             return JSON_FLOAT_BYTES
+        if self.binary:
+            return EMBED_DTYPES[self.dtype]
         return min(BASE64_FLOAT_BYTES, -(-EMBED_DTYPES[self.dtype] * 4 // 3))
+
+    @property
+    def binary(self) -> bool:
+        """The answer is the arrays' bytes, not JSON."""
+        return self.encoding in ("bytes", "bytes_only")
 
     @property
     def _little(self) -> bool:
@@ -63,6 +76,29 @@ class FloatFormat:
         if self.dtype == "float32" and self._little:
             return base64_floats(values)  # OpenAI's own: the common case, kept short
         return base64_of(self.raw(values))
+
+
+@dataclass(frozen=True)
+class BinaryAnswer:
+    """A bytes answer: the body's parts, and the `metadata` header's JSON (None for
+    bytes_only)."""
+
+    parts: list[bytes]
+    metadata: dict[str, Any] | None
+
+
+def binary_answer(fmt: FloatFormat, arrays: list[np.ndarray], head: dict[str, Any]) -> BinaryAnswer:
+    """Each array's bytes, and where each lies in the body (`head`: the answer's id, model,
+    usage, as its JSON form has them)."""
+    parts, items, at = [], [], 0
+    for index, values in enumerate(arrays):
+        data = fmt.raw(values)
+        item = {"index": index, "embed_dtype": fmt.dtype, "endianness": fmt.endianness}
+        items.append({**item, "start": at, "end": at + len(data), "shape": list(values.shape)})
+        parts.append(data)
+        at += len(data)
+    metadata = None if fmt.encoding == "bytes_only" else {**head, "data": items}
+    return BinaryAnswer(parts, metadata)
 
 
 def float_format(body: Body) -> FloatFormat:

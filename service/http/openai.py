@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 
-from engine.errors import FieldViolation, PoolingError
+from engine.errors import FieldViolation, PoolingError, internal_error
 from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
     Embedding,
+    ItemOutput,
     LateChunks,
     MultiVector,
     PoolResult,
@@ -36,7 +38,7 @@ from engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankReq
 from engine.validation import unknown_value
 from service.errors import FieldMap
 from service.http.door import JSON_FLOAT_BYTES
-from service.http.float_format import FloatFormat, float_format
+from service.http.float_format import BinaryAnswer, FloatFormat, binary_answer, float_format
 from service.http.image_parts import has_image
 from service.http.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
@@ -53,6 +55,7 @@ class Parsed:
     float_bytes: int = JSON_FLOAT_BYTES  # for the door's answer budget
     # The route's names for the engine's request paths in its refusals (None: the engine's).
     names: FieldMap | None = None
+    binary: bool = False  # render gives a BinaryAnswer (encoding_format bytes), not JSON
 
     def budgeted(self, budget: ResponseBudget) -> Parsed:
         """The same, its answer bounded by the door's budget (a rerank's needs none)."""
@@ -94,6 +97,10 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
         items=tuple(items) if images else (),
         late_chunking=late_chunking(body),
     )
+
+    if fmt.binary:
+        _whole_arrays(request)
+        return _binary(request, fmt, lambda output: _of(output, Embedding).values)
 
     def render(result: PoolResult) -> dict[str, Any]:
         data = []
@@ -212,6 +219,10 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
         **(_outputs(body) if task == "embed_outputs" else {}),
     )
 
+    if fmt.binary:
+        _whole_arrays(request)
+        return _binary(request, fmt, _pooled)
+
     def render(result: PoolResult) -> dict[str, Any]:
         data = []
         for index, output in enumerate(result.outputs):
@@ -222,12 +233,7 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
             if isinstance(output, TextOutputs):
                 data.append({"index": index, "object": "pooling", **_text_outputs(output, fmt)})
                 continue
-            if isinstance(output, Classification):
-                row = fmt.json(output.probs)
-            else:
-                assert isinstance(output, (Embedding, TokenRows, MultiVector))
-                row = fmt.json(output.values)
-            data.append({"index": index, "object": "pooling", "data": row})
+            data.append({"index": index, "object": "pooling", "data": fmt.json(_pooled(output))})
         return listing(request_id, result, data)
 
     return Parsed(request, render, fmt.float_bytes)
@@ -320,6 +326,42 @@ def late_chunking(body: Body) -> LateChunking | None:
             raise unknown_value("late_chunking.rule", given.rule)
         rule = ChunkRule(given.rule)
     return LateChunking(tuple(given.spans), rule, given.window, given.overlap)
+
+
+def _pooled(output: ItemOutput) -> np.ndarray:
+    """/pooling's array of one item: its vector, probabilities, or rows."""
+    if isinstance(output, Classification):
+        return output.probs
+    return _of(output, (Embedding, TokenRows, MultiVector)).values
+
+
+def _of(output: ItemOutput, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(output, kind):
+        raise internal_error()
+    return output
+
+
+def _whole_arrays(request: PoolRequest) -> None:
+    """bytes answers hold one array an input: late chunks and embed_outputs' several
+    outputs an input have no place in them."""
+    if request.late_chunking is not None or request.task is Task.EMBED_OUTPUTS:
+        what = "late chunking" if request.late_chunking is not None else "embed_outputs"
+        description = f"bytes answers hold one array an input, which {what} does not; use base64"
+        reason = "ENCODING_NOT_SUPPORTED_FOR_TASK"
+        raise PoolingError.invalid([FieldViolation("encoding_format", description, reason)])
+
+
+def _binary(
+    request: PoolRequest, fmt: FloatFormat, array: Callable[[ItemOutput], np.ndarray]
+) -> Parsed:
+    """A route whose answer is its arrays' bytes (vLLM's bytes and bytes_only)."""
+
+    def render(result: PoolResult) -> BinaryAnswer:
+        head = listing(request.request_id, result, [])
+        del head["data"], head["object"]
+        return binary_answer(fmt, [array(output) for output in result.outputs], head)
+
+    return Parsed(request, render, fmt.float_bytes, binary=True)
 
 
 def _chunks(output: LateChunks, fmt: FloatFormat, key: str) -> list[dict[str, Any]]:

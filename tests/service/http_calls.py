@@ -38,6 +38,13 @@ class HttpServer:
     ) -> tuple[int, dict[str, str], Any]:
         """(status, headers, parsed JSON) of a request; errors are answers too. `key`: the
         bearer key to send (None: no Authorization header)."""
+        status, headers, content = self.fetch(path, body, key, raw)
+        return status, headers, json.loads(content)
+
+    def fetch(
+        self, path: str, body: Any = None, key: Any = SERVER_KEY, raw: bytes | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """call's answer as it came: (status, headers, body bytes)."""
         key = self.key if key is SERVER_KEY else key
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         request = urllib.request.Request(
@@ -48,9 +55,9 @@ class HttpServer:
             request.add_header("Authorization", f"Bearer {key}")
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, dict(response.headers), json.loads(response.read())
+                return response.status, dict(response.headers), response.read()
         except urllib.error.HTTPError as error:
-            return error.code, dict(error.headers), json.loads(error.read())
+            return error.code, dict(error.headers), error.read()
 
 
 @contextmanager

@@ -90,6 +90,10 @@ def mixed_line(i: int) -> str:
         return line(cid, "/v1/embeddings", {"model": "no-such-model", "input": "x"})
     if kind == 10:
         return line(cid, "/classify", {"model": "emb", "input": ["a"]})  # the engine refuses
+    if kind == 11:  # a line's answer is JSON: vLLM's bytes answers are for HTTP
+        return line(
+            cid, "/v1/embeddings", {"model": "emb", "input": "x", "encoding_format": "bytes"}
+        )
     return line(cid, "/v1/embeddings", {"model": "emb", "input": f"text number {i}"})
 
 
@@ -103,6 +107,7 @@ EXPECTED = {  # kind -> (status, error code)
     7: (404, "UNKNOWN_URL"),
     8: (422, "INVALID_BODY"),
     9: (404, "MODEL_NOT_FOUND"),
+    11: (400, "ENCODING_NOT_SUPPORTED_FOR_TASK"),
 }
 
 

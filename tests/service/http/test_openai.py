@@ -471,3 +471,34 @@ def test_embed_dtype_and_endianness_shape_the_base64_bytes(http: HttpServer) -> 
     assert [len(base64.b64decode(row["embedding"])) for row in answer["data"]] == [32] * 3
     status, _, answer = http.call("/v1/embeddings", {**body, "embed_dtype": "float64"})
     assert status == 400 and answer["error"]["param"] == "embed_dtype", answer
+
+
+def test_bytes_answers_are_the_arrays_with_their_layout(http: HttpServer) -> None:
+    """vLLM's encoding_format bytes: the body is each vector's bytes in turn, and the
+    `metadata` header says where each lies and its shape; bytes_only has no header; a
+    token task's rows come as one matrix an input; late chunking is refused."""
+    expected = grpc_embed(http, TEXTS)
+    body = {"model": "tiny-bert", "input": TEXTS, "encoding_format": "bytes"}
+    status, headers, content = http.fetch("/v1/embeddings", {**body, "embed_dtype": "float16"})
+    assert status == 200, content
+    assert headers["Content-Type"] == "application/octet-stream"
+    metadata = json.loads(headers["metadata"])
+    assert metadata["model"] == "tiny-bert" and metadata["usage"]["prompt_tokens"] > 0
+    for item, vector in zip(metadata["data"], expected, strict=True):
+        assert item["embed_dtype"] == "float16" and item["shape"] == [len(vector)]
+        got = np.frombuffer(content[item["start"] : item["end"]], dtype="<f2")
+        np.testing.assert_array_equal(got, vector.astype(np.float16))
+    status, headers, content = http.fetch(
+        "/v1/embeddings", {**body, "encoding_format": "bytes_only"}
+    )
+    assert status == 200 and "metadata" not in headers
+    np.testing.assert_array_equal(np.frombuffer(content, "<f4").reshape(3, -1), expected)
+    status, headers, content = http.fetch("/pooling", {**body, "task": "token_embed"})
+    assert status == 200, content
+    [first, *_] = json.loads(headers["metadata"])["data"]
+    tokens, width = first["shape"]
+    assert first["end"] - first["start"] == tokens * width * 4
+    chunked = {**body, "input": TEXTS[0], "late_chunking": {"rule": "sentences"}}
+    status, _, answer = http.call("/v1/embeddings", chunked)
+    assert status == 400, answer
+    assert answer["error"]["reason"] == "ENCODING_NOT_SUPPORTED_FOR_TASK"
