@@ -384,17 +384,20 @@ def _embed_items(body: _Embed, max_inputs: int) -> list[Item]:
 
 def _cohere_item_paths(error: PoolingError, field: str) -> PoolingError:
     """An engine refusal of an item (`embed.items[3].image`) named by the Cohere field the
-    item came from: `images[3]`, or `inputs[3].content`."""
+    item came from: `images[3]`, or `inputs[3].content`; of the items together
+    (`embed.items`: too many images), by the field."""
     if error.kind is not ErrorKind.INVALID_ARGUMENT or not error.violations:
         return error
     suffix = "]" if field == "images" else "].content"
-    renamed = [
-        replace(v, field=f"{field}[{v.field[len('embed.items[') :].partition(']')[0]}{suffix}")
-        if v.field.startswith("embed.items[")
-        else v
-        for v in error.violations
-    ]
-    return PoolingError.invalid(renamed)
+
+    def named(path: str) -> str:
+        if path == "embed.items":
+            return field
+        if path.startswith("embed.items["):
+            return f"{field}[{path[len('embed.items[') :].partition(']')[0]}{suffix}"
+        return path
+
+    return PoolingError.invalid([replace(v, field=named(v.field)) for v in error.violations])
 
 
 def _embedding(output: Any) -> Embedding:

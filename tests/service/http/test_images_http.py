@@ -281,6 +281,20 @@ def _refusals() -> list[tuple[str, dict[str, Any], int, str, str]]:
             "IMAGE_INVALID",
             "images[1]",
         ),
+        (
+            "/v2/embed",
+            {"model": "clip", "images": [data_url(png(15))] * 5, "input_type": "image"},
+            400,
+            "TOO_MANY_IMAGES",
+            "images",
+        ),
+        (
+            "/v2/embed",
+            {"model": "clip", "inputs": [{"content": [image_part(data_url(png(15)))]}] * 5},
+            400,
+            "TOO_MANY_IMAGES",
+            "inputs",
+        ),
     ]
 
 
