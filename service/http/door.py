@@ -23,7 +23,7 @@ import numpy as np
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
+from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
 from engine.model_info import ModelInfo
 from engine.output_size import MIB, ResponseBudget
 from engine.outputs import OFF_LOOP_VALUES
@@ -239,6 +239,13 @@ def matrix(rows: Sequence[np.ndarray]) -> list[Any]:
     if all(row.shape == rows[0].shape for row in rows):
         return np.stack(rows).tolist()
     return [row.tolist() for row in rows]
+
+
+def output_of(output: Any, kind: type | tuple[type, ...]) -> Any:
+    """An engine output, checked to be of the kind the route asked for (INTERNAL if not)."""
+    if not isinstance(output, kind):
+        raise internal_error()
+    return output
 
 
 def binary_response(

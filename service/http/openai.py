@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from engine.errors import FieldViolation, PoolingError, internal_error
+from engine.errors import FieldViolation, PoolingError
 from engine.output_size import ResponseBudget
 from engine.outputs import (
     Classification,
@@ -37,13 +37,13 @@ from engine.params import Output, OutputWeights, PoolingParams, Task
 from engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankRequest
 from engine.validation import unknown_value
 from service.errors import FieldMap
-from service.http.door import JSON_FLOAT_BYTES
+from service.http.door import JSON_FLOAT_BYTES, output_of
 from service.http.float_format import BinaryAnswer, FloatFormat, binary_answer, float_format
 from service.http.image_parts import has_image
 from service.http.json_body import Body, BodyError
 from service.runner import Call, Ran, RequestRunner
 
-Render = Callable[[Any], dict[str, Any]]
+Render = Callable[[Any], Any]  # a JSON-able dict, or a BinaryAnswer (binary routes)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
 
     if fmt.binary:
         _whole_arrays(request)
-        return _binary(request, fmt, lambda output: _of(output, Embedding).values)
+        return _binary(request, fmt, lambda output: output_of(output, Embedding).values)
 
     def render(result: PoolResult) -> dict[str, Any]:
         data = []
@@ -332,13 +332,7 @@ def _pooled(output: ItemOutput) -> np.ndarray:
     """/pooling's array of one item: its vector, probabilities, or rows."""
     if isinstance(output, Classification):
         return output.probs
-    return _of(output, (Embedding, TokenRows, MultiVector)).values
-
-
-def _of(output: ItemOutput, kind: type | tuple[type, ...]) -> Any:
-    if not isinstance(output, kind):
-        raise internal_error()
-    return output
+    return output_of(output, (Embedding, TokenRows, MultiVector)).values
 
 
 def _whole_arrays(request: PoolRequest) -> None:

@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from engine.errors import PoolingError, internal_error
+from engine.errors import PoolingError
 from engine.heads import activate
 from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
 from engine.outputs import (
@@ -57,6 +57,7 @@ from service.http.door import (
     empty,
     json_response,
     matrix,
+    output_of,
     present,
     refused,
     render,
@@ -371,7 +372,7 @@ class TeiRoutes:
         if body.dimensions is not None and body.dimensions < 1:
             raise refused("dimensions", "must be at least 1")
         result = await self._pool(request, self._embed_request(body, Task.EMBED, "embed", request))
-        rows = [_of(output, Embedding).values for output in result.outputs]
+        rows = [output_of(output, Embedding).values for output in result.outputs]
         values = sum(row.size for row in rows)
         return await render(lambda: matrix(rows), values, self._max_bytes)
 
@@ -394,7 +395,7 @@ class TeiRoutes:
             return replace(pool, task=Task.EMBED_MULTI, params=params, prompt_name=mode)
 
         ran = await self.runner.pool(pool, call(request, "Pool"), prepare=prepare)
-        rows = [_of(output, (TokenRows, MultiVector)).values for output in ran.result.outputs]
+        rows = [output_of(output, (TokenRows, MultiVector)).values for output in ran.result.outputs]
         values = sum(row.size for row in rows)
 
         def build() -> msgspec.Raw:
@@ -409,7 +410,7 @@ class TeiRoutes:
         body = await _decode(request, _Embed)
         pool = self._embed_request(body, Task.EMBED_SPARSE, "embed_sparse", request)
         result = await self._pool(request, pool)
-        items = [_of(output, SparseEmbedding) for output in result.outputs]
+        items = [output_of(output, SparseEmbedding) for output in result.outputs]
 
         def build() -> list[list[dict[str, Any]]]:
             rendered = []
@@ -447,7 +448,7 @@ class TeiRoutes:
             truncation_side=_side(parameters.truncation_direction),
         )
         result = await self._pool(request, pool)
-        vectors = np.stack([_of(output, Embedding).values for output in result.outputs])
+        vectors = np.stack([output_of(output, Embedding).values for output in result.outputs])
         return json_response(cosine_to_first(vectors).tolist())
 
     # classifiers and rerankers --------------------------------------------
@@ -554,7 +555,7 @@ class TeiRoutes:
             truncation_side=_side(body.truncation_direction),
         )
         ran = await self.runner.pool(_with_budget(pool, self._max_bytes), call(request, "Pool"))
-        info, outputs = ran.info, [_of(rows, TokenRows) for rows in ran.result.outputs]
+        info, outputs = ran.info, [output_of(rows, TokenRows) for rows in ran.result.outputs]
         assert info is not None
         labels = [info.label(i) for i in range(outputs[0].values.shape[-1])]
         single = bytes(memoryview(body.inputs)[:1]) != b"["
@@ -591,7 +592,7 @@ class TeiRoutes:
             label_template=template,
         )
         [output] = (await self._pool(request, pool)).outputs
-        probs = _of(output, Classification).probs
+        probs = output_of(output, Classification).probs
         order = np.argsort(-probs, kind="stable")
         labels = hub.candidate_labels
         return json_response([{"label": labels[i], "score": float(probs[i])} for i in order])
@@ -768,17 +769,11 @@ def _predictions(output: Any, info: ModelInfo, function: str | None) -> list[dic
     if isinstance(output, Score):
         scores = np.array([output.value], dtype=np.float64)
     else:
-        scores = _of(output, Classification).probs.astype(np.float64)
+        scores = output_of(output, Classification).probs.astype(np.float64)
     if function is not None:
         scores = activate(scores, FUNCTIONS[function])
     order = np.argsort(-scores, kind="stable")
     return [{"score": float(scores[i]), "label": info.label(int(i))} for i in order]
-
-
-def _of(output: Any, kind: type | tuple[type, ...]) -> Any:
-    if not isinstance(output, kind):
-        raise internal_error()
-    return output
 
 
 def _with_budget(request: PoolRequest, max_bytes: int) -> PoolRequest:
