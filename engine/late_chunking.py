@@ -26,7 +26,7 @@ import numpy as np
 from engine.encodings import NEEDS_RANGES, encode, ranges_array
 from engine.errors import FieldViolation, PoolingError
 from engine.heads import normalize, truncate_dimensions
-from engine.output_size import pooled_bytes
+from engine.output_size import late_chunk_count, pooled_bytes
 from engine.outputs import Embedding, ItemOutput, LateChunks
 from engine.params import OutputEncoding, Task
 from engine.request import ChunkRule, PoolRequest
@@ -66,6 +66,22 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
             a += len(piece) - len(piece.lstrip())
             trimmed.append((a, a + len(stripped)))
     return trimmed
+
+
+_NONSPACE = re.compile(r"\S")
+
+
+def sentence_count(text: str, most: int | None = None) -> int:
+    """How many spans sentence_spans gives, counted without building them; counting stops
+    at `most` (a bound past which the answer is refused anyway)."""
+    count, start = 0, 0
+    for match in _SENTENCE_END.finditer(text):
+        if _NONSPACE.search(text, start, match.end()):
+            count += 1
+            if most is not None and count >= most:
+                return count
+        start = match.end()
+    return count + bool(_NONSPACE.search(text, start))
 
 
 def token_window_spans(
@@ -172,17 +188,15 @@ def plan_late_chunking(
     texts = [prompt + text for text in request.texts]
     sequences = model.tokenizer.tokenize(texts, truncate=None)
     check_tokenized(resolved, limits, "embed.texts", [len(e) for e in sequences])
+    shift = len(prompt)
+    contents = [_content(sequence, shift) for sequence in sequences]
+    # One vector per chunk: the answer's size is known now, before any chunk is built.
+    _check_chunks(resolved, limits, contents)
     work: Work = []
     plans: list[tuple[list[tuple[int, int]], list[_Part]]] = []
-    shift = len(prompt)
     for index, (text, sequence) in enumerate(zip(request.texts, sequences, strict=True)):
         prefix, suffix = special_edges(sequence.special_mask)
-        # Content: the text's own tokens, not the specials, nor a prompt's.
-        content = range(prefix, len(sequence) - suffix)
-        content = range(
-            next((i for i in content if sequence.offsets[i][1] > shift), content.stop),
-            content.stop,
-        )
+        content = contents[index]
         offsets = [(a - shift, b - shift) for a, b in sequence.offsets]
         spans = _spans(request, text, sequence, shift, content)
         if not spans:  # nothing to compute; a job of no work would never finish
@@ -233,23 +247,43 @@ def plan_late_chunking(
             )
         plans.append((spans, parts))
 
-    # One vector per chunk: the answer's size is known now, before the forward pass.
-    budget = response_budget(request, limits)
-    estimate = pooled_bytes(
-        Task.EMBED,
-        sum(len(spans) for spans, _ in plans),
-        info,
-        request.params.dimensions,
-        request.encoding,
-        budget,
-    )
-    if estimate > budget.max_bytes:
-        raise output_too_large("embed.texts", estimate, budget)
-
     def finish(raws: list[np.ndarray]) -> list[ItemOutput]:
         return [_chunks(request, model, spans, parts, raws) for spans, parts in plans]
 
     return work, finish
+
+
+def _content(sequence: TokenSequence, shift: int) -> range:
+    """The text's own tokens: not the specials, nor a prompt's (`shift` characters)."""
+    prefix, suffix = special_edges(sequence.special_mask)
+    content = range(prefix, len(sequence) - suffix)
+    first = next((i for i in content if sequence.offsets[i][1] > shift), content.stop)
+    return range(first, content.stop)
+
+
+def _check_chunks(resolved: Resolved, limits: Limits, contents: Sequence[range]) -> None:
+    """The chunks counted from the token counts and the rule (the sentences' count on the
+    texts, as validation counted it, and no further than the budget holds), and the
+    answer refused, before any span, token range or window is built."""
+    request, info = resolved.request, resolved.info
+    chunking = request.late_chunking
+    assert chunking is not None
+    budget = response_budget(request, limits)
+    dims, encoding = request.params.dimensions, request.encoding
+    one = pooled_bytes(Task.EMBED, 1, info, dims, encoding, budget)
+    most = budget.max_bytes // max(one, 1) + 1
+    if chunking.spans:
+        chunks = len(chunking.spans)
+    elif chunking.rule is ChunkRule.TOKENS:
+        chunks = sum(late_chunk_count(len(c), chunking.window, chunking.overlap) for c in contents)
+    else:
+        chunks = 0
+        for text in request.texts:
+            chunks += sentence_count(text, most - chunks)
+            if chunks >= most:
+                break
+    if chunks * one > budget.max_bytes:
+        raise output_too_large("embed.texts", chunks * one, budget)
 
 
 def _chunks(

@@ -94,6 +94,47 @@ def token_rows_bytes(
     return len(counts) * budget.item_bytes + sum(counts) * per_row
 
 
+def matrix_bytes(
+    rows: Iterable[int], width: int, encoding: OutputEncoding, budget: ResponseBudget
+) -> int:
+    """Matrices of `rows` rows of `width` values each (embed_multi's ColBERT rows, bge-m3's
+    multi output): gRPC packs a matrix's values with its shape; JSON brackets each row."""
+    counts = list(rows)
+    per_row = _vector_bytes(width, encoding, budget)
+    if not budget.encodings:
+        per_row += budget.row_bytes
+    return len(counts) * budget.item_bytes + sum(counts) * per_row
+
+
+def sparse_bytes(entries: Iterable[int], budget: ResponseBudget) -> int:
+    """Sparse vectors of at most `entries` weights each: an index and a weight apiece."""
+    counts = list(entries)
+    return len(counts) * budget.item_bytes + sum(counts) * 2 * budget.float_bytes
+
+
+def late_chunk_count(tokens: int, window: int, overlap: int) -> int:
+    """The chunks of the tokens rule over a text of `tokens` content tokens: windows of
+    `window` tokens, each starting `window - overlap` after the one before, the last
+    reaching the text's end (engine/late_chunking.py's token_window_spans)."""
+    if tokens <= 0:
+        return 0
+    stride = max(window - overlap, 1)
+    return 1 + -(-max(tokens - window, 0) // stride)
+
+
+# The least one entity of TEI's token classification costs as JSON, aggregation none:
+# {"entity":"","score":0.1,"index":0,"word":"","start":0,"end":0}, its comma, and a score
+# as Python writes a float (up to 17 more digits); the label and word come on top.
+ENTITY_JSON_BYTES = 80
+
+
+def entities_bytes(tokens: Iterable[int], longest_label: int) -> int:
+    """TEI's token classification answer at one entity per token (aggregation none, no
+    label ignored: the most it can hold), each token's word one character at least."""
+    counts = list(tokens)
+    return 2 * len(counts) + sum(counts) * (ENTITY_JSON_BYTES + longest_label + 1)
+
+
 def fewest_tokens(texts: Iterable[str], specials: int, cap: int | None) -> list[int]:
     """The fewest tokens each text can have, without tokenizing: its special tokens and one
     per whitespace-separated word (WordPiece, BPE and SentencePiece never join two words

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from engine.tokenization import ModelTokenizer, TokenSequence
@@ -60,6 +61,25 @@ class ScoreTemplate:
     def fixed_tokens(self) -> int:
         """The tokens every pair adds around its own."""
         return len(self.lead_ids) + len(self.prefix_ids) + len(self.suffix_ids)
+
+    def pair_chars(self, query: int, document: int, instruction: int) -> int:
+        """The characters of the body filled with values of these lengths, counted
+        before any is built (engine/validation.py bounds a request's pairs by them)."""
+        counts, literal = self._shape
+        return (
+            literal
+            + counts["query"] * query
+            + counts["document"] * document
+            + counts["instruction"] * instruction
+        )
+
+    @cached_property
+    def _shape(self) -> tuple[dict[str, int], int]:
+        """How often the body reads each placeholder, and its own characters."""
+        counts = dict.fromkeys(PLACEHOLDERS, 0)
+        for match in _PLACEHOLDER.finditer(self.body):
+            counts[match.group(1)] += 1
+        return counts, len(_PLACEHOLDER.sub("", self.body))
 
     def pair_text(self, query: str, document: str, instruction: str | None) -> str:
         """The body with the pair filled in, in one pass: a `{document}` inside the query

@@ -24,11 +24,15 @@ from engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
     fewest_tokens,
+    late_chunk_count,
+    matrix_bytes,
     megabytes,
     pooled_bytes,
+    sparse_bytes,
     token_rows_bytes,
     tokenize_bytes,
 )
+from engine.multi_vector import QUERY
 from engine.params import PROMPT_TASKS, TASK_PARAMS, Output, OutputEncoding, Task
 from engine.request import ChunkRule, Image, Item, PoolRequest, RerankRequest
 
@@ -389,7 +393,88 @@ def _characters(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     lists = list(_inputs(request))
     whole = "score" if request.task is Task.SCORE else lists[0][0]
     prompt = len(r.prompt or "")  # counted with every text it precedes
-    yield from _character_bounds(lists, whole, info.char_limit(r.may_run_long), limits, prompt)
+    limit = info.char_limit(r.may_run_long)
+    if request.task is Task.SCORE and reads_pairs(info):
+        yield from _pair_bounds(r, lists, limit, limits)
+        return
+    yield from _character_bounds(lists, whole, limit, limits, prompt)
+    if request.candidate_labels and request.task is Task.CLASSIFY:
+        yield from _label_total(r, limits, sum(len(t) + prompt for _, ts in lists for t in ts))
+
+
+def reads_pairs(info: ModelInfo) -> bool:
+    """Whether the model reads each score pair as one sequence (a cross-encoder, an LLM
+    reranker), so that each pair's text is built, and a text_1 shared by N pairs (with an
+    LLM reranker's instruction and template) is read N times, as plans.py plans it."""
+    if info.towers is not None or info.multi_output is not None:
+        return False
+    if info.head is HeadKind.LLM_SCORE:
+        return True
+    return info.multi_vector is None and info.is_cross_encoder
+
+
+def _pair_bounds(
+    r: Resolved, lists: Sequence[tuple[str, Sequence[str]]], limit: int, limits: Limits
+) -> Iterator[FieldViolation]:
+    """Every text within `limit`, an LLM reranker's instruction too; and the pairs as they
+    are built (each text_1 with each of its text_2, in the template with the instruction,
+    on an LLM reranker) within the request bound: what a request multiplies counts as
+    often as it is read, before any pair's text is built."""
+    request, info = r.request, r.info
+    template = info.score_template if info.head is HeadKind.LLM_SCORE else None
+    instruction = request.prompt
+    unbounded = Limits(max_request_chars=1 << 62)  # the pairs' total is counted below
+    yield from _character_bounds(lists, "score", limit, unbounded)
+    if template is not None and instruction is not None and len(instruction) > limit:
+        yield FieldViolation(
+            "prompt",
+            f"has {len(instruction)} characters, more than this model's limit of {limit} "
+            "(--max-input-chars); shorten it",
+            "INPUT_TOO_LONG",
+        )
+    firsts, seconds = (texts for _, texts in lists)
+    one = len(firsts) == 1
+    if not seconds or not (one or len(firsts) == len(seconds)):
+        return  # _input_not_empty and _score_shape speak for it
+    if template is None:
+        total = sum(map(len, seconds)) + (
+            len(seconds) * len(firsts[0]) if one else sum(map(len, firsts))
+        )
+        read_with = "its query"
+    else:
+        told = len(template.default_instruction if instruction is None else instruction)
+        total = sum(
+            template.pair_chars(len(firsts[0 if one else j]), len(d), told)
+            for j, d in enumerate(seconds)
+        )
+        read_with = "its query, the instruction and the template"
+    if total > limits.max_request_chars:
+        yield FieldViolation(
+            "score",
+            f"the pairs hold {total} characters together (each document read with "
+            f"{read_with}), more than the limit of {limits.max_request_chars} per request "
+            "(--max-request-chars); split the request",
+            "REQUEST_TOO_LARGE",
+        )
+
+
+def _label_total(r: Resolved, limits: Limits, texts: int) -> Iterator[FieldViolation]:
+    """Zero-shot labels are texts too, each read in its template: counted with the
+    request's texts against the request bound (their lengths are _candidate_labels')."""
+    towers = r.info.towers
+    template = r.request.label_template
+    if template is None:
+        template = towers.label_template if towers is not None else DEFAULT_LABEL_TEMPLATE
+    labels = r.request.candidate_labels
+    total = texts + sum(map(len, labels)) + len(labels) * len(template)
+    if total > limits.max_request_chars >= texts:
+        yield FieldViolation(
+            "classify.candidate_labels",
+            f"the texts and the labels in their template hold {total} characters together, "
+            f"more than the limit of {limits.max_request_chars} per request "
+            "(--max-request-chars); send fewer or shorter labels",
+            "REQUEST_TOO_LARGE",
+        )
 
 
 def _character_bounds(
@@ -833,22 +918,26 @@ def output_too_large(path: str, estimate: int, budget: ResponseBudget) -> Poolin
 
 def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """What the request alone says of its answer's size: one vector, class row or score per
-    input; for token outputs, at least a row per word of every text (counted exactly once
-    tokenized: check_token_output), so that the tokenizer never runs for a refusal."""
+    input; late chunks counted on the texts; for outputs of a row per token (token
+    outputs, ColBERT matrices, bge-m3's outputs), at least a row per word of every text
+    (counted exactly once tokenized: _token_output), so that the tokenizer never runs for
+    a refusal."""
     request, info = r.request, r.info
     assert request.task is not None
     budget, dims = response_budget(request, limits), request.params.dimensions
     if dims is not None and not 1 <= dims <= info.hidden_size:
         return  # _dimensions speaks for it
-    if request.task in TOKEN_TASKS:
+    if request.late_chunking is not None and request.task is Task.EMBED:
+        estimate = _late_chunks_estimate(r, budget)
+    elif request.task in ROW_TASKS:
         cap = r.token_cap
         specials = info.num_special_tokens
-        task, encoding = request.task, request.encoding
         most = [len(text) + specials for text in request.texts]
-        if token_rows_bytes(task, most, info, dims, encoding, budget) <= budget.max_bytes:
+        if cap is not None:
+            most = [min(n, cap) for n in most]
+        if rows_bytes(r, most, budget) <= budget.max_bytes:
             return  # fits even at one token per character: no words to count
-        floor = fewest_tokens(request.texts, specials, cap)
-        estimate = token_rows_bytes(task, floor, info, dims, encoding, budget)
+        estimate = rows_bytes(r, fewest_tokens(request.texts, specials, cap), budget)
     else:
         if request.candidate_labels:  # zero-shot: one value per candidate label
             info = replace(info, labels=request.candidate_labels)
@@ -857,6 +946,77 @@ def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         )
     if estimate > budget.max_bytes:
         yield output_violation(_list_path(request), estimate, budget)
+
+
+# The tasks whose answers hold rows per token, sized from each text's tokens (rows_bytes).
+ROW_TASKS = TOKEN_TASKS | {Task.EMBED_MULTI, Task.EMBED_OUTPUTS}
+
+
+def rows_bytes(r: Resolved, tokens: Sequence[int], budget: ResponseBudget) -> int:
+    """The answer of a ROW_TASKS request whose texts have `tokens` tokens each (as
+    tokenized, truncation applied): token outputs a row per token; embed_multi a ColBERT
+    row per token (a query's filled up to its length); embed_outputs the dense vector,
+    a weight per token and a ColBERT row per token after the first."""
+    request, info = r.request, r.info
+    task, encoding, dims = request.task, request.encoding, request.params.dimensions
+    assert task is not None
+    if task in TOKEN_TASKS:
+        return token_rows_bytes(task, tokens, info, dims, encoding, budget)
+    vectors, settings = info.multi_vector, info.multi_output
+    if settings is None:  # a ColBERT model: embed_multi
+        if vectors is None:
+            return 0  # _task_supported refuses it
+        width = vectors.dimension or info.hidden_size
+        if _query_mode(request, info) and vectors.query_expansion and vectors.query_length:
+            tokens = [max(n, vectors.query_length) for n in tokens]
+        return matrix_bytes(tokens, width, encoding, budget)
+    after_first = [max(n - 1, 0) for n in tokens]  # bge-m3 drops the cls token's
+    wanted = request.outputs if task is Task.EMBED_OUTPUTS else {Output.MULTI}
+    total = 0
+    if Output.DENSE in wanted:
+        total += matrix_bytes([1] * len(tokens), settings.hidden, encoding, budget)
+    if Output.SPARSE in wanted:
+        total += sparse_bytes(after_first, budget)
+    if Output.MULTI in wanted:
+        total += matrix_bytes(after_first, settings.multi_width, encoding, budget)
+    return total
+
+
+def _query_mode(request: PoolRequest, info: ModelInfo) -> bool:
+    """embed_multi in ColBERT's query mode (engine/plans.py's _plan_multi)."""
+    named = request.prompt_name
+    if named is None and request.prompt is None:
+        named = info.default_prompt_name
+    return named == QUERY
+
+
+def _late_chunks_estimate(r: Resolved, budget: ResponseBudget) -> int:
+    """Late chunks' vectors, counted before tokenizing: spans as given, sentences on the
+    texts (counting stops once past what the budget holds), the tokens rule at one token
+    per word at least."""
+    from engine.late_chunking import sentence_count  # it imports this module
+
+    request, info = r.request, r.info
+    chunking = request.late_chunking
+    assert chunking is not None
+    one = pooled_bytes(
+        Task.EMBED, 1, info, request.params.dimensions, request.encoding, budget
+    )
+    most = budget.max_bytes // max(one, 1) + 1  # chunks past this are refused alike
+    if chunking.spans:
+        chunks = len(chunking.spans)
+    elif chunking.rule is ChunkRule.SENTENCES:
+        chunks = 0
+        for text in request.texts:
+            chunks += sentence_count(text, most - chunks)
+            if chunks >= most:
+                break
+    elif chunking.rule is ChunkRule.TOKENS and chunking.window >= 1:
+        words = fewest_tokens(request.texts, 0, None)
+        chunks = sum(late_chunk_count(n, chunking.window, chunking.overlap) for n in words)
+    else:
+        return 0  # _late_chunking speaks for it
+    return chunks * one
 
 
 # Rules that need token counts: run once tokenized (on a tokenizer thread), before the
@@ -894,15 +1054,14 @@ def _lengths(r: Resolved, limits: Limits, path: str, counts: Sequence[int]) -> P
 def _token_output(
     r: Resolved, limits: Limits, path: str, counts: Sequence[int]
 ) -> PoolingError | None:
-    """Token outputs: one row per token of each text (its chunks joined back), counted."""
+    """Outputs of rows per token (ROW_TASKS): each text's rows counted on its tokens (its
+    chunks joined back), before the forward pass."""
     request = r.request
     task = request.task
-    if task not in TOKEN_TASKS:
+    if task not in ROW_TASKS:
         return None
     budget = response_budget(request, limits)
-    estimate = token_rows_bytes(
-        task, counts, r.info, request.params.dimensions, request.encoding, budget
-    )
+    estimate = rows_bytes(r, counts, budget)
     if estimate <= budget.max_bytes:
         return None
     return output_too_large(f"{task}.texts", estimate, budget)
