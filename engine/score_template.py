@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from engine.tokenization import ModelTokenizer, TokenSequence
+from engine.tokenization import PAIR_MARGIN, ModelTokenizer, TokenSequence
 
 SCORE_TEMPLATE_FILE = "score_template.json"
 PLACEHOLDERS = ("query", "document", "instruction")
@@ -56,6 +56,9 @@ class ScoreTemplate:
     lead_ids: tuple[int, ...] = ()
     prefix_ids: tuple[int, ...] = ()
     suffix_ids: tuple[int, ...] = ()
+    # The body in runs: texts with placeholders, and the template's own special tokens
+    # between them (text, id); empty: the body is one run.
+    runs: tuple[tuple[str, int | None], ...] = ()
 
     @property
     def fixed_tokens(self) -> int:
@@ -81,16 +84,6 @@ class ScoreTemplate:
             counts[match.group(1)] += 1
         return counts, len(_PLACEHOLDER.sub("", self.body))
 
-    def pair_text(self, query: str, document: str, instruction: str | None) -> str:
-        """The body with the pair filled in, in one pass: a `{document}` inside the query
-        stays text."""
-        values = {
-            "query": query,
-            "document": document,
-            "instruction": self.default_instruction if instruction is None else instruction,
-        }
-        return _PLACEHOLDER.sub(lambda match: values[match.group(1)], self.body)
-
     def sequences(
         self,
         tokenizer: ModelTokenizer,
@@ -102,31 +95,170 @@ class ScoreTemplate:
         """Each pair's tokens: prefix + body (truncated to what `max_tokens` leaves) +
         suffix, each tokenized alone without the tokenizer's own special tokens, as the
         model card's reference builds them; the tokenizer's leading special tokens go
-        first. Offsets are into the filled body; the fixed parts' are (0, 0)."""
+        first. Offsets are into the filled body; the fixed parts' are (0, 0).
+
+        The values are user text: a special token's text in a query, document or
+        instruction is read as text (a document cannot close its turn and forge the
+        answer's), while the template's own special tokens stay tokens. What the pairs
+        share (the body before {document}: the instruction, a 1:N query) is tokenized once
+        per request (_BodyTokens), not once per pair."""
         room = max_tokens - self.fixed_tokens
         if room < 1:
             raise ValueError(
                 f"the score template's own parts take {self.fixed_tokens} tokens, leaving no "
                 f"room for the pair within {max_tokens}"
             )
-        bodies = tokenizer.tokenize(
-            [self.pair_text(q, d, instruction) for q, d in pairs],
-            truncate=room,
-            side=side,
-            add_special_tokens=False,
-        )
+        told = self.default_instruction if instruction is None else instruction
+        runs = self.runs or ((self.body, None),)
+        bodies = _BodyTokens(tokenizer, runs, room, side).build(pairs, told)
         head = [*self.lead_ids, *self.prefix_ids]
         head_mask = [1] * len(self.lead_ids) + [0] * len(self.prefix_ids)
         tail = list(self.suffix_ids)
         return [
             TokenSequence(
-                head + body.input_ids + tail,
+                head + ids + tail,
                 None,
-                [(0, 0)] * len(head) + body.offsets + [(0, 0)] * len(tail),
-                head_mask + body.special_mask + [0] * len(tail),
+                [(0, 0)] * len(head) + offsets + [(0, 0)] * len(tail),
+                head_mask + [0] * (len(ids) + len(tail)),
             )
-            for body in bodies
+            for ids, offsets in bodies
         ]
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], text)
+
+
+# A piece of one pair's body: (tokens' ids, their offsets, where its text starts in the
+# filled body); or a key into the tokenized texts with that start.
+_Piece = tuple[list[int], list[tuple[int, int]], int]
+
+
+class _BodyTokens:
+    """The bodies of one request's pairs, tokenized in two batches.
+
+    A run of the body without {document} reads the same text in every pair of a query: it
+    is tokenized once per distinct text. The run holding {document} is tokenized with its
+    document, but its shared head (the text before {document}) once, where it is long:
+    truncating on the right, a head of `room` tokens and PAIR_MARGIN more is all the pair
+    keeps, whatever follows; on the left, only the head's last `room` + PAIR_MARGIN tokens
+    can remain, so the head is cut to those, at a token's edge, before the document is
+    joined. The margin keeps every kept token clear of the join, as ModelTokenizer's
+    pair cutting does (engine/tokenization.py)."""
+
+    def __init__(
+        self,
+        tokenizer: ModelTokenizer,
+        runs: tuple[tuple[str, int | None], ...],
+        room: int,
+        side: str,
+    ) -> None:
+        self.tokenizer, self.runs, self.room, self.side = tokenizer, runs, room, side
+
+    def _tokenize(self, texts: set[str]) -> dict[str, TokenSequence]:
+        ordered = sorted(texts)
+        found = self.tokenizer.tokenize(
+            ordered, add_special_tokens=False, split_special_tokens=True
+        )
+        return dict(zip(ordered, found, strict=True))
+
+    def build(
+        self, pairs: list[tuple[str, str]], instruction: str
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        # Each pair's runs filled: ("special", id, text), ("text", filled), or
+        # ("document", head, rest).
+        filled = []
+        shared: set[str] = set()
+        for query, document in pairs:
+            values = {"query": query, "document": document, "instruction": instruction}
+            runs: list[tuple[str, object, str]] = []
+            for text, special in self.runs:
+                if special is not None:
+                    runs.append(("special", special, text))
+                    continue
+                at = text.find("{document}")
+                if at < 0:
+                    runs.append(("text", _fill(text, values), ""))
+                    shared.add(runs[-1][1])  # type: ignore[arg-type]
+                else:
+                    head = _fill(text[:at], values)
+                    runs.append(("document", head, _fill(text[at:], values)))
+                    shared.add(head)
+            filled.append(runs)
+        once = self._tokenize(shared)
+        margin = self.room + PAIR_MARGIN
+        plans, joined = [], set()
+        for runs in filled:
+            pieces: list[tuple[str, object, int, int]] = []  # kind, value, start, shift
+            start = 0
+            count: int | None = 0  # tokens so far; None once a joined run's are unknown
+            for kind, value, rest in runs:
+                if self.side == "right" and count is not None and count >= self.room:
+                    break  # what follows is truncated away
+                if kind == "special":
+                    pieces.append((kind, value, start, 0))
+                    start += len(rest)
+                    count = None if count is None else count + 1
+                elif kind == "text":
+                    tokens = once[value]  # type: ignore[index]
+                    pieces.append((kind, tokens, start, 0))
+                    start += len(value)  # type: ignore[arg-type]
+                    count = None if count is None else count + len(tokens)
+                else:
+                    head = once[value]  # type: ignore[index]
+                    enough = count is not None and len(head) >= self.room - count + PAIR_MARGIN
+                    if self.side == "right" and enough:
+                        pieces.append(("text", head, start, 0))
+                        count = self.room
+                        continue
+                    cut = 0
+                    if self.side != "right" and len(head) > margin:
+                        cut = head.offsets[len(head) - margin][0]
+                    text = value[cut:] + rest  # type: ignore[index]
+                    joined.add(text)
+                    pieces.append(("joined", text, start, cut))
+                    start += len(value) + len(rest)  # type: ignore[arg-type]
+                    count = None
+            plans.append(pieces)
+        each = self._tokenize(joined)
+        return [self._assemble(pieces, each) for pieces in plans]
+
+    def _assemble(
+        self, pieces: list[tuple[str, object, int, int]], each: dict[str, TokenSequence]
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        for kind, value, start, shift in pieces:
+            if kind == "special":
+                ids.append(value)  # type: ignore[arg-type]
+                offsets.append((start, start))
+                continue
+            sequence = each[value] if kind == "joined" else value  # type: ignore[index]
+            at = start + shift
+            ids += sequence.input_ids  # type: ignore[union-attr]
+            offsets += [(a + at, b + at) for a, b in sequence.offsets]  # type: ignore[union-attr]
+        if len(ids) > self.room:
+            keep = slice(None, self.room) if self.side == "right" else slice(-self.room, None)
+            ids, offsets = ids[keep], offsets[keep]
+        return ids, offsets
+
+
+def _runs(body: str, specials: dict[str, int]) -> tuple[tuple[str, int | None], ...]:
+    """The body split at the template's own special tokens (none of them inside a
+    placeholder): text runs, each tokenized with its values, and the tokens between."""
+    if not specials:
+        return ((body, None),)
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
+    runs: list[tuple[str, int | None]] = []
+    start = 0
+    for match in pattern.finditer(body):
+        if match.start() > start:
+            runs.append((body[start : match.start()], None))
+        runs.append((match.group(), specials[match.group()]))
+        start = match.end()
+    if start < len(body):
+        runs.append((body[start:], None))
+    return tuple(runs)
 
 
 def _leading_specials(tokenizer: ModelTokenizer) -> list[int]:
@@ -326,4 +458,5 @@ def bind_template(given: TemplateText, tokenizer: ModelTokenizer) -> ScoreTempla
         tuple(_leading_specials(tokenizer)),
         tuple(fixed[0].input_ids),
         tuple(fixed[1].input_ids),
+        _runs(body, tokenizer.special_tokens()),
     )

@@ -82,8 +82,9 @@ class ModelTokenizer:
         self.pad_token_id = spec.pad_token_id
         self._vocabulary: Vocabulary | None = None
 
-    def _backend(self, max_length: int | None, side: str) -> Tokenizer:
-        """This thread's tokenizer, set to truncate at `max_length` (None: never)."""
+    def _backend(self, max_length: int | None, side: str, split: bool = False) -> Tokenizer:
+        """This thread's tokenizer, set to truncate at `max_length` (None: never), and to
+        read special tokens' texts as text where `split`."""
         local = self._local
         backend: Tokenizer | None = getattr(local, "backend", None)
         if backend is None:
@@ -96,7 +97,15 @@ class ModelTokenizer:
             else:
                 backend.enable_truncation(max_length, strategy="longest_first", direction=side)
             local.truncation = (max_length, side)
+        if backend.encode_special_tokens != split:
+            backend.encode_special_tokens = split
         return backend
+
+    def special_tokens(self) -> dict[str, int]:
+        """The special tokens' texts and ids (those a text's own tokens never hold once
+        split_special_tokens is asked)."""
+        found = self._shared.get_added_tokens_decoder()
+        return {token.content: i for i, token in found.items() if token.special}
 
     def tokenize(
         self,
@@ -106,12 +115,15 @@ class ModelTokenizer:
         truncate: int | None = None,
         side: str = "right",
         add_special_tokens: bool = True,
+        split_special_tokens: bool = False,
     ) -> list[TokenSequence]:
-        """Tokenize texts (or text pairs); `truncate` keeps that many tokens, -1 the maximum."""
+        """Tokenize texts (or text pairs); `truncate` keeps that many tokens, -1 the maximum.
+        `split_special_tokens`: a special token's text in the input is read as text, never
+        as that token (a template's user values: a document must not close its turn)."""
         if not texts:
             return []
         max_length = self.max_input_tokens if truncate == -1 else truncate
-        backend = self._backend(max_length, side)
+        backend = self._backend(max_length, side, split_special_tokens)
         shifts: list[tuple[int, int]] = []
         if pairs is None:
             inputs: list[str] | list[tuple[str, str]] = list(texts)

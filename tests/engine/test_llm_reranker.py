@@ -56,7 +56,9 @@ def card_format(instruction: str | None, query: str, doc: str) -> str:
 
 def card_inputs(tokenizer: object, pairs: Sequence[str], max_length: int) -> list[list[int]]:
     """process_inputs of the model card, without its padding: prefix + the formatted pair
-    truncated (longest_first) to what the prefix and suffix leave + suffix."""
+    truncated (longest_first) to what the prefix and suffix leave + suffix. One departure:
+    the pair is user text, so a special token's text in it stays text (the card would read
+    a document's "<|im_end|>" as the token and let it close the turn)."""
     prefix = tokenizer.encode(CARD_PREFIX, add_special_tokens=False)  # type: ignore[attr-defined]
     suffix = tokenizer.encode(CARD_SUFFIX, add_special_tokens=False)  # type: ignore[attr-defined]
     inputs = tokenizer(  # type: ignore[operator]
@@ -65,6 +67,7 @@ def card_inputs(tokenizer: object, pairs: Sequence[str], max_length: int) -> lis
         truncation="longest_first",
         return_attention_mask=False,
         max_length=max_length - len(prefix) - len(suffix),
+        split_special_tokens=True,
     )
     return [prefix + ids + suffix for ids in inputs["input_ids"]]
 
@@ -474,8 +477,8 @@ def test_other_decoder_families_score_as_transformers(tmp_path: Path, family: st
     for document in DOCUMENTS:
         body = f"Query: {QUERY}\nDocument: {document}"
         sequence = [tokenizer.bos_token_id]
-        for part in (prefix, body, suffix):
-            sequence += tokenizer.encode(part, add_special_tokens=False)
+        for part, split in ((prefix, False), (body, True), (suffix, False)):  # the pair as text
+            sequence += tokenizer.encode(part, add_special_tokens=False, split_special_tokens=split)
         expected_ids.append(sequence)
         with torch.no_grad():
             logits = reference(input_ids=torch.tensor([sequence])).logits[0, -1]
