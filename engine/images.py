@@ -17,7 +17,7 @@ import io
 import json
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from PIL import Image as PILImage
-from PIL import ImageOps, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
 from engine.errors import FieldViolation, PoolingError
 from engine.modality import PixelFrame
@@ -84,15 +84,67 @@ def _other_format(data: bytes) -> str | None:
         return None
 
 
+@dataclass(eq=False)
+class Opened:
+    """A decoded image as its bytes gave it: its own mode (RGBA, CMYK, 16-bit grey...), and
+    the turn its EXIF orientation asks for (None: upright). Preprocessing makes it RGB and
+    upright one channel at a time, so a large picture is never held twice at full size."""
+
+    picture: PILImage.Image
+    transpose: PILImage.Transpose | None = None
+
+    def close(self) -> None:
+        self.picture.close()
+
+
+# The resize target's (height, width) for an upright (height, width): what the model's
+# processor makes of an image, so its cost is bounded before a pixel is decoded.
+Target = Callable[[int, int], tuple[int, int]]
+
+ORIENTATIONS = {
+    2: PILImage.Transpose.FLIP_LEFT_RIGHT,
+    3: PILImage.Transpose.ROTATE_180,
+    4: PILImage.Transpose.FLIP_TOP_BOTTOM,
+    5: PILImage.Transpose.TRANSPOSE,
+    6: PILImage.Transpose.ROTATE_270,
+    7: PILImage.Transpose.TRANSVERSE,
+    8: PILImage.Transpose.ROTATE_90,
+}  # as ImageOps.exif_transpose reads the tag
+SWAPS = {
+    PILImage.Transpose.TRANSPOSE,
+    PILImage.Transpose.ROTATE_270,
+    PILImage.Transpose.TRANSVERSE,
+    PILImage.Transpose.ROTATE_90,
+}
+
+
 def decode_image(image: EncodedImage, limits: Limits, path: str) -> PILImage.Image:
     """`image` decoded to an RGB picture, upright (EXIF orientation applied), its first frame
     for an animation, transparency laid on white (as transformers' convert_to_rgb does).
+    Refused as open_image refuses. This holds the whole picture in RGB besides the decoded
+    one: serving goes through open_image and a preprocessor's frame, which do not."""
+    opened = open_image(image, limits, path)
+    picture = to_rgb(opened.picture)
+    if opened.transpose is not None:
+        picture = picture.transpose(opened.transpose)
+    if picture is not opened.picture:
+        opened.close()
+    return picture
+
+
+def open_image(
+    image: EncodedImage, limits: Limits, path: str, target: Target | None = None
+) -> Opened:
+    """`image` decoded (its first frame for an animation) in its own mode, with the EXIF
+    turn still to apply.
 
     Refused (INVALID_ARGUMENT, the violation at `path`): IMAGE_TOO_LARGE for bytes over
-    `limits.max_image_bytes` or a header of more than `limits.max_image_pixels` pixels (both
-    before decoding), IMAGE_FORMAT_UNSUPPORTED for a format other than PNG, JPEG, WebP or GIF
-    (by the bytes, or by the mime type given), IMAGE_INVALID for bytes that do not decode
-    (corrupt, truncated, empty) or a mime type the bytes disagree with."""
+    `limits.max_image_bytes`, a header of more than `limits.max_image_pixels` pixels, or
+    one whose resize `target` (the model's processor's) would exceed that many pixels (an
+    extreme aspect ratio that the shortest-edge resize blows up), all before decoding;
+    IMAGE_FORMAT_UNSUPPORTED for a format other than PNG, JPEG, WebP or GIF (by the bytes,
+    or by the mime type given), IMAGE_INVALID for bytes that do not decode (corrupt,
+    truncated, empty) or a mime type the bytes disagree with."""
     data = image.data
     if len(data) > limits.max_image_bytes:
         raise _refuse(
@@ -134,17 +186,20 @@ def decode_image(image: EncodedImage, limits: Limits, path: str) -> PILImage.Ima
         if width <= 0 or height <= 0:
             raise _refuse(path, "IMAGE_INVALID", "the image has no pixels")
         raise _too_many_pixels(path, (width, height), limits)
+    if target is not None:
+        # The target's pixel count is the same upright or turned (its sides swap).
+        new_height, new_width = target(height, width)
+        if new_height * new_width > limits.max_image_pixels:
+            opened.close()
+            raise _target_too_large(path, (width, height), (new_width, new_height), limits)
     try:
         opened.seek(0)  # an animation's first frame
         opened.load()
-        ImageOps.exif_transpose(opened, in_place=True)  # upright, without a copy
-        picture = to_rgb(opened)
+        orientation = opened.getexif().get(0x0112, 1)
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         opened.close()
         raise _refuse(path, "IMAGE_INVALID", f"the {found} data is corrupt or truncated") from error
-    if picture is not opened:  # converted: the decoded original is done with
-        opened.close()
-    return picture
+    return Opened(opened, ORIENTATIONS.get(orientation))
 
 
 def _declared_format(mime_type: str, path: str) -> str | None:
@@ -181,6 +236,20 @@ def _too_many_pixels(path: str, size: tuple[int, int] | None, limits: Limits) ->
     )
 
 
+def _target_too_large(
+    path: str, size: tuple[int, int], target: tuple[int, int], limits: Limits
+) -> PoolingError:
+    width, height = size
+    ratio = max(width, height) / min(width, height)
+    return _refuse(
+        path,
+        "IMAGE_TOO_LARGE",
+        f"the image is {width}x{height} (aspect ratio {ratio:.0f}:1), which the model's "
+        f"processor resizes to {target[0]}x{target[1]} = {target[0] * target[1]} pixels, "
+        f"more than {limits.max_image_pixels} (--max-image-pixels); crop it nearer to square",
+    )
+
+
 def to_rgb(image: PILImage.Image) -> PILImage.Image:
     """RGB as transformers' convert_to_rgb makes it (transparency composited on white),
     except that 16-bit and 32-bit grey keep their brightness (Pillow's own conversion clips
@@ -198,6 +267,99 @@ def to_rgb(image: PILImage.Image) -> PILImage.Image:
         white = PILImage.new("RGBA", rgba.size, (255, 255, 255, 255))
         return PILImage.alpha_composite(white, rgba).convert("RGB")
     return image.convert("RGB")
+
+
+GREY = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+STRIP_PIXELS = 1 << 18  # a strip of rows is converted and resized at a time
+
+
+def _channel(strip: PILImage.Image, channel: int) -> PILImage.Image:
+    """One channel of to_rgb(strip), as an 8-bit "L" image."""
+    plain = strip.info.get("transparency") is None
+    if strip.mode == "L" and plain:
+        return strip
+    if strip.mode == "RGB" and plain:
+        return strip.getchannel(channel)
+    rgb = to_rgb(strip)  # a crop keeps the palette and the transparency
+    return rgb.getchannel(channel)
+
+
+def _upright_rows(
+    picture: PILImage.Image, transpose: PILImage.Transpose | None, top: int, bottom: int
+) -> PILImage.Image:
+    """Rows top..bottom of `picture` turned by `transpose`, cut from the part of the
+    picture that becomes them (a turn of a part is that part of the turned whole)."""
+    width, height = picture.size
+    T = PILImage.Transpose
+    if transpose in (T.ROTATE_180, T.FLIP_TOP_BOTTOM):
+        box = (0, height - bottom, width, height - top)
+    elif transpose in (T.ROTATE_270, T.TRANSPOSE):
+        box = (top, 0, bottom, height)
+    elif transpose in (T.ROTATE_90, T.TRANSVERSE):
+        box = (width - bottom, 0, width - top, height)
+    else:
+        box = (0, top, width, bottom)
+    strip = picture.crop(box)
+    return strip if transpose is None else strip.transpose(transpose)
+
+
+def _planes(
+    picture: PILImage.Image,
+    transpose: PILImage.Transpose | None,
+    resized: Target | None,
+    resample: int,
+    crop: tuple[int, int] | None,
+) -> list[np.ndarray]:
+    """The R, G and B planes (uint8 [H, W] each) of `picture` made RGB as to_rgb makes it,
+    turned by `transpose`, resized to `resized(height, width)` with `resample`, then
+    centre-cropped to `crop`: what the processor computes on the whole RGB picture, pixel
+    for pixel, at the cost of a strip of it.
+
+    Pillow resizes each channel alone with the same weights, and in two passes: across
+    (each row from its own row) then down. So each channel (one for grey, whose three are
+    equal) is made a strip of rows at a time: turned, converted (RGBA laid on white, CMYK,
+    16-bit grey, a palette) and resized across, into a picture as wide as the target and as
+    tall as the image; one pass down finishes it. No RGB copy, compositing canvas or 64-bit
+    intermediate of the whole picture exists at once. An RGB picture that is upright and
+    shrinks is resized whole: that needs no copy of it."""
+    upright = (picture.height, picture.width)
+    if transpose in SWAPS:
+        upright = upright[::-1]
+    height, width = resized(*upright) if resized is not None else upright
+    direct = picture.mode == "RGB" and picture.info.get("transparency") is None
+    if direct and transpose is None and width * height <= picture.width * picture.height:
+        size = (width, height)
+        image = picture.resize(size, resample=resample) if size != picture.size else picture
+        pixels = _cropped(image, crop)
+        return [pixels[..., c] for c in range(3)]
+    rows = max(1, STRIP_PIXELS // upright[1])
+    planes: list[np.ndarray] = []
+    for channel in range(1 if picture.mode in GREY else 3):
+        across = PILImage.new("L", (width, upright[0]))
+        for top in range(0, upright[0], rows):
+            bottom = min(upright[0], top + rows)
+            with _upright_rows(picture, transpose, top, bottom) as strip:
+                band = _channel(strip, channel)
+                if band.width != width:
+                    band = band.resize((width, bottom - top), resample=resample)
+                across.paste(band, (0, top))
+        if across.height != height:
+            across = across.resize((width, height), resample=resample)
+        planes.append(_cropped(across, crop))
+        del across  # freed before the next channel's
+    return planes * 3 if len(planes) == 1 else planes
+
+
+def _cropped(image: PILImage.Image, crop: tuple[int, int] | None) -> np.ndarray:
+    """The image's pixels centre-cropped as transformers crops, taken from Pillow only
+    after the crop where it lies inside (a large resize target is never copied whole)."""
+    if crop is None:
+        return np.asarray(image)
+    height, width = crop
+    top, left = (image.height - height) // 2, (image.width - width) // 2
+    if top >= 0 and left >= 0:
+        return np.asarray(image.crop((left, top, left + width, top + height)))
+    return _center_crop(np.asarray(image), height, width)
 
 
 # ------------------------------------------------------------------ preprocessing
@@ -251,28 +413,34 @@ class ImagePreprocessor:
             self.one(image, out[i])
         return out
 
-    def frame(self, image: PILImage.Image) -> PixelFrame:
+    def frame(
+        self, image: PILImage.Image, transpose: PILImage.Transpose | None = None
+    ) -> PixelFrame:
         """One image as the engine queues it: [3, H, W], costing the tower's positions."""
-        return PixelFrame(self.one(image), self.patches)
+        return PixelFrame(self.one(image, transpose=transpose), self.patches)
 
     def blank(self) -> PixelFrame:
         """A frame of zeros, the shape of every frame (a warm-up's)."""
         return PixelFrame(np.zeros((3, *self.size), np.float32), self.patches)
 
-    def one(self, image: PILImage.Image, out: np.ndarray | None = None) -> np.ndarray:
-        """One image as float32 [3, H, W] (written into `out` when given)."""
-        image = to_rgb(image)
-        if self.resize is not None:
-            height, width = self._resized(image.height, image.width)
-            if (width, height) != image.size:
-                image = image.resize((width, height), resample=self.resample)
-        pixels = np.asarray(image)  # [H, W, 3] uint8
-        if self.crop is not None:
-            pixels = _center_crop(pixels, *self.crop)
+    def target(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the resize gives an upright image of this size."""
+        return self._resized(height, width) if self.resize is not None else (height, width)
+
+    def one(
+        self,
+        image: PILImage.Image,
+        out: np.ndarray | None = None,
+        transpose: PILImage.Transpose | None = None,
+    ) -> np.ndarray:
+        """One image, in any mode, as float32 [3, H, W] (written into `out` when given),
+        after turning it by `transpose` (its EXIF orientation)."""
+        resized = self._resized if self.resize is not None else None
+        planes = _planes(image, transpose, resized, self.resample, self.crop)
         if out is None:
-            out = np.empty((3, *pixels.shape[:2]), dtype=np.float32)
+            out = np.empty((3, *planes[0].shape), dtype=np.float32)
         for channel in range(3):  # each uint8 value looked up: rescaled and normalised
-            np.take(self.table[channel], pixels[..., channel], out=out[channel])
+            np.take(self.table[channel], planes[channel], out=out[channel])
         return out
 
     @cached_property
@@ -359,8 +527,10 @@ class NaFlexPreprocessor:
                 high = middle
         return cells(low, height), cells(low, width)
 
-    def frame(self, image: PILImage.Image) -> PixelFrame:
-        pixels = self.one(image)
+    def frame(
+        self, image: PILImage.Image, transpose: PILImage.Transpose | None = None
+    ) -> PixelFrame:
+        pixels = self.one(image, transpose)
         return PixelFrame(pixels, pixels.shape[0] * pixels.shape[1])
 
     def blank(self) -> PixelFrame:
@@ -368,19 +538,23 @@ class NaFlexPreprocessor:
         pixels = np.zeros((rows, cols, 3 * self.patch * self.patch), np.float32)
         return PixelFrame(pixels, rows * cols)
 
-    def one(self, image: PILImage.Image) -> np.ndarray:
+    def target(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the resize gives an upright image of this size."""
+        rows, cols = self.grid(height, width)
+        return rows * self.patch, cols * self.patch
+
+    def one(
+        self, image: PILImage.Image, transpose: PILImage.Transpose | None = None
+    ) -> np.ndarray:
         """float32 [rows, cols, patch * patch * 3]: each patch's pixels row by row, each
         pixel's three channels together."""
-        image = to_rgb(image)
-        rows, cols = self.grid(image.height, image.width)
-        size = (cols * self.patch, rows * self.patch)
-        if size != image.size:
-            image = image.resize(size, resample=self.resample)
-        pixels = np.asarray(image)  # [H, W, 3] uint8
-        values = np.empty(pixels.shape, dtype=np.float32)
-        for channel in range(3):
-            np.take(self.table[channel], pixels[..., channel], out=values[..., channel])
+        planes = _planes(image, transpose, self.target, self.resample, None)
+        height, width = planes[0].shape
         p = self.patch
+        rows, cols = height // p, width // p
+        values = np.empty((height, width, 3), dtype=np.float32)
+        for channel in range(3):
+            np.take(self.table[channel], planes[channel], out=values[..., channel])
         tiles = values.reshape(rows, p, cols, p, 3).transpose(0, 2, 1, 3, 4)
         return np.ascontiguousarray(tiles.reshape(rows, cols, p * p * 3))
 
@@ -422,14 +596,14 @@ def _aspect_size(height: int, width: int, size: int, max_size: int) -> tuple[int
 
 
 def _center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
-    """transformers' center_crop on [H, W, C]: an image smaller than the crop is padded
-    with zeros around it."""
+    """transformers' center_crop on [H, W, C] (or [H, W]): an image smaller than the crop
+    is padded with zeros around it."""
     h, w = pixels.shape[:2]
     top, left = (h - height) // 2, (w - width) // 2
     if top >= 0 and left >= 0:
         return pixels[top : top + height, left : left + width]
     new_h, new_w = max(height, h), max(width, w)
-    padded = np.zeros((new_h, new_w, pixels.shape[2]), dtype=pixels.dtype)
+    padded = np.zeros((new_h, new_w, *pixels.shape[2:]), dtype=pixels.dtype)
     pad_top, pad_left = -(-(new_h - h) // 2), -(-(new_w - w) // 2)
     padded[pad_top : pad_top + h, pad_left : pad_left + w] = pixels
     top, left = top + pad_top, left + pad_left

@@ -75,15 +75,21 @@ def prepare(
 def _frames(
     model: ServedModel, limits: Limits, images: list[tuple[int, Image]], path: str
 ) -> list[PixelFrame]:
-    from engine.images import decode_image  # Pillow: loaded where images are served
+    from engine.images import open_image  # Pillow: loaded where images are served
 
     processor = model.images
     assert processor is not None  # validation refuses images to a text-only model
     # One at a time: only one decoded picture (up to --max-image-pixels) is held at once,
-    # however many images the request carries.
-    return [
-        processor.frame(decode_image(image, limits, f"{path}[{i}].image")) for i, image in images
-    ]
+    # however many images the request carries; the processor's resize target is bounded
+    # by the same limit before decoding, and the picture becomes RGB a channel at a time.
+    frames: list[PixelFrame] = []
+    for i, image in images:
+        opened = open_image(image, limits, f"{path}[{i}].image", processor.target)
+        try:
+            frames.append(processor.frame(opened.picture, opened.transpose))
+        finally:
+            opened.close()
+    return frames
 
 
 def _modality(unit: Unit) -> Modality:

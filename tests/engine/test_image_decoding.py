@@ -339,3 +339,208 @@ def test_an_unknown_processor_is_named(tmp_path: Path) -> None:
     (folder / "preprocessor_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="ViTImageProcessor"):
         load_image_processor(folder)
+
+
+# ------------------------------------------------------------------ every mode, bounded
+
+
+def _mode_pictures() -> dict[str, PILImage.Image]:
+    """One picture in each mode a PNG, JPEG or GIF decodes to, odd sizes among them (the
+    small ones grow to the resize target), transparency partial and whole."""
+    rng = np.random.default_rng(7)
+    rgba = rng.integers(0, 256, (45, 70, 4), dtype=np.uint8)
+    rgba[:10, :, 3] = 0  # fully transparent rows
+    base = PILImage.fromarray(rgba, "RGBA")
+    palette = base.convert("RGB").convert("P", palette=PILImage.Palette.ADAPTIVE, colors=60)
+    keyed = palette.copy()
+    keyed.info["transparency"] = 3
+    tall = PILImage.fromarray(rng.integers(0, 256, (301, 9, 3), dtype=np.uint8))
+    return {
+        "RGB": base.convert("RGB"),
+        "RGBA": base,
+        "LA": base.convert("LA"),
+        "L": base.convert("L"),
+        "1": base.convert("1"),
+        "P": palette,
+        "P-transparent": keyed,
+        "PA": base.convert("PA"),
+        "CMYK": base.convert("CMYK"),
+        "RGB-tall-small": tall,
+        "RGBA-wide-small": PILImage.fromarray(rgba[:5], "RGBA"),
+    }
+
+
+PROCESSORS_UNDER_TEST = {
+    "clip": (clip_folder, CLIPImageProcessorPil()),
+    "clip-longest": (
+        clip_folder,
+        CLIPImageProcessorPil(size={"shortest_edge": 60, "longest_edge": 90}, resample=2),
+    ),
+    "siglip": (siglip_folder, SiglipImageProcessorPil(size={"height": 40, "width": 56})),
+    "naflex": (siglip_folder, Siglip2ImageProcessorPil(patch_size=4, max_num_patches=64)),
+}
+
+
+def _expected(processor: object, image: PILImage.Image) -> np.ndarray:
+    """The processor on the picture as transformers' convert_to_rgb makes it (CLIP's and
+    SigLIP's processors call it themselves; SigLIP 2's does not)."""
+    from transformers.image_transforms import convert_to_rgb
+
+    out = processor([convert_to_rgb(image)], return_tensors="np")  # type: ignore[operator]
+    if "spatial_shapes" in out:  # NaFlex: the real patches, as our frame holds them
+        rows, cols = (int(n) for n in out["spatial_shapes"][0])
+        return out["pixel_values"][0][: rows * cols].reshape(rows, cols, -1)
+    return out["pixel_values"][0]
+
+
+@pytest.mark.parametrize("kind", list(PROCESSORS_UNDER_TEST))
+def test_every_mode_equals_transformers_strip_by_strip(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each mode made RGB a strip and a channel at a time (strips of a few rows here, so
+    every picture is many) equals transformers' processor on the whole picture, its own
+    convert_to_rgb included: bit for bit."""
+    import engine.images as images
+
+    monkeypatch.setattr(images, "STRIP_PIXELS", 97)
+    build, processor = PROCESSORS_UNDER_TEST[kind]
+    ours = load_image_processor(build(tmp_path, processor))
+    assert ours is not None
+    for name, image in _mode_pictures().items():
+        np.testing.assert_array_equal(ours.one(image), _expected(processor, image), err_msg=name)
+
+
+@pytest.mark.parametrize("orientation", range(2, 9))
+def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: int) -> None:
+    """An EXIF turn applied a strip at a time (an RGBA and an RGB picture) equals the
+    processor on the picture that ImageOps.exif_transpose turns whole."""
+    import engine.images as images
+    from PIL import ImageOps
+
+    processor = CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32)
+    ours = load_image_processor(clip_folder(tmp_path, processor))
+    assert ours is not None
+    exif = PILImage.Exif()
+    exif[0x0112] = orientation
+    for mode in ("RGBA", "RGB"):
+        image = _mode_pictures()["RGBA"].convert(mode)
+        opened = images.open_image(Encoded(encode(image, "PNG", exif=exif)), LIMITS, PATH)
+        assert opened.transpose is not None
+        upright = ImageOps.exif_transpose(PILImage.open(io.BytesIO(encode(image, "PNG", exif=exif))))
+        got = ours.one(opened.picture, transpose=opened.transpose)
+        np.testing.assert_array_equal(got, _expected(processor, upright), err_msg=mode)
+
+
+def test_sixteen_bit_grey_a_strip_at_a_time_equals_the_whole(tmp_path: Path) -> None:
+    """16-bit grey (scaled, not clipped: decode_image's semantics) made a strip at a time
+    equals the processor on decode_image's whole RGB picture."""
+    import engine.images as images
+
+    processor = CLIPImageProcessorPil()
+    ours = load_image_processor(clip_folder(tmp_path, processor))
+    assert ours is not None
+    values = np.random.default_rng(3).integers(0, 65536, (90, 130), dtype=np.uint16)
+    data = encode(PILImage.fromarray(values), "PNG")
+    opened = images.open_image(Encoded(data), LIMITS, PATH)
+    assert opened.picture.mode.startswith("I")
+    expected = _expected(processor, decode_image(Encoded(data), LIMITS, PATH))
+    np.testing.assert_array_equal(ours.one(opened.picture), expected)
+
+
+def test_an_extreme_aspect_ratio_is_refused_by_its_resize_target(tmp_path: Path) -> None:
+    """CLIP resizes the shortest side to 224 before its crop: a 10000 x 1 PNG of 109 bytes
+    would become 2,240,000 x 224 (501 million pixels, 2 GB). The target counts against
+    --max-image-pixels before a pixel is decoded: refused at once, naming the aspect ratio
+    and the target; the same ratio that fits the limit is served."""
+    import engine.images as images
+
+    ours = load_image_processor(clip_folder(tmp_path, CLIPImageProcessorPil()))
+    assert ours is not None
+    data = encode(PILImage.new("RGB", (10_000, 1)), "PNG", optimize=True)
+    assert len(data) < 200
+    start = time.perf_counter()
+    with pytest.raises(PoolingError) as caught:
+        images.open_image(Encoded(data), LIMITS, PATH, ours.target)
+    took = time.perf_counter() - start
+    error = caught.value
+    assert [(v.field, v.reason) for v in error.violations] == [(PATH, "IMAGE_TOO_LARGE")]
+    assert "aspect ratio 10000:1" in error.message
+    assert "2240000x224 = 501760000 pixels" in error.message and took < 1.0
+    # Tall, not wide: the same target turned; and a limit the target fits serves it.
+    tall = encode(PILImage.new("RGB", (1, 10_000)), "PNG", optimize=True)
+    with pytest.raises(PoolingError):
+        images.open_image(Encoded(tall), LIMITS, PATH, ours.target)
+    roomy = Limits(max_image_pixels=224 * 2_240_000)
+    opened = images.open_image(Encoded(data), roomy, PATH, ours.target)
+    assert ours.one(opened.picture).shape == (3, 224, 224)
+
+
+MEASURE = r"""
+import io, json, sys
+from pathlib import Path
+import psutil
+from engine.images import load_image_processor, open_image
+from engine.validation import Limits
+
+class Encoded:
+    def __init__(self, data):
+        self.data, self.mime_type = data, ""
+
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+processor = load_image_processor(Path(sys.argv[1]))
+data = Path(sys.argv[2]).read_bytes()
+Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
+before = psutil.Process().memory_info().rss
+opened = open_image(Encoded(data), Limits(), "x", processor.target)
+decoded = opened.picture.width * opened.picture.height
+processor.frame(opened.picture, opened.transpose)
+print(json.dumps([(peak() - before) / 1e6, decoded]))
+"""
+
+# Bytes a pixel each mode decodes to in Pillow (LA, RGB and CMYK keep four).
+DECODED_BYTES = {"RGB": 4, "RGBA": 4, "LA": 4, "I;16": 2, "CMYK": 4, "P": 1, "L": 1}
+
+
+def _large(mode: str, side: int) -> bytes:
+    pixels = np.zeros((side, side, 4), np.uint8)
+    pixels[:64, :64] = np.random.default_rng(0).integers(0, 256, (64, 64, 4))
+    image = PILImage.fromarray(pixels, "RGBA")
+    if mode == "I;16":
+        return encode(PILImage.fromarray(pixels[..., 0].astype(np.uint16) * 257), "PNG")
+    if mode == "CMYK":
+        return encode(image.convert("CMYK"), "JPEG", quality=50)
+    return encode(image.convert(mode), "PNG")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux's peak RSS reset")
+def test_each_mode_costs_its_decoded_picture_and_little_more(tmp_path: Path) -> None:
+    """The peak resident memory of one 3000 x 3000 image (open_image, then the CLIP
+    processor's frame) in a fresh process, per mode: the decoded picture (DECODED_BYTES a
+    pixel) plus at most 0.5 bytes a pixel and 12 MB (measured at 7000 x 7000: the picture
+    plus 1 to 6 MB). Converting the whole picture first (RGBA laid on white, 16-bit grey
+    through int64) cost up to 26 bytes a pixel."""
+    import subprocess
+    import sys
+
+    side = 3000
+    folder = clip_folder(tmp_path, CLIPImageProcessorPil())
+    for mode, per_pixel in DECODED_BYTES.items():
+        path = tmp_path / mode.replace(";", "_")
+        path.write_bytes(_large(mode, side))
+        run = subprocess.run(  # a process of its own: nothing freed before to reuse
+            [sys.executable, "-c", MEASURE, str(folder), str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        grown_mb, pixels = json.loads(run.stdout)
+        assert pixels == side * side
+        bound = (per_pixel + 0.5) * pixels / 1e6 + 12
+        assert grown_mb < bound, f"{mode}: {grown_mb:.0f} MB (bound {bound:.0f} MB)"
+        assert grown_mb > per_pixel * pixels / 1e6 * 0.9, f"{mode}: the measure saw nothing"
