@@ -543,9 +543,7 @@ class NaFlexPreprocessor:
         rows, cols = self.grid(height, width)
         return rows * self.patch, cols * self.patch
 
-    def one(
-        self, image: PILImage.Image, transpose: PILImage.Transpose | None = None
-    ) -> np.ndarray:
+    def one(self, image: PILImage.Image, transpose: PILImage.Transpose | None = None) -> np.ndarray:
         """float32 [rows, cols, patch * patch * 3]: each patch's pixels row by row, each
         pixel's three channels together."""
         planes = _planes(image, transpose, self.target, self.resample, None)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image as PILImage
+from PIL import ImageOps
 from transformers import (
     CLIPConfig,
     CLIPImageProcessorPil,
@@ -415,7 +416,6 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
     """An EXIF turn applied a strip at a time (an RGBA and an RGB picture) equals the
     processor on the picture that ImageOps.exif_transpose turns whole."""
     import engine.images as images
-    from PIL import ImageOps
 
     processor = CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32)
     ours = load_image_processor(clip_folder(tmp_path, processor))
@@ -426,7 +426,9 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
         image = _mode_pictures()["RGBA"].convert(mode)
         opened = images.open_image(Encoded(encode(image, "PNG", exif=exif)), LIMITS, PATH)
         assert opened.transpose is not None
-        upright = ImageOps.exif_transpose(PILImage.open(io.BytesIO(encode(image, "PNG", exif=exif))))
+        upright = ImageOps.exif_transpose(
+            PILImage.open(io.BytesIO(encode(image, "PNG", exif=exif)))
+        )
         got = ours.one(opened.picture, transpose=opened.transpose)
         np.testing.assert_array_equal(got, _expected(processor, upright), err_msg=mode)
 
