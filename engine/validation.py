@@ -972,7 +972,7 @@ def rows_bytes(r: Resolved, tokens: Sequence[int], budget: ResponseBudget) -> in
         return matrix_bytes(tokens, width, encoding, budget)
     after_first = [max(n - 1, 0) for n in tokens]  # bge-m3 drops the cls token's
     wanted = request.outputs if task is Task.EMBED_OUTPUTS else {Output.MULTI}
-    total = 0
+    total = len(tokens) * budget.item_bytes  # each text's outputs, framed
     if Output.DENSE in wanted:
         total += matrix_bytes([1] * len(tokens), settings.hidden, encoding, budget)
     if Output.SPARSE in wanted:
