@@ -42,6 +42,7 @@ from engine.llm_scorer import LlmScorer
 from engine.model_folder import (
     ModelFolder,
     SentenceTransformersConfig,
+    fast_tokenizer,
     max_input_tokens,
     served_fields,
 )
@@ -427,7 +428,7 @@ def _read_folder(spec: ModelSpec) -> ModelFolder:
     multi = read_folder(path)
     st = None if multi is not None else read_sentence_transformers(root)
     head = head_kind(config, spec.pooling_type or (st.pooling_type if st else None))
-    hf_tokenizer = AutoTokenizer.from_pretrained(path, **hub)
+    hf_tokenizer = fast_tokenizer(AutoTokenizer.from_pretrained(path, **hub), path)
     if multi is not None:
         register_prefixes(hf_tokenizer, [multi.query_prefix, multi.document_prefix])
     max_tokens = max_input_tokens(config, hf_tokenizer, st.max_seq_length if st else None)
