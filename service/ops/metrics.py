@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -11,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from engine.batch_queue import BatchQueue, BatchRecord
+from engine.batch_queue import BatchConfig, BatchQueue, BatchRecord
 from engine.engine import Engine, Timings
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -33,6 +36,23 @@ STALLED = (
     "1 while a front end sees this engine process stalled (--engine-stall-s)",
 )
 STALLS = ("pooling_engine_stalls", "Times this engine process stalled, as the front ends saw it")
+# The gauges the Gateway API Inference Extension's endpoint picker routes on and a fleet
+# scales on (its model-server protocol: queued requests, running requests, a utilization
+# fraction); deploy/kubernetes/inferencepool.yaml names them, docs/scale-out.md explains.
+QUEUED = (
+    "pooling_requests_queued",
+    "Requests waiting for a forward pass, none of their inputs computed yet",
+)
+RUNNING = (
+    "pooling_requests_running",
+    "Requests with an input in a forward pass or computed, not yet answered",
+)
+UTILIZATION = (
+    "pooling_batch_utilization",
+    "Share of the batching capacity used over the last 5 s (0 to 1): forward-pass seconds "
+    "times how full each batch was, over 5 s times the forward workers",
+)
+UTILIZATION_WINDOW_S = 5.0
 
 
 def observe_many(histogram: Any, amounts: Sequence[float]) -> None:
@@ -56,26 +76,92 @@ def observe_many(histogram: Any, amounts: Sequence[float]) -> None:
         histogram._buckets[index].inc(int(counts[index]))
 
 
+def batch_fill(record: BatchRecord, config: BatchConfig) -> float:
+    """How full a batch was, 0 to 1: the larger of its padded tokens' share of
+    --max-batch-tokens and its items' share of --max-batch-size. A batch stops growing at
+    either limit, so a batch of many short texts is full at the item cap."""
+    shares = [record.padded_tokens / config.max_batch_tokens] if config.max_batch_tokens else []
+    if config.max_batch_size:
+        shares.append(record.size / config.max_batch_size)
+    return min(1.0, max(shares, default=1.0))
+
+
+class BatchUtilization:
+    """Per model, the share of its batching capacity the forward passes of the last
+    `window_s` seconds used: each pass's seconds within the window times how full its batch
+    was, over the window times the model's forward workers.
+
+    This is the utilization fraction of the fleet's gauges. An embedding engine holds no KV
+    cache, so what fills up as it nears its limit is its batches, and its time: 1.0 means
+    every worker ran full batches back to back; passes of one short text back to back read
+    low, since concurrent requests would share those passes at little cost. A pass is
+    counted when it ends (the gauge lags by at most one pass).
+    """
+
+    def __init__(self, window_s: float = UTILIZATION_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._configs: dict[str, BatchConfig] = {}
+        self._passes: dict[str, deque[tuple[float, float, float]]] = {}  # ended, seconds, fill
+        self._lock = threading.Lock()  # passes come on the loop, scrapes on their thread
+
+    def track(self, model: str, config: BatchConfig) -> None:
+        with self._lock:
+            self._configs[model] = config
+            self._passes.setdefault(model, deque())
+
+    def record(self, model: str, record: BatchRecord, now: float | None = None) -> None:
+        config = self._configs.get(model)
+        if config is None:
+            return
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            passes = self._passes[model]
+            passes.append((now, record.forward_s, batch_fill(record, config)))
+            while passes and passes[0][0] < now - self.window_s:
+                passes.popleft()
+
+    def value(self, model: str, now: float | None = None) -> float:
+        config = self._configs.get(model)
+        if config is None:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        start = now - self.window_s
+        with self._lock:
+            used = sum(
+                max(0.0, ended - max(ended - seconds, start)) * fill
+                for ended, seconds, fill in self._passes[model]
+            )
+        return min(1.0, used / (self.window_s * max(1, config.workers)))
+
+
 class _EngineCollector(Collector):
     """Reads the engine's own counters at scrape time, so the engine needs no metrics code."""
 
-    def __init__(self) -> None:
+    def __init__(self, utilization: BatchUtilization) -> None:
         self.engine: Engine | None = None
+        self.utilization = utilization
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         depth = GaugeMetricFamily(*DEPTH, labels=["model"])
+        queued = GaugeMetricFamily(*QUEUED, labels=["model"])
+        running = GaugeMetricFamily(*RUNNING, labels=["model"])
+        utilization = GaugeMetricFamily(*UTILIZATION, labels=["model"])
         dropped = CounterMetricFamily(*DROPPED, labels=["model", "reason"])
         loaded = GaugeMetricFamily(*LOADED)
         engines = GaugeMetricFamily(*ENGINES, labels=["device"])
         queues = self.engine.queues if self.engine else {}
         for name, queue in queues.items():
-            depth.add_metric([name], queue.depth)
+            load = queue.load()  # one count under the queue's lock for all three
+            depth.add_metric([name], load.items)
+            queued.add_metric([name], load.queued_requests)
+            running.add_metric([name], load.running_requests)
+            utilization.add_metric([name], self.utilization.value(name))
             dropped.add_metric([name, "cancelled"], queue.stats.dropped_cancelled)
             dropped.add_metric([name, "expired"], queue.stats.dropped_expired)
         loaded.add_metric([], len(queues))
         if queues:  # this process is the one engine
             engines.add_metric([next(iter(queues.values())).runner.info.device], 1)
-        yield from (depth, dropped, loaded, engines)
+        yield from (depth, queued, running, utilization, dropped, loaded, engines)
 
 
 class _ByLabel(dict[str, Any]):
@@ -181,13 +267,15 @@ class Metrics:
         self.engine_stalls = Gauge(*STALLS, ["engine"], multiprocess_mode="max", registry=r)
         self._requests: dict[tuple[str, str, str, str, str], Any] = {}
         self._by_model: dict[str, _ModelChildren] = {}
-        self._engine_collector = _EngineCollector()
+        self.utilization = BatchUtilization()
+        self._engine_collector = _EngineCollector(self.utilization)
         if not multiprocess:
             r.register(self._engine_collector)
 
     def attach(self, engine: Engine) -> None:
         self._engine_collector.engine = engine
-        for queue in engine.queues.values():
+        for name, queue in engine.queues.items():
+            self.utilization.track(name, queue.config)
             queue.observers.append(self.observe_batch)
 
     def observe_engines(self, stalled: set[int], stalls: Sequence[int]) -> None:
@@ -205,6 +293,7 @@ class Metrics:
         c.padded_tokens.inc(record.padded_tokens)
         c.inference_seconds.observe(record.forward_s)
         observe_many(c.queue_seconds, record.queue_wait_s)
+        self.utilization.record(model, record)
         if record.error is not None:
             self.failed_batches.labels(model).inc()
 
@@ -248,16 +337,26 @@ class EngineStats:
     """In an engine process: the queues' state, copied into shared-file metrics.
 
     A scrape reaches the supervisor, not this process, so what the in-process collector
-    reads at scrape time is copied here every `sync()` instead.
+    reads at scrape time is copied here every `sync()` instead. The supervisor's endpoint
+    sums the live engine processes' values: queue depth and requests add up across engines,
+    and each engine gives its utilization over `engines` (all of the server's), so the sum
+    is their mean.
     """
 
-    def __init__(self, metrics: Metrics, queues: dict[str, BatchQueue], device: str) -> None:
+    def __init__(
+        self, metrics: Metrics, queues: dict[str, BatchQueue], device: str, engines: int = 1
+    ) -> None:
         r = metrics.registry
         self.queues = queues
+        self.utilization = metrics.utilization
+        self.engines = max(1, engines)
         # Each live engine process adds one on its device: K engines per device read K.
-        engines = Gauge(*ENGINES, ["device"], multiprocess_mode="livesum", registry=r)
-        engines.labels(device).set(1)
+        engine_count = Gauge(*ENGINES, ["device"], multiprocess_mode="livesum", registry=r)
+        engine_count.labels(device).set(1)
         self.depth = Gauge(*DEPTH, ["model"], multiprocess_mode="livesum", registry=r)
+        self.queued = Gauge(*QUEUED, ["model"], multiprocess_mode="livesum", registry=r)
+        self.running = Gauge(*RUNNING, ["model"], multiprocess_mode="livesum", registry=r)
+        self.busy = Gauge(*UTILIZATION, ["model"], multiprocess_mode="livesum", registry=r)
         self.dropped = Counter(*DROPPED, ["model", "reason"], registry=r)
         self.mixed = Counter(
             "pooling_mixed_batches",
@@ -267,24 +366,34 @@ class EngineStats:
         )
         self.loaded = Gauge(*LOADED, multiprocess_mode="livemax", registry=r)
         self._seen: dict[int, int] = {}
-        for queue in queues.values():
+        for name, queue in queues.items():
+            self.utilization.track(name, queue.config)
             queue.observers.append(metrics.observe_batch)
             queue.observers.append(self._after_batch)
 
     def sync(self) -> None:
-        """Periodically: the depth (counted under the queue's lock) and the counters."""
+        """Periodically: the depth and requests (counted under the queue's lock), the
+        utilization and the counters."""
         self.loaded.set(len(self.queues))
         for name, queue in self.queues.items():
-            self.depth.labels(name).set(queue.depth)
+            self._sync_load(name, queue)
+            self.busy.labels(name).set(self.utilization.value(name) / self.engines)
             self._sync_counters(name, queue)
+
+    def _sync_load(self, name: str, queue: BatchQueue) -> None:
+        load = queue.load()
+        self.depth.labels(name).set(load.items)
+        self.queued.labels(name).set(load.queued_requests)
+        self.running.labels(name).set(load.running_requests)
 
     def _after_batch(self, model: str, _record: BatchRecord) -> None:
         """Drops are counted as a batch is taken: they show before its callers' answers.
-        An emptied queue shows at once too; a deeper one waits for the periodic count."""
+        An emptied queue shows at once too (counting it is cheap); a deeper one waits for
+        the periodic count."""
         queue = self.queues[model]
         self._sync_counters(model, queue)
         if queue.empty:
-            self.depth.labels(model).set(0)
+            self._sync_load(model, queue)
 
     def _sync_counters(self, name: str, queue: BatchQueue) -> None:
         stats = queue.stats

@@ -84,7 +84,8 @@ async def run_engine(
     core = EngineCore(models, batch, engine_address(run_dir, index))
     await core.start()
     device = models[0].info.device if models else config.device
-    stats = EngineStats(Metrics(multiprocess=True), core.queues, device)
+    engines = config.data_parallel * config.engines_per_device
+    stats = EngineStats(Metrics(multiprocess=True), core.queues, device, engines)
     descriptions = [ModelDescription(m.info, m.tokenizer.spec) for m in models]
     write_ready(run_dir, index, EngineReady(core.address, os.getpid(), descriptions))
     log.info(
