@@ -115,6 +115,15 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class QueueLoad:
+    """What `BatchQueue.load` counted: items waiting, requests waiting, requests under way."""
+
+    items: int
+    queued_requests: int
+    running_requests: int
+
+
+@dataclass(frozen=True)
 class BatchRecord:
     """What one finished batch looked like, for observers (metrics, tracing)."""
 
@@ -161,6 +170,7 @@ class BatchQueue:
         self._wakes = [threading.Condition(self._lock) for _ in self._workers]
         self._warmed = [concurrent.futures.Future[None]() for _ in self._workers]
         self._busy = [False] * len(self._workers)
+        self._computing: list[list[QueuedItem]] = [[] for _ in self._workers]  # for load()
         # A two-tower model's batches hold one tower's items: texts or images (PixelFrame,
         # whose length is its patch count), never both.
         self._towers = getattr(runner.info, "towers", None) is not None
@@ -173,6 +183,30 @@ class BatchQueue:
         """
         with self._lock:
             return sum(not item.job.dead for items in self._pending.values() for item in items)
+
+    def load(self) -> QueueLoad:
+        """Items and requests waiting, and requests under way, counted when read (a scrape)
+        under the lock, as `depth` is: read-only, for the fleet's gauges.
+
+        A request (job) is under way once any of its items is in a forward pass or was
+        computed, until it is answered; it is queued while all its items still wait.
+        """
+        with self._lock:
+            running = {item.job for batch in self._computing for item in batch}
+            queued: set[Job] = set()
+            items = 0
+            for pending in self._pending.values():
+                for item in pending:
+                    job = item.job
+                    if job.dead:
+                        continue
+                    items += 1
+                    if job in running or job.remaining < len(job.work):
+                        running.add(job)
+                    else:
+                        queued.add(job)
+            running = {job for job in running if not job.dead}
+            return QueueLoad(items, len(queued), len(running))
 
     @property
     def empty(self) -> bool:
@@ -472,6 +506,7 @@ class BatchQueue:
                 batch = self._take_batch()
                 if batch:
                     self._busy[index] = True
+                    self._computing[index] = batch
                     alone = sum(self._busy) == 1 and not self._pending
                     self._wake_eligible()  # the next worker may now take a batch
             if expired:
@@ -482,6 +517,7 @@ class BatchQueue:
                 finally:
                     with self._lock:
                         self._busy[index] = False
+                        self._computing[index] = []
 
     def _may_take(self, index: int) -> bool:
         if not self._pending:
