@@ -194,6 +194,27 @@ class LineRunner:
                 return _pooling_error_line(custom_id, request.request_id, error, parsed.names)
 
 
+async def answer_lines(lines: LineRunner, raws: list[bytes], first_number: int) -> list[bytes]:
+    """One shard's output lines, in input order: each raw line as `run_job` answers it (a
+    blank line has none). `batch --ray`'s actors answer their shards with it."""
+    answers: list[bytes | asyncio.Task[bytes]] = []
+    for number, raw in enumerate(raws, first_number):
+        if not raw.strip():
+            continue
+        try:
+            answers.append(lines.start(read_line(raw, number), number))
+        except PoolingError as error:
+            answers.append(_pooling_error_line(None, "", error))
+    return [a if isinstance(a, bytes) else await a for a in answers]
+
+
+def new_runner(engine: Engine) -> RequestRunner:
+    """A request runner over an engine already loaded, without a server around it."""
+    runner = RequestRunner(Telemetry(Metrics()))
+    runner.engine = engine
+    return runner
+
+
 # ------------------------------------------------------------------ files
 
 
@@ -253,9 +274,7 @@ def _chunks(stream: IO[bytes]) -> Iterator[list[bytes]]:
 
 async def run_job(engine: Engine, options: BatchJobOptions) -> JobStats:
     """Answer every line of the input; the engine is started and stopped by the caller."""
-    runner = RequestRunner(Telemetry(Metrics()))
-    runner.engine = engine
-    lines = LineRunner(runner)
+    lines = LineRunner(new_runner(engine))
     stats = JobStats()
     begun = time.monotonic()
     done = read_done(options.output) if options.resume else collections.Counter()

@@ -22,6 +22,7 @@ from service.ops import event_loop
 from service.ops.config import (
     BatchJobOptions,
     HttpLimits,
+    RayJobOptions,
     ServerConfig,
     TlsConfig,
     TransportConfig,
@@ -1005,7 +1006,7 @@ def parse_batch_args(
     if args.resume and args.output == "-":
         parser.error("--resume needs --output to be a file")
     options = BatchJobOptions(
-        args.input, args.output, args.resume, args.batch_window, args.progress
+        args.input, args.output, args.resume, args.batch_window, args.progress, ray
     )
     return args, options
 
@@ -1018,3 +1019,54 @@ if __name__ == "__main__":
     import runpy
 
     runpy.run_module("service.launch", run_name="__main__", alter_sys=True)
+    _ray_job_flags(parser.add_argument_group("batch job on Ray (the [ray] extra)"))
+    if args.input_format != "batch" and args.ray is None:
+        parser.error("--input-format jsonl or parquet runs on Ray: add --ray")
+    ray = None
+    if args.ray is not None:
+        ray = RayJobOptions(
+            address=args.ray,
+            actors=args.ray_actors,
+            cpus_per_actor=args.ray_cpus_per_actor,
+            gpus_per_actor=args.ray_gpus_per_actor,
+            in_flight_shards=args.ray_in_flight,
+            shard_lines=args.ray_shard_lines,
+            input_format=args.input_format,
+            text_column=args.text_column,
+            id_column=args.id_column,
+            task=args.task,
+            dimensions=args.dimensions,
+        )
+def _ray_job_flags(job: Group) -> None:
+    default = RayJobOptions()
+    job.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="answer the job on a Ray cluster at ADDRESS (auto, ray://host:10001); "
+        "without one, a local Ray",
+    )
+    job.add_argument("--ray-actors", type=positive_int, default=default.actors,
+                     help="actors, each loading the models once")
+    job.add_argument("--ray-cpus-per-actor", type=positive_float, default=default.cpus_per_actor)
+    job.add_argument("--ray-gpus-per-actor", type=float, default=default.gpus_per_actor)
+    job.add_argument("--ray-in-flight", type=positive_int, default=default.in_flight_shards,
+                     help="shards (or dataset batches) in flight per actor")
+    job.add_argument("--ray-shard-lines", type=positive_int, default=default.shard_lines,
+                     help="batch lines a shard: the unit an actor answers and --resume skips")
+    job.add_argument("--input-format", choices=["batch", "jsonl", "parquet"], default="batch",
+                     help="batch: OpenAI batch lines; jsonl or parquet: a dataset (with --ray), "
+                     "whose rows are embedded into Parquet files in the --output folder")
+    job.add_argument("--text-column", default=default.text_column,
+                     help="a dataset's column of texts")
+    job.add_argument("--id-column", default=None,
+                     help="a dataset's column of unique row ids: Ray Data checkpoints on it, "
+                     "so --resume skips the rows written")
+    job.add_argument("--task", default=default.task,
+                     help="a dataset's task: embed, classify, embed_sparse, embed_multi, ...")
+    job.add_argument("--dimensions", type=positive_int, default=None,
+                     help="a dataset's embed dimensions (matryoshka)")
+
+

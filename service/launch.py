@@ -84,6 +84,10 @@ def _batch_job(argv: Sequence[str]) -> int:
     args, options = parse_batch_args(argv)
     logs.configure(args.log_level, args.log_format)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if options.ray is not None:  # ray is imported by that module alone
+        from service.ray_batch import run_main as run_on_ray
+
+        return run_on_ray(config_from_args(args), options)
     return event_loop.run(run_main(config_from_args(args), options), args.event_loop)
 
 

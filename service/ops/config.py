@@ -173,6 +173,24 @@ class ServerConfig:
     attn_implementation: str | None = None
     cuda_graphs: bool = True  # --cuda-graphs: CUDA graphs for the torch forward on a GPU
     torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
+    ray: RayJobOptions | None = None  # --ray: on a Ray cluster (service/ray_batch.py)
+
+
+@dataclass(frozen=True)
+class RayJobOptions:
+    """`pooling-server batch --ray`'s own settings."""
+
+    address: str = "local"  # "local": start a Ray here; else a cluster's ("auto", ray://...)
+    actors: int = 1
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+    in_flight_shards: int = 4  # per actor, so its batching queue stays full
+    shard_lines: int = 1024  # lines a shard: enough to fill batches, few to answer again
+    input_format: str = "batch"  # batch (OpenAI lines), or a dataset: jsonl or parquet
+    text_column: str = "text"
+    id_column: str | None = None  # datasets: the rows' ids, for --resume
+    task: str = "embed"  # datasets: what each row asks
+    dimensions: int | None = None
     intra_op_threads: int | None = None  # onnx and openvino; None: torch_threads, else cores
     backend_cache_dir: str | None = None  # None: engine.backends.default_cache_dir()
     tokenizer_threads: int = 1
