@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -420,6 +421,39 @@ def test_http_fifty_calls_of_bombs_at_once(server: HttpServer, record_property: 
     assert_alive(server.process)
 
 
+def test_a_stretched_image_is_refused_by_its_resize_target(
+    server: HttpServer, stub: pooling_pb2_grpc.PoolingServiceStub, record_property: Any
+) -> None:
+    """Issue 43, row 4: a PNG of a few hundred bytes, 100000 x 1 pixels (0.2% of the limit), that
+    CLIP's shortest-edge resize would make 3,200,000 x 32 here (100000 x 1: 22,400,000 x
+    224 with ViT-B/32's processor, 90 GB). Its target counts against --max-image-pixels before
+    decoding: refused within a second, naming the aspect ratio, over gRPC and HTTP, ten
+    calls at once, with the bystander unharmed and the memory unmoved."""
+    wide = zeros_image("RGB", (100_000, 1))
+    tall = zeros_image("RGB", (1, 100_000))
+    assert len(wide) < 500
+    calls: list[Callable[[], tuple[float, Any]]] = []
+    for data in (wide, tall):
+        calls.append(lambda data=data: timed(stub.Pool, embed([image_item(data)]), timeout=30))
+    with watching(server.process) as watch:
+        outcomes = flood(calls * 5)
+    for _, result in outcomes:
+        error = refusal(result)
+        assert (error.code, error.reason, error.fields) == (
+            INVALID,
+            "IMAGE_TOO_LARGE",
+            ["embed.items[0].image"],
+        )
+        assert "aspect ratio 100000:1" in result.details()
+    body = {"model": MODEL, "input": [image_part(data_url(wide))]}
+    started = time.monotonic()
+    status, _, answer = server.call("/v1/embeddings", body)
+    http_s = time.monotonic() - started
+    assert status == 400 and "IMAGE_TOO_LARGE" in json.dumps(answer), answer
+    slowest = max([t for t, _ in outcomes] + [http_s])
+    check(server, "stretched", watch, slowest, record_property, calls=len(outcomes))
+
+
 def test_the_bombs_are_small(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the attacks send: a few dozen bytes each, claiming more pixels than the
     server's default --max-image-pixels (50 million)."""
@@ -429,6 +463,13 @@ def test_the_bombs_are_small(monkeypatch: pytest.MonkeyPatch) -> None:
         with PILImage.open(io.BytesIO(data)) as opened:
             width, height = opened.size
         assert width * height >= 50_000_000, name
+
+
+def zeros_image(mode: str, size: tuple[int, int]) -> bytes:
+    """A PNG of `size` pixels in `mode`, all zero: a few hundred bytes to a few hundred KB."""
+    out = io.BytesIO()
+    PILImage.new(mode, size).save(out, "PNG", optimize=True)
+    return out.getvalue()
 
 
 def zeros_png(side: int) -> bytes:
@@ -467,3 +508,42 @@ def test_a_real_bomb_under_the_pixel_limit(
     bystander_max = max(watch.bystander.latencies, default=0.0)
     assert not watch.bystander.failures and bystander_max < 1.0, watch.figures()
     assert watch.rss.extra_mb < BOMB_RSS_LIMIT_MB, watch.figures()
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "I;16"])
+def test_real_bombs_in_wide_modes_cost_their_decoded_picture(
+    server: HttpServer,
+    stub: pooling_pb2_grpc.PoolingServiceStub,
+    record_property: Any,
+    mode: str,
+) -> None:
+    """Issue 43, row 5: 4 calls of 2 PNGs of 7000 x 7000, RGBA or 16-bit grey (inside every
+    bound), grew the server by 934 and 1,212 MB when each was made RGB whole. Made RGB a
+    strip and a channel at a time, one image costs its decoded picture (196 MB for RGBA,
+    98 MB for 16-bit grey) and a few MB: the peak stays under 300 MB, and 10 s later the
+    server holds under 100 MB more than before; the bystander never waits 1.5 s."""
+    data = zeros_image(mode, (7_000, 7_000))
+    request = embed([image_item(data)] * 2)
+    with watching(server.process) as watch, ThreadPoolExecutor(BOMB_CALLS) as pool:
+        outcomes = list(
+            pool.map(lambda _: timed(stub.Pool, request, timeout=120), range(BOMB_CALLS))
+        )
+    for _, result in outcomes:
+        assert not isinstance(result, grpc.RpcError), result
+        assert len(result.embed.embeddings) == 2
+    time.sleep(10)
+    held = sum(process.memory_info().rss for process in watch.rss.processes)
+    held_mb = (held - watch.rss.baseline) / (1 << 20)
+    report(
+        record_property,
+        f"attacks_images_wide_mode_{mode.replace(';', '_')}",
+        wire_bytes=request.ByteSize(),
+        calls=BOMB_CALLS,
+        took_s=max(t for t, _ in outcomes),
+        held_after_10s_mb=held_mb,
+        **watch.figures(),
+    )
+    assert not watch.bystander.failures, watch.figures()
+    assert max(watch.bystander.latencies, default=0.0) < 1.5, watch.figures()
+    assert watch.rss.extra_mb < 300, watch.figures()
+    assert held_mb < 100, held_mb
