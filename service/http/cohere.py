@@ -48,6 +48,7 @@ from service.http.door import (
 )
 from service.http.door import request_id as make_request_id
 from service.http.image_parts import ImageUrl, Part, content_item, has_image, image_from_url
+from service.http.json_body import check_int32
 from service.runner import RequestRunner
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -192,6 +193,7 @@ class CohereRoutes:
 
     async def embed(self, request: web.Request) -> web.Response:
         body = await decode_body(request, _Embed)
+        check_int32(body)
         max_inputs = self.runner.limits.max_client_batch_size
         if (request.content_length or 0) > OFF_LOOP_BODY:  # base64 of large images
             items = await asyncio.to_thread(_embed_items, body, max_inputs)
@@ -281,6 +283,7 @@ class CohereRoutes:
 
     async def rerank(self, request: web.Request) -> web.Response:
         body = await decode_body(request, _Rerank)
+        check_int32(body)
         if body.query is None:
             raise refused("query", "missing; send a string")
         if body.documents is None:

@@ -273,6 +273,40 @@ class Body:
         return self.texts("documents")
 
 
+def _out_of_range(path: str, value: int) -> PoolingError:
+    low, high = INT32
+    return PoolingError.invalid(
+        [
+            FieldViolation(
+                path, f"must be an integer from {low} to {high}, got {value}", "VALUE_OUT_OF_RANGE"
+            )
+        ]
+    )
+
+
+def check_int32(body: msgspec.Struct, path: str = "") -> None:
+    """Every integer field of a decoded body (nested objects' too, and integer pairs such
+    as spans) within int32, the wire type every integer field has: one beyond it is
+    VALUE_OUT_OF_RANGE naming its path and the range, as Body.integer says it."""
+    for name in body.__struct_fields__:
+        value = getattr(body, name)
+        where = f"{path}.{name}" if path else name
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            if not INT32[0] <= value <= INT32[1]:
+                raise _out_of_range(where, value)
+        elif isinstance(value, msgspec.Struct):
+            check_int32(value, where)
+        elif isinstance(value, list):
+            for i, entry in enumerate(value):
+                numbers = entry if isinstance(entry, tuple) else (entry,)
+                for number in numbers:
+                    if isinstance(number, int) and not isinstance(number, bool):
+                        if not INT32[0] <= number <= INT32[1]:
+                            raise _out_of_range(f"{where}[{i}]", number)
+
+
 def decode_list(
     name: str, raw: msgspec.Raw, max_inputs: int
 ) -> list[str] | tuple[str, FieldViolation]:

@@ -40,7 +40,7 @@ from service.errors import FieldMap
 from service.http.door import JSON_FLOAT_BYTES, output_of
 from service.http.float_format import BinaryAnswer, FloatFormat, binary_answer, float_format
 from service.http.image_parts import has_image
-from service.http.json_body import Body, BodyError
+from service.http.json_body import Body, BodyError, check_int32
 from service.runner import Call, Ran, RequestRunner
 
 Render = Callable[[Any], Any]  # a JSON-able dict, or a BinaryAnswer (binary routes)
@@ -320,6 +320,7 @@ def late_chunking(body: Body) -> LateChunking | None:
     given = body.typed("late_chunking", _late_chunking_body, LATE_CHUNKING_SHAPE)
     if given is None:
         return None
+    check_int32(given, "late_chunking")
     rule = None
     if given.rule is not None:
         if given.rule not in tuple(ChunkRule):

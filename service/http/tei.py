@@ -758,6 +758,7 @@ async def _decode(request: web.Request, kind: type[Any]) -> Any:
     clients that cannot put one in the body (huggingface_hub's InferenceClient, given the
     URL as its model) can still reach any model this server serves, as /info?model= does."""
     body = await decode_body(request, kind)
+    json_body.check_int32(body)
     if not body.model:
         body.model = request.query.get("model", "")
     return body
