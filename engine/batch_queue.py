@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.errors import ErrorKind, PoolingError
-from engine.jobs import Job, settle
+from engine.jobs import Job, Partial, settle
 from engine.modality import PixelFrame
 from engine.tokenization import TokenSequence
 
@@ -554,7 +554,12 @@ class BatchQueue:
         )
         completed: list[Job] = []
         outcomes: list[tuple[Job, object]] = []
+        if outputs is not None:
+            outputs = _folded(batch, outputs, outcomes)
+        parts: dict[Job, Partial] = {}  # a streaming job's outputs of this batch
         with self._lock:
+            if outcomes:  # a fold failed its job: its queued items are dropped
+                self._maybe_dead = True
             for position, item in enumerate(batch):
                 job = item.job
                 job.timing.add_batch(started, finished)
@@ -565,12 +570,22 @@ class BatchQueue:
                     self._maybe_dead = True  # its other items, if queued, are dropped
                     outcomes.append((job, _forward_error(error)))
                     continue
-                job.raws[item.index] = outputs[position]
+                if job.streams:
+                    part = parts.get(job)
+                    if part is None:
+                        part = parts[job] = Partial()
+                    part.indices.append(item.index)
+                    part.raws.append(outputs[position])
+                else:
+                    job.raws[item.index] = outputs[position]
                 job.remaining -= 1
                 if job.remaining == 0:
                     completed.append(job)
+        for job, part in parts.items():  # sent now, whether or not they end the job
+            part.last = job.remaining == 0
+            outcomes.append((job, part))
         for job in completed:  # heads and results, off the event loop
-            if job.future.done():
+            if job.future.done() or job.streams:
                 continue
             try:
                 outcomes.append((job, job.finish(job.raws)))
@@ -600,6 +615,27 @@ class BatchQueue:
         self.stats.mixed_batches += record.origins > 1
         for observe in self.observers:
             observe(self.runner.info.name, record)
+
+
+def _folded(
+    batch: list[QueuedItem], outputs: list[np.ndarray], outcomes: list[tuple[Job, object]]
+) -> list[np.ndarray]:
+    """Each live job's `fold` applied to its outputs of the batch (outside the lock); a
+    fold that fails fails its job."""
+    if all(item.job.fold is None for item in batch):
+        return outputs
+    outputs = list(outputs)
+    for position, item in enumerate(batch):
+        job = item.job
+        if job.fold is None or job.dead:
+            continue
+        try:
+            outputs[position] = job.fold(item.index, outputs[position])
+        except Exception as exc:
+            log.exception("finishing a request's output failed")
+            job.failed = True
+            outcomes.append((job, exc))
+    return outputs
 
 
 def _expired() -> PoolingError:

@@ -41,7 +41,7 @@ from engine.ipc import (
     start_daemon,
     to_engine_decoder,
 )
-from engine.jobs import Job, RequestTiming
+from engine.jobs import Job, Partial, RequestTiming
 from engine.modality import PixelFrame
 from engine.tokenization import TokenSequence
 
@@ -198,6 +198,8 @@ class EngineCore:
                 header.id,  # its key
                 front_end,
             )
+            if header.streams:
+                job.streams = True
             front_end.jobs[header.id] = job
             by_model.setdefault(header.model, []).append(job)
         refused: list[tuple[Job, object]] = []
@@ -224,11 +226,14 @@ class EngineCore:
         message per front end."""
         by_front_end: dict[_FrontEnd, list[tuple[Job, object]]] = {}
         for answer in outcomes:
-            job = answer[0]
+            job, outcome = answer
             front_end: _FrontEnd = job.reply_to
             # Whoever takes a job from its front end's table answers it (here) or drops it
-            # (a cancel): not there, it was cancelled.
-            if front_end.jobs.pop(job.key, None) is not None:
+            # (a cancel): not there, it was cancelled. A streaming job's part leaves it there.
+            if type(outcome) is Partial and not outcome.last:
+                if job.key in front_end.jobs:
+                    by_front_end.setdefault(front_end, []).append(answer)
+            elif front_end.jobs.pop(job.key, None) is not None:
                 by_front_end.setdefault(front_end, []).append(answer)
         for front_end, answered in by_front_end.items():
             header, data = _message(answered)
@@ -247,15 +252,20 @@ def _message(answered: Sequence[tuple[Job, object]]) -> tuple[bytes, np.ndarray]
     for job, outcome in answered:
         timing = job.timing
         shapes: list[list[int]] = []
+        indices = None
         if isinstance(outcome, BaseException):
             info: ErrorInfo | None = ErrorInfo.of(outcome)
         else:
             info = None
+            if type(outcome) is Partial:
+                indices, outcome = outcome.indices, outcome.raws
             for raw in outcome:  # type: ignore[attr-defined]
                 shapes.append(raw.shape)  # type: ignore[arg-type]  # msgpack: an array either way
                 arrays.append(raw if raw.ndim == 1 else raw.reshape(-1))
         results.append(
-            JobResult(job.key, shapes, info, timing.enqueued, timing.started, timing.finished)
+            JobResult(
+                job.key, shapes, info, timing.enqueued, timing.started, timing.finished, indices
+            )
         )
     data = np.concatenate(arrays, dtype=OUTPUTS) if arrays else np.empty(0, OUTPUTS)
     return encoder.encode(Results(results)), data

@@ -45,6 +45,11 @@ from engine.validation import (
 
 # Requests one tokenizer thread takes at once: enough to queue a batch with one wake-up.
 INTAKE_BATCH = 64
+# A request whose texts (characters, plus this much per input) pass BULK_SIZE is tokenized
+# on the bulk thread: 1,024 documents of a ColBERT's 512 tokens took the one tokenizer
+# thread seconds, and every small call waited behind it (issue 43, row 8).
+BULK_PER_INPUT = 32
+BULK_SIZE = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,13 @@ class Engine:
                     target=self._tokenize_and_queue, args=(self._pictures,), name="images"
                 )
             )
+        # Large requests take turns on a thread of their own, so that tokenizing one (seconds
+        # for a thousand long documents) never holds the small calls behind it; the GIL is
+        # shared, but the tokenizer's Rust releases it, and Python switches threads every 5 ms.
+        self._bulk: SimpleQueue[_Intake | None] = SimpleQueue()
+        self._tokenizers.append(
+            threading.Thread(target=self._tokenize_and_queue, args=(self._bulk,), name="bulk")
+        )
         for thread in self._tokenizers:
             thread.daemon = True
 
@@ -139,7 +151,7 @@ class Engine:
     @property
     def tokenizer_threads(self) -> int:
         """Threads tokenizing requests (--tokenizer-threads), as TEI's /info reports them."""
-        return sum(thread.name != "images" for thread in self._tokenizers)
+        return sum(thread.name.startswith("tokenize") for thread in self._tokenizers)
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
@@ -153,7 +165,7 @@ class Engine:
 
     async def stop(self) -> None:
         for thread in self._tokenizers:
-            (self._pictures if thread.name == "images" else self._intake).put(None)
+            self._lane(thread.name).put(None)
         for thread in self._tokenizers:
             if thread.is_alive():
                 await asyncio.to_thread(thread.join)
@@ -231,8 +243,12 @@ class Engine:
         timings = timings if timings is not None else Timings()
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
         intake = _Intake(request, model, deadline, timings, future, started, client)
-        pictures = model.info.accepts_images and has_images(request.request)
-        (self._pictures if pictures else self._intake).put(intake)
+        if model.info.accepts_images and has_images(request.request):
+            self._pictures.put(intake)
+        elif _size(request.request) > BULK_SIZE:
+            self._bulk.put(intake)
+        else:
+            self._intake.put(intake)
         try:
             result = await future  # a cancelled caller cancels the future: its items are dropped
         except asyncio.CancelledError:
@@ -250,6 +266,12 @@ class Engine:
             timings.queue_s = batches.started - batches.enqueued
             timings.inference_s = batches.finished - batches.started
         return result
+
+    def _lane(self, thread: str) -> SimpleQueue[_Intake | None]:
+        """The intake a tokenizer thread (by its name) takes its requests from."""
+        if thread == "images":
+            return self._pictures
+        return self._bulk if thread == "bulk" else self._intake
 
     def _tokenize_and_queue(self, intake: SimpleQueue[_Intake | None]) -> None:
         """A tokenizer thread: take every request waiting, plan each (tokenize, check
@@ -274,6 +296,7 @@ class Engine:
                         entry.deadline,
                         batches,
                         client=entry.client,
+                        fold=plan.fold,
                     )
                     jobs.setdefault(model.info.name, []).append(job)
                 except PoolingError as exc:  # the request's own error: no traceback kept,
@@ -368,6 +391,18 @@ def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
     else:
         ranking = [Ranked(int(i), float(scores[i])) for i in order]
     return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)
+
+
+def _size(request: PoolRequest) -> int:
+    """What tokenizing a request costs, roughly: its texts' characters, and a little per
+    input (a request of many short texts costs per text too)."""
+    size = 0
+    for texts in (request.texts, request.text_1, request.text_2, request.candidate_labels):
+        size += sum(map(len, texts)) + BULK_PER_INPUT * len(texts)
+    for items in (request.items, request.items_1, request.items_2):
+        size += sum(len(item) if isinstance(item, str) else 0 for item in items)
+        size += BULK_PER_INPUT * len(items)
+    return size
 
 
 def _take_intake(intake: SimpleQueue[_Intake | None]) -> list[_Intake | None]:

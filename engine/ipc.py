@@ -44,6 +44,8 @@ class JobHeader(msgspec.Struct, array_like=True):
     # text, else [patches, channels, height, width]; an image's `lengths` entry is 0 ids,
     # its pixels float32 in the payload after the ids (and types). Empty: no images.
     frames: list[list[int]] = []
+    # Send each batch's outputs as it ends (JobResult.indices), not all at the job's end.
+    streams: bool = False
 
 
 class Submit(msgspec.Struct, array_like=True, tag=0):
@@ -109,6 +111,9 @@ class JobResult(msgspec.Struct, array_like=True):
     enqueued: float
     started: float | None
     finished: float | None
+    # A streaming job's outputs of one batch: the sequences the shapes belong to (the job
+    # is answered once every sequence has come); None: the whole job's outputs, in order.
+    indices: list[int] | None = None
 
 
 class Results(msgspec.Struct, array_like=True, tag=4):

@@ -55,6 +55,13 @@ class Job:
     # In an engine process: the front end's connection that sent it, which the answer or
     # the cancel takes the job from (engine/core.py).
     reply_to: Any = None
+    # Applied to each sequence's raw output where it arrives (the worker that computed it,
+    # or a front end's results reader): `finish` gets what it returns. A plan whose outputs
+    # reduce per sequence (MaxSim's scores) so keeps the reductions, never every matrix.
+    fold: Callable[[int, np.ndarray], Any] | None = None
+    # In an engine process: each batch's outputs go back as the batch ends (a `Partial`),
+    # so the engine holds none of them and no answer is one message of every output.
+    streams: bool = False
     raws: list[np.ndarray] = field(init=False)
     remaining: int = field(init=False)
     failed: bool = False
@@ -67,6 +74,16 @@ class Job:
     def dead(self) -> bool:
         """Nobody waits for its items any more: the caller went away, or one item failed."""
         return self.failed or self.future.done()
+
+
+@dataclass(slots=True)
+class Partial:
+    """A streaming job's outputs from one batch: which of its sequences, and their raws;
+    `last` when they complete the job."""
+
+    indices: list[int] = field(default_factory=list)
+    raws: list[np.ndarray] = field(default_factory=list)
+    last: bool = False
 
 
 class HasFuture(Protocol):

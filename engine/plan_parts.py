@@ -26,6 +26,9 @@ class Plan:
     # (False), or late chunking's token ranges, whose mean states come back (a tuple).
     work: list[tuple[TokenSequence, bool | tuple[int, ...]]]
     finish: Finish
+    # Applied to each sequence's raw output as its batch ends (Job.fold): what `finish`
+    # then gets for it. None: finish gets the raw outputs.
+    fold: Callable[[int, np.ndarray], object] | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -443,16 +443,37 @@ def _plan_maxsim(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan
     documents = _multi_vector_texts(resolved, model, limits, request.text_2, False, "score.text_2")
     texts = queries + documents
     work = [(text.sequence, True) for text in texts]
+    pairs = _pair_index(request)
+    first: dict[int, np.ndarray] = {}  # each query's matrix, once computed
 
-    def finish(raws: list[np.ndarray]) -> list[ItemOutput]:
-        matrices = [
-            _matrix(settings, text, raw, i < len(queries))
-            for i, (text, raw) in enumerate(zip(texts, raws, strict=True))
-        ]
-        first, second = matrices[: len(queries)], matrices[len(queries) :]
-        return [Score(maxsim(first[i], second[j])) for i, j in _pair_index(request)]
+    def fold(index: int, raw: np.ndarray) -> _Folded:
+        """As each batch ends: a query's matrix is kept; a document is scored at once
+        where its query is in (a query is its job's first sequence, so it usually is),
+        so a thousand documents' matrices are never all held."""
+        if index < len(queries):
+            first[index] = matrix = _matrix(settings, texts[index], raw, True)
+            return _Folded(matrix)
+        document = _matrix(settings, texts[index], raw, False)
+        query = first.get(pairs[index - len(queries)][0])
+        return _Folded(document if query is None else maxsim(query, document))
 
-    return Plan(work, finish)
+    def finish(raws: list[np.ndarray | _Folded]) -> list[ItemOutput]:
+        done = [r.value if type(r) is _Folded else fold(k, r).value for k, r in enumerate(raws)]
+        scores = []
+        for i, j in pairs:
+            document = done[len(queries) + j]
+            scored = isinstance(document, float)
+            scores.append(Score(document if scored else maxsim(done[i], document)))  # type: ignore[arg-type]
+        return scores
+
+    return Plan(work, finish, fold)
+
+
+@dataclass(frozen=True, slots=True)
+class _Folded:
+    """A MaxSim sequence's output as its fold left it: a matrix, or a document's score."""
+
+    value: np.ndarray | float
 
 
 # What each task asks of a multi-output (bge-m3) model; embed_outputs names its own.

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 200  # how often the liveness watcher looks up, to notice stop()
 DEFAULT_STALL_S = 5.0
+# A job of this many sequences streams its outputs (JobHeader.streams): the engine sends
+# each batch's as it ends, so it holds none and no answer is one message of them all.
+STREAM_ITEMS = 64
 # A stalled engine that stays so this many times --engine-stall-s is killed: a frozen
 # process would otherwise hold its calls, and its share of the device, forever.
 STALL_KILL_FACTOR = 6.0
@@ -117,6 +120,13 @@ class RemoteEngineClient:
         return {}
 
     async def start(self) -> None:
+        # The heads run here, in numpy, on each engine's results reader. OpenBLAS's second
+        # thread only waits for a core on a busy host: MaxSim's products of 32 x 128 by
+        # 128 x 512 took ~10 ms each so, against 0.1 ms on one (issue 43, row 8). The engine
+        # processes keep one too (service/loading.py).
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1, user_api="blas")
         self._loop = asyncio.get_running_loop()
         self._links = [Link.connect(engine.address) for engine in self.engines]
         self._heard = [time.monotonic()] * len(self.engines)
@@ -186,8 +196,12 @@ class RemoteEngineClient:
             # Late chunking's token ranges per sequence (tuples), else none.
             pools = [list(k) if isinstance(k, tuple) else [] for _, k in job.work]
             pools = pools if any(pools) else []
+            streams = job.fold is not None or len(lengths) >= STREAM_ITEMS
+            job.streams = streams
             headers.append(
-                JobHeader(job.key, model, job.deadline, keep, lengths, job.client, pools, frames)
+                JobHeader(
+                    job.key, model, job.deadline, keep, lengths, job.client, pools, frames, streams
+                )
             )
         payload: list[bytes | np.ndarray] = [np.array(ids, dtype=IDS).tobytes()]
         if with_types:
@@ -289,9 +303,16 @@ class RemoteEngineClient:
         outcomes: list[tuple[Job, object]] = []
         offset = 0
         for result in message.results:
-            sent = self._forget(result.id)
             if result.error is None:
                 raws, offset = unpack_outputs(data, offset, result.shapes)
+                if result.indices is not None:  # a streaming job's part
+                    if not self._gathered(result.id, result.indices, raws):
+                        continue  # more to come
+                    gathered = self._sent.get(result.id)
+                    if gathered is None:  # cancelled meanwhile, on the loop
+                        continue
+                    raws = gathered.job.raws
+            sent = self._forget(result.id)
             if sent is None or sent.job.future.done():
                 continue
             job = sent.job
@@ -306,6 +327,30 @@ class RemoteEngineClient:
                 log.exception("finishing a request failed")
                 outcomes.append((job, exc))
         self._call_in_loop(settle, outcomes)
+
+    def _gathered(self, key: int, indices: list[int], raws: list[np.ndarray]) -> bool:
+        """A streaming job's part into its raws (each folded, when the job folds); True
+        once every sequence has come, or its caller has gone (it is then forgotten)."""
+        sent = self._sent.get(key)
+        if sent is None:  # cancelled, or failed by a fold
+            return False
+        job = sent.job
+        if job.future.done():
+            return True
+        fold = job.fold
+        for index, raw in zip(indices, raws, strict=True):
+            if fold is None:
+                job.raws[index] = raw
+                continue
+            try:
+                job.raws[index] = fold(index, raw)
+            except Exception as exc:
+                log.exception("finishing a request's output failed")
+                self._forget(key)
+                self._call_in_loop(settle, [(job, exc)])
+                return False
+        job.remaining -= len(raws)
+        return job.remaining <= 0
 
     def _engine_died(self, engine: int) -> None:
         with self._lock:
