@@ -123,17 +123,29 @@ def late_chunk_count(tokens: int, window: int, overlap: int) -> int:
     return 1 + -(-max(tokens - window, 0) // stride)
 
 
-# The least one entity of TEI's token classification costs as JSON, aggregation none:
-# {"entity":"","score":0.1,"index":0,"word":"","start":0,"end":0}, its comma, and a score
-# as Python writes a float (up to 17 more digits); the label and word come on top.
-ENTITY_JSON_BYTES = 80
+# One entity of TEI's token classification as JSON, aggregation none, beyond its label,
+# word and numbers: {"entity":"","score":,"index":,"word":"","start":,"end":} and its comma
+# (58 bytes), and a score as Python writes a float (22 characters at most: 1.2345e-05 in
+# full); a WordPiece word may carry "##".
+ENTITY_JSON_BYTES = 58 + 22 + 2
 
 
-def entities_bytes(tokens: Iterable[int], longest_label: int) -> int:
-    """TEI's token classification answer at one entity per token (aggregation none, no
-    label ignored: the most it can hold), each token's word one character at least."""
-    counts = list(tokens)
-    return 2 * len(counts) + sum(counts) * (ENTITY_JSON_BYTES + longest_label + 1)
+def entity_budget(
+    max_bytes: int, setting: str, longest_label: int, longest_text: int
+) -> ResponseBudget:
+    """The budget of a token classification answered as entities (TEI's root route): at
+    most one entity per token, each of ENTITY_JSON_BYTES, its label, and three numbers
+    as long as the longest text's length; each text's words at most its characters.
+    Counted by token_rows_bytes as a row per token with no values."""
+    digits = len(str(max(longest_text, 1)))
+    return ResponseBudget(
+        max_bytes=max_bytes,
+        setting=setting,
+        float_bytes=0,
+        item_bytes=2 + longest_text,
+        row_bytes=ENTITY_JSON_BYTES + longest_label + 3 * digits,
+        encodings=False,
+    )
 
 
 def fewest_tokens(texts: Iterable[str], specials: int, cap: int | None) -> list[int]:

@@ -43,6 +43,7 @@ from engine.outputs import (
     SparseEmbedding,
     TokenRows,
 )
+from engine.output_size import entity_budget
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from engine.tokenization import ModelTokenizer
@@ -554,18 +555,33 @@ class TeiRoutes:
             texts=tuple(texts),
             truncation_side=_side(body.truncation_direction),
         )
-        ran = await self.runner.pool(_with_budget(pool, self._max_bytes), call(request, "Pool"))
+        longest_text = max(map(len, texts), default=0)
+
+        def prepare(info: ModelInfo) -> PoolRequest:
+            # The answer is entities, not logits: counted as such before the forward pass.
+            longest = max(map(len, info.labels), default=len(str(len(info.labels))))
+            cap = entity_budget(
+                self._max_bytes, "--max-http-response-mb", longest, longest_text
+            )
+            return replace(pool, response_budget=cap)
+
+        ran = await self.runner.pool(
+            _with_budget(pool, self._max_bytes), call(request, "Pool"), prepare=prepare
+        )
         info, outputs = ran.info, [output_of(rows, TokenRows) for rows in ran.result.outputs]
         assert info is not None
         labels = [info.label(i) for i in range(outputs[0].values.shape[-1])]
         single = bytes(memoryview(body.inputs)[:1]) != b"["
 
-        def build() -> list[Any]:
+        def build() -> msgspec.Raw:
+            # One text's entities at a time, encoded and let go: Python dicts for one
+            # text's tokens, never for all.
+            encode = msgspec.json.encode
             found = [
-                entities(text, rows, labels, tokenizer, aggregation, ignore)
+                encode(entities(text, rows, labels, tokenizer, aggregation, ignore))
                 for text, rows in zip(texts, outputs, strict=True)
             ]
-            return found[0] if single else found
+            return msgspec.Raw(found[0] if single else b"[" + b",".join(found) + b"]")
 
         # Up to six fields a token: many tokens are grouped on a worker thread.
         tokens = sum(len(rows.token_ids) for rows in outputs)

@@ -225,3 +225,44 @@ def test_bge_m3_over_the_budget_is_refused_before_the_forward_pass(bge_m3: Loade
         encoding=OutputEncoding.FLOAT,
     )
     assert Counted(bge_m3).refusal(request) == ("embed_outputs.texts", "OUTPUT_TOO_LARGE", 0, 0)
+
+
+# ------------------------------------------------------------------ TEI's entities
+
+
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    from transformers import BertForTokenClassification
+
+    from tests.fixture_models import NER_LABELS, _bert_config, _labels, _save
+
+    folder = tmp_path_factory.mktemp("counted") / "ner"
+    return load(_save(BertForTokenClassification(_bert_config(**_labels(NER_LABELS))), folder))
+
+
+@pytest.mark.parametrize("aggregation", ["none", "simple", "first"])
+def test_entity_estimate_is_at_least_the_answer(ner: LoadedModel, aggregation: str) -> None:
+    """TEI's token classification answered as entities, no label ignored (the most it
+    can hold): at most what entity_budget lets token_rows_bytes count from the tokens."""
+    import msgspec
+
+    from engine.output_size import entity_budget, token_rows_bytes
+    from engine.params import PoolingParams
+    from service.http.entities import entities
+
+    texts = ("Angela Merkel visited Paris, Éire and 東京 in 2019!", "x" * 300, "短い")
+    request = PoolRequest(
+        Task.TOKEN_CLASSIFY, texts=texts, params=PoolingParams(use_activation=False)
+    )
+    rows = Counted(ner).run(request)
+    labels = list(ner.info.labels)
+    found = [
+        msgspec.json.encode(entities(t, r, labels, ner.tokenizer, aggregation, ()))
+        for t, r in zip(texts, rows, strict=True)
+    ]
+    real = len(b"[" + b",".join(found) + b"]")
+    longest = max(map(len, labels))
+    budget = entity_budget(1 << 30, "--max-http-response-mb", longest, max(map(len, texts)))
+    counts = [len(r.token_ids) for r in rows]
+    estimate = token_rows_bytes(Task.TOKEN_CLASSIFY, counts, ner.info, None, OutputEncoding.FLOAT, budget)
+    assert real <= estimate <= 3 * real + 1024
