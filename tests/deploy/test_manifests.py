@@ -339,6 +339,7 @@ def test_headless_service(deployment: dict[str, Any], container: dict[str, Any])
     assert not service["spec"].get("publishNotReadyAddresses", False)
     assert selects(service["spec"]["selector"], pod_labels(deployment))
     grpc = service_ports(service)["grpc"]
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"
     # A headless Service does no port translation: clients dial the pod port directly.
     assert grpc["port"] == container_port(container, "grpc")
     assert grpc["targetPort"] in ("grpc", container_port(container, "grpc"))
@@ -351,7 +352,8 @@ def test_cluster_ip_service_for_meshes(deployment: dict[str, Any], container) ->
     assert service["spec"].get("clusterIP") != "None"
     assert selects(service["spec"]["selector"], pod_labels(deployment))
     grpc = service_ports(service)["grpc"]
-    assert grpc["appProtocol"] == "grpc"
+    # HTTP/2 without TLS: the standard name Gateway API implementations and Istio read.
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"
     assert grpc["targetPort"] in ("grpc", container_port(container, "grpc"))
 
 
