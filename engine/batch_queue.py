@@ -17,6 +17,10 @@ client cannot take the queue from the others: each may hold at most
 `max_queued_items_per_client` items, and when several clients wait the anchor's client
 goes round robin (the one whose turn is longest past anchors next, on its oldest item),
 while the items around it come from every waiting client in turn, closest in length first.
+A client that had nothing queued anchors next, after the others that came so: a small call
+beside clients with long backlogs waits for the batches already running, not for one batch
+of each backlog (issue 43: three reranks of 1,024 documents held one 7 s). A client that
+keeps a backlog gains nothing by it: it came once, and takes its turns after that.
 With one client waiting this is the oldest-first batching above, unchanged.
 """
 
@@ -148,6 +152,9 @@ class BatchQueue:
         self.deliver: Callable[[list[tuple[Job, object]]], None] | None = None
         # Each client's items, oldest first; the clients in turn order (the next anchor first).
         self._pending: dict[ClientKey, list[QueuedItem]] = {}
+        # Clients that came with nothing queued and have not anchored since, in arrival
+        # order: they go ahead of the others' turns (see _promote).
+        self._ahead: list[ClientKey] = []
         self._size = 0  # items in _pending
         # Set by an owner that calls `cancelled()` whenever it cancels a job's future (an
         # engine process): the queue then walks its items for dead ones only after a
@@ -260,8 +267,9 @@ class BatchQueue:
                     refused.append((job, self._full()))
                     continue
                 job.timing.enqueued = now
-                if queued is None:  # a client with nothing queued takes its turn last
+                if queued is None:  # a client with nothing queued anchors next (_promote)
                     queued = self._pending[key] = []
+                    self._ahead.append(key)
                 if count == 1:  # one text, the usual request: half the cost of the general way
                     [(sequence, keep)] = job.work
                     queued.append(QueuedItem(sequence, keep, job, 0, now, len(sequence)))
@@ -377,6 +385,8 @@ class BatchQueue:
         """
         if not self._pending:
             return []
+        if self._ahead:
+            self._promote()
         parts = self._window()
         window: list[QueuedItem] = []
         for _, part in parts:
@@ -404,10 +414,20 @@ class BatchQueue:
             if not queue:
                 del self._pending[key]
         anchor = parts[0][0]
+        if self._ahead and self._ahead[0] == anchor:
+            del self._ahead[0]
         if anchor in self._pending and len(self._pending) > 1:  # its turn passes to the back
             self._pending[anchor] = self._pending.pop(anchor)
         self._size -= len(batch)
         return batch
+
+    def _promote(self) -> None:
+        """Newly come clients (still waiting) to the front of the turns, in arrival order;
+        the turns of the others keep their order behind them."""
+        ahead = [key for key in self._ahead if key in self._pending]
+        self._ahead = ahead
+        if ahead and list(itertools.islice(self._pending, len(ahead))) != ahead:
+            self._pending = {**dict.fromkeys(ahead), **self._pending}  # type: ignore[dict-item]
 
     def _choose(
         self, lengths: np.ndarray, sizes: np.ndarray, images: np.ndarray | None = None

@@ -777,6 +777,65 @@ def test_a_late_polite_client_waits_a_batch_not_the_greedy_backlog(bert: LoadedM
     assert all(len(batch) == 4 for batch in batches[2:]), "greedy's batches stay full"
 
 
+def test_a_newcomer_anchors_next_beside_established_backlogs(bert: LoadedModel) -> None:
+    """Two clients with backlogs have each had a turn; a third that comes with one item
+    anchors the next batch rather than waiting a batch of each backlog (issue 43, row 8:
+    three 1,024-document reranks held a small call 7 s). Then the turns go on in order."""
+    config = BatchConfig(max_batch_size=2, min_padding_efficiency=0.9)
+    queue = BatchQueue(bert.runner, config)  # never started: batches taken by hand
+
+    def clients(batch: list[Any]) -> list[str]:
+        return [item.job.client for item in batch]
+
+    async def body() -> list[list[str]]:
+        for client in ("heavy-a", "heavy-b"):
+            submit_as(queue, client, [of_length(bert, 6) for _ in range(8)])
+        taken = [clients(queue._take_batch()) for _ in range(2)]
+        submit_as(queue, "bystander", [of_length(bert, 60)])  # never batched with 6 tokens
+        taken += [clients(queue._take_batch()) for _ in range(3)]
+        return taken
+
+    taken = asyncio.run(body())
+    assert taken == [
+        ["heavy-a", "heavy-b"],
+        ["heavy-b", "heavy-a"],
+        ["bystander"],  # before: after a batch of heavy-a's and one of heavy-b's
+        ["heavy-a", "heavy-b"],
+        ["heavy-b", "heavy-a"],
+    ], taken
+
+
+def test_a_fold_reduces_each_output_as_its_batch_ends(bert: LoadedModel) -> None:
+    """A job's fold runs on each sequence's output in the batch that computed it, and its
+    finish gets what the folds returned; a fold that raises fails only its own job."""
+    config = BatchConfig(max_batch_size=2)
+    runner = ControlledRunner(bert.runner)
+    seen: list[int] = []
+
+    def fold(index: int, raw: np.ndarray) -> float:
+        seen.append(index)
+        return float(raw.sum())
+
+    def broken(index: int, raw: np.ndarray) -> float:
+        raise ValueError("a bad fold")
+
+    async def body(queue: BatchQueue) -> tuple[object, object, list[np.ndarray]]:
+        loop = asyncio.get_running_loop()
+        sequences = [of_length(bert, n) for n in (5, 7, 9, 11, 13)]
+        folded = Job([(e, False) for e in sequences], list, loop.create_future(), fold=fold)
+        failing = Job([(sequences[0], False)], list, loop.create_future(), fold=broken)
+        plain = submit(queue, sequences)
+        assert not queue.enqueue([folded, failing])
+        outcomes = await asyncio.gather(folded.future, failing.future, return_exceptions=True)
+        return outcomes[0], outcomes[1], list(await asyncio.gather(*plain))
+
+    got, error, raws = run_queue(runner, config, body)
+    assert got == pytest.approx([float(raw.sum()) for raw in raws], rel=1e-5)
+    assert sorted(seen) == [0, 1, 2, 3, 4]
+    assert len(runner.batches) >= 3, "five sequences in batches of two: folded batch by batch"
+    assert isinstance(error, ValueError)
+
+
 def _oldest_first(lengths: Sequence[int], config: BatchConfig) -> list[list[int]]:
     """The reference for one client: the oldest item anchors, then the items closest to it in
     length (earliest first on ties) join while the batch stays within budget and dense."""
