@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from engine.engine import Tokenized, TokenizedText
+from engine.errors import FieldViolation, PoolingError
 from engine.modality import Modality
 from engine.model_info import ModelInfo, PoolingType
 from engine.output_size import ResponseBudget
@@ -51,14 +52,20 @@ POOLING_TYPE_TO_PROTO = {
 MODALITY_TO_PROTO = {Modality.TEXT: pb.MODALITY_TEXT, Modality.IMAGE: pb.MODALITY_IMAGE}
 
 
-def items_from_proto(items: Iterable[pb.Item]) -> tuple[Item, ...]:
-    """Each Item as a text or an Image; an Item with neither set reads as an empty text."""
-    return tuple(
-        Image(item.image.data, item.image.mime_type)
-        if item.WhichOneof("content") == "image"
-        else item.text
-        for item in items
-    )
+def items_from_proto(items: Iterable[pb.Item], path: str) -> tuple[Item, ...]:
+    """Each Item as a text or an Image. An Item with neither set is refused by its field
+    path (`path[n]`, ITEM_EMPTY): read as an empty text, it was embedded as one."""
+    read: list[Item] = []
+    for index, item in enumerate(items):
+        case = item.WhichOneof("content")
+        if case is None:
+            description = "the item sets neither text nor image; set one of them"
+            raise PoolingError.invalid([FieldViolation(f"{path}[{index}]", description, EMPTY)])
+        read.append(Image(item.image.data, item.image.mime_type) if case == "image" else item.text)
+    return tuple(read)
+
+
+EMPTY = "ITEM_EMPTY"
 
 
 ENCODING_FROM_PROTO: dict[int, OutputEncoding] = {
@@ -133,13 +140,13 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         score = request.score
         inputs = {"text_1": tuple(score.text_1), "text_2": tuple(score.text_2)}
         if score.items_1 or score.items_2:  # an image model's texts and images
-            inputs["items_1"] = items_from_proto(score.items_1)
-            inputs["items_2"] = items_from_proto(score.items_2)
+            inputs["items_1"] = items_from_proto(score.items_1, "score.items_1")
+            inputs["items_2"] = items_from_proto(score.items_2, "score.items_2")
     elif task is not None:
         given = getattr(request, case)
         inputs = {"texts": tuple(given.texts)}
         if isinstance(given, pb.TextInput):
-            inputs.update(_image_inputs(given))
+            inputs.update(_image_inputs(given, case))
     return PoolRequest(
         task=task,
         params=params,
@@ -155,11 +162,12 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
     )
 
 
-def _image_inputs(given: pb.TextInput) -> dict[str, object]:
-    """TextInput's image-model fields, where set: items, zero-shot labels and template."""
+def _image_inputs(given: pb.TextInput, case: str) -> dict[str, object]:
+    """TextInput's image-model fields, where set: items, zero-shot labels and template.
+    `case`: the request's input field (embed, classify), which paths name."""
     inputs: dict[str, object] = {}
     if given.items:
-        inputs["items"] = items_from_proto(given.items)
+        inputs["items"] = items_from_proto(given.items, f"{case}.items")
     if given.candidate_labels:
         inputs["candidate_labels"] = tuple(given.candidate_labels)
     if given.HasField("label_template"):
@@ -200,7 +208,7 @@ def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
         declared_task=declared,
         top_n=request.top_n,
         instruction=request.instruction if request.HasField("instruction") else None,
-        items=items_from_proto(request.items),
+        items=items_from_proto(request.items, "items"),
     )
 
 

@@ -605,6 +605,33 @@ def test_message_over_the_size_limit(server: ServerProcess) -> None:
     assert_alive(server)
 
 
+EMPTY_ITEMS = [
+    (
+        "embed.items[1]",
+        "Pool",
+        pb.PoolRequest(embed=pb.TextInput(items=[pb.Item(text="a text"), pb.Item()])),
+    ),
+    ("classify.items[0]", "Pool", pb.PoolRequest(classify=pb.TextInput(items=[pb.Item()]))),
+    (
+        "score.items_2[0]",
+        "Pool",
+        pb.PoolRequest(score=pb.ScoreInput(items_1=[pb.Item(text="q")], items_2=[pb.Item()])),
+    ),
+    ("items[2]", "Rerank", pb.RerankRequest(query="q", items=[pb.Item(text="d")] * 2 + [pb.Item()])),
+]
+
+
+@pytest.mark.parametrize(("field", "method", "request_"), EMPTY_ITEMS, ids=[e[0] for e in EMPTY_ITEMS])
+def test_an_item_with_neither_text_nor_image_is_refused_by_name(
+    stub: pooling_pb2_grpc.PoolingServiceStub, field: str, method: str, request_: object
+) -> None:
+    """Read as an empty text, such an Item was embedded; it names itself, as any bad field."""
+    with pytest.raises(grpc.RpcError) as caught:
+        getattr(stub, method)(request_, timeout=30)
+    error = check_rpc_error(caught.value, [grpc.StatusCode.INVALID_ARGUMENT])
+    assert (error.reason, error.fields) == ("ITEM_EMPTY", [field]), error.message
+
+
 def test_still_serving_after_bad_input(
     server: ServerProcess, stub: pooling_pb2_grpc.PoolingServiceStub
 ) -> None:
