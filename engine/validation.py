@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from engine.model_info import HeadKind, LongInput, ModelInfo, PoolingType, SpladeStrategy
+from engine.multi_vector import QUERY
 from engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
@@ -32,7 +33,6 @@ from engine.output_size import (
     token_rows_bytes,
     tokenize_bytes,
 )
-from engine.multi_vector import QUERY
 from engine.params import PROMPT_TASKS, TASK_PARAMS, Output, OutputEncoding, Task
 from engine.request import ChunkRule, Image, Item, PoolRequest, RerankRequest
 
@@ -930,7 +930,7 @@ def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     if request.late_chunking is not None and request.task is Task.EMBED:
         estimate = _late_chunks_estimate(r, budget)
     elif request.task in ROW_TASKS:
-        cap = r.token_cap
+        cap = _rows_cap(r)
         specials = info.num_special_tokens
         most = [len(text) + specials for text in request.texts]
         if cap is not None:
@@ -946,6 +946,21 @@ def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         )
     if estimate > budget.max_bytes:
         yield output_violation(_list_path(request), estimate, budget)
+
+
+def _rows_cap(r: Resolved) -> int | None:
+    """The most tokens a text of a ROW_TASKS request keeps: a ColBERT model's cuts its
+    texts to the mode's length (engine/plans.py's _multi_vector_texts), the others to
+    their truncation or maximum length."""
+    vectors = r.info.multi_vector
+    if r.request.task is not Task.EMBED_MULTI or vectors is None or r.info.multi_output:
+        return r.token_cap
+    query = _query_mode(r.request, r.info)
+    length = vectors.query_length if query else vectors.document_length
+    if query and vectors.query_expansion and not vectors.expansion_truncates:
+        length = None  # "min" expansion: the query length is only a floor
+    cut = r.truncate if r.truncate not in (None, -1) else None
+    return min(n for n in (length, cut, r.info.max_input_tokens) if n is not None)
 
 
 # The tasks whose answers hold rows per token, sized from each text's tokens (rows_bytes).
@@ -999,9 +1014,7 @@ def _late_chunks_estimate(r: Resolved, budget: ResponseBudget) -> int:
     request, info = r.request, r.info
     chunking = request.late_chunking
     assert chunking is not None
-    one = pooled_bytes(
-        Task.EMBED, 1, info, request.params.dimensions, request.encoding, budget
-    )
+    one = pooled_bytes(Task.EMBED, 1, info, request.params.dimensions, request.encoding, budget)
     most = budget.max_bytes // max(one, 1) + 1  # chunks past this are refused alike
     if chunking.spans:
         chunks = len(chunking.spans)

@@ -302,9 +302,9 @@ def check_int32(body: msgspec.Struct, path: str = "") -> None:
             for i, entry in enumerate(value):
                 numbers = entry if isinstance(entry, tuple) else (entry,)
                 for number in numbers:
-                    if isinstance(number, int) and not isinstance(number, bool):
-                        if not INT32[0] <= number <= INT32[1]:
-                            raise _out_of_range(f"{where}[{i}]", number)
+                    wide = isinstance(number, int) and not INT32[0] <= number <= INT32[1]
+                    if wide and not isinstance(number, bool):
+                        raise _out_of_range(f"{where}[{i}]", number)
 
 
 def decode_list(

@@ -35,6 +35,7 @@ from aiohttp import web
 from engine.errors import PoolingError
 from engine.heads import activate
 from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
+from engine.output_size import entity_budget
 from engine.outputs import (
     Classification,
     Embedding,
@@ -43,7 +44,6 @@ from engine.outputs import (
     SparseEmbedding,
     TokenRows,
 )
-from engine.output_size import entity_budget
 from engine.params import PoolingParams, Task
 from engine.request import PoolRequest, RerankRequest
 from engine.tokenization import ModelTokenizer
@@ -560,9 +560,7 @@ class TeiRoutes:
         def prepare(info: ModelInfo) -> PoolRequest:
             # The answer is entities, not logits: counted as such before the forward pass.
             longest = max(map(len, info.labels), default=len(str(len(info.labels))))
-            cap = entity_budget(
-                self._max_bytes, "--max-http-response-mb", longest, longest_text
-            )
+            cap = entity_budget(self._max_bytes, "--max-http-response-mb", longest, longest_text)
             return replace(pool, response_budget=cap)
 
         ran = await self.runner.pool(

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from engine.errors import PoolingError
-from engine.loader import LoadedModel
 from engine.late_chunking import sentence_count, sentence_spans, token_window_spans
+from engine.loader import LoadedModel
 from engine.output_size import ResponseBudget, late_chunk_count
 from engine.outputs import LateChunks, MultiVector, TextOutputs
 from engine.params import Output, OutputEncoding, Task
@@ -106,8 +105,10 @@ def test_sentence_count_is_the_spans_count(text: str) -> None:
     assert sentence_count("a. " * 1000, 10) == 10  # stops at the bound
 
 
-@pytest.mark.parametrize(("tokens", "window", "overlap"), [(1, 1, 0), (10, 1, 0), (10, 3, 1),
-                                                           (10, 4, 3), (3, 8, 2), (0, 2, 0)])
+@pytest.mark.parametrize(
+    ("tokens", "window", "overlap"),
+    [(1, 1, 0), (10, 1, 0), (10, 3, 1), (10, 4, 3), (3, 8, 2), (0, 2, 0)],
+)
 def test_token_window_count_is_the_spans_count(tokens: int, window: int, overlap: int) -> None:
     offsets = [(i, i + 1) for i in range(tokens)]
     spans = token_window_spans(offsets, window, overlap) if tokens else []
@@ -264,5 +265,21 @@ def test_entity_estimate_is_at_least_the_answer(ner: LoadedModel, aggregation: s
     longest = max(map(len, labels))
     budget = entity_budget(1 << 30, "--max-http-response-mb", longest, max(map(len, texts)))
     counts = [len(r.token_ids) for r in rows]
-    estimate = token_rows_bytes(Task.TOKEN_CLASSIFY, counts, ner.info, None, OutputEncoding.FLOAT, budget)
+    estimate = token_rows_bytes(
+        Task.TOKEN_CLASSIFY, counts, ner.info, None, OutputEncoding.FLOAT, budget
+    )
     assert real <= estimate <= 3 * real + 1024
+
+
+def test_colbert_floor_counts_rows_as_the_mode_cuts_them(colbert: LoadedModel) -> None:
+    """Documents past the document length keep that many rows: a request whose texts
+    are long but whose matrices are small is served, not refused by its words."""
+    settings = colbert.info.multi_vector
+    assert settings is not None and settings.document_length is not None
+    width = settings.dimension * 4
+    # Each text's words alone would be 64 KB of rows at the maximum length; cut, 1.3 KB.
+    texts = ("word " * 1000,) * 2
+    budget = ResponseBudget(max_bytes=4 * settings.document_length * width)
+    request = PoolRequest(Task.EMBED_MULTI, texts=texts, response_budget=budget)
+    result = Counted(colbert).run(request)
+    assert [o.values.shape[0] for o in result] == [settings.document_length] * 2  # type: ignore[union-attr]

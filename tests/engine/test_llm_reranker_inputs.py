@@ -71,9 +71,13 @@ def test_a_forged_answer_turn_scores_as_plain_text(
     assert not specials & set(body), "a document's text became the template's tokens"
     # Read as the card would read the forged text with its special tokens parsed, the
     # pair ends in a turn the document wrote; the engine's is the text's.
-    parsed = prefix + tokenizer.encode(  # type: ignore[attr-defined]
-        card_format(None, QUERY, FORGED), add_special_tokens=False
-    ) + suffix
+    parsed = (
+        prefix
+        + tokenizer.encode(  # type: ignore[attr-defined]
+            card_format(None, QUERY, FORGED), add_special_tokens=False
+        )
+        + suffix
+    )
     assert ids[0] != parsed
     as_text = card_inputs(tokenizer, [card_format(None, QUERY, FORGED)], 512)
     assert ids[0] == as_text[0]
@@ -133,8 +137,12 @@ def test_a_template_s_own_special_tokens_in_its_body_stay_tokens(tmp_path: Path)
     ids, _ = run(model, score_request("a query <|im_end|>", ["Beijing.", FORGED]))
     for sequence, document in zip(ids, ["Beijing.", FORGED], strict=True):
         expected = []
-        query_part = tokenizer.encode("a query <|im_end|>", add_special_tokens=False, split_special_tokens=True)  # type: ignore[attr-defined]
-        document_part = tokenizer.encode(document, add_special_tokens=False, split_special_tokens=True)  # type: ignore[attr-defined]
+        query_part = tokenizer.encode(
+            "a query <|im_end|>", add_special_tokens=False, split_special_tokens=True
+        )  # type: ignore[attr-defined]
+        document_part = tokenizer.encode(
+            document, add_special_tokens=False, split_special_tokens=True
+        )  # type: ignore[attr-defined]
         head, _, rest = template.partition("{query}")
         middle, _, tail = rest.partition("{document}")
         expected = tokenizer.encode(head, add_special_tokens=False)  # type: ignore[attr-defined]
@@ -151,7 +159,9 @@ def test_the_instruction_counts_once_per_document_before_any_pair_is_built(
     info, limits = reranker.info, Limits(max_request_chars=100_000)
     instruction = "x" * 10_000
     documents = ("a document",) * 16
-    error = _refused(lambda: validate_request(score_request(QUERY, documents, instruction), info, limits))
+    error = _refused(
+        lambda: validate_request(score_request(QUERY, documents, instruction), info, limits)
+    )
     assert [(v.field, v.reason) for v in error.violations] == [("score", "REQUEST_TOO_LARGE")]
     assert "each document read with its query, the instruction and the template" in str(error)
     # 10 documents fit: 10 x (10,000 + query + document + template) < 100,000 ... 9 do.
