@@ -37,6 +37,7 @@ from typing import Any
 
 import ray
 import ray.data
+import ray.exceptions
 
 from service.batch_job import READ_CHUNK_BYTES, LineRunner, answer_lines, count_lines, new_runner
 from service.ops.config import BatchJobOptions, RayJobOptions, ServerConfig
@@ -295,7 +296,29 @@ def run_main(config: ServerConfig, job: BatchJobOptions) -> int:
     assert options is not None
     if job.input == "-" or job.output == "-":
         raise SystemExit("--ray reads --input and writes --output as files (no - for stdin)")
+    check_models(config)
     connect(options.address)
-    if options.input_format == "batch":
-        return run_batch_lines(config, job, options)
-    return run_dataset(config, job, options)
+    run = run_batch_lines if options.input_format == "batch" else run_dataset
+    try:
+        return run(config, job, options)
+    except ray.exceptions.RayError as error:  # an actor's failure, e.g. its model's error
+        log.error("batch --ray failed: %s", _cause(error))
+        return 1
+
+
+def check_models(config: ServerConfig) -> None:
+    """Each model's folder found before any actor starts, so a bad path fails at once (an
+    actor resolves it again where it runs)."""
+    from engine.loader import resolve_path
+
+    for spec in config.models:
+        try:
+            resolve_path(spec.source, spec.revision)
+        except Exception as error:
+            raise SystemExit(f"model {spec.source!r} cannot be loaded: {error}") from None
+
+
+def _cause(error: BaseException) -> str:
+    """The last line of the innermost error Ray carries: what went wrong in the actor."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__

@@ -145,9 +145,12 @@ def row_inputs(batch: pa.Table, options: StageOptions) -> list[Any]:
 # ------------------------------------------------------------------ outputs out
 
 
-def _vectors(rows: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
-    """Fixed-size lists of one width (the first answered row's), nulls where a row has none."""
-    width = next((row.shape[-1] for row in rows if row is not None), 0)
+def _vectors(rows: list[np.ndarray | None], value_type: pa.DataType, known: int | None) -> pa.Array:
+    """Fixed-size lists of one width (the rows', or `known` when none is answered), nulls
+    where a row has none."""
+    width = next((row.shape[-1] for row in rows if row is not None), known)
+    if width is None:  # nothing answered, nor ever can be: the model refuses the options
+        return pa.nulls(len(rows), pa.list_(value_type))
     dtype = np.float16 if value_type == pa.float16() else np.float32
     flat = np.zeros((len(rows), width), dtype=dtype)
     for k, row in enumerate(rows):
@@ -159,9 +162,13 @@ def _vectors(rows: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array
     )
 
 
-def _matrices(rows: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
+def _matrices(
+    rows: list[np.ndarray | None], value_type: pa.DataType, known: int | None
+) -> pa.Array:
     """Lists of fixed-size lists: one matrix (tokens x width) a row, nulls where none."""
-    width = next((row.shape[-1] for row in rows if row is not None), 0)
+    width = next((row.shape[-1] for row in rows if row is not None), known)
+    if width is None:
+        return pa.nulls(len(rows), pa.list_(pa.list_(value_type)))
     dtype = np.float16 if value_type == pa.float16() else np.float32
     answered = [row.astype(dtype, copy=False) for row in rows if row is not None]
     flat = np.concatenate(answered).reshape(-1) if answered else np.zeros(0, dtype)
@@ -173,8 +180,11 @@ def _matrices(rows: list[np.ndarray | None], value_type: pa.DataType) -> pa.Arra
     )
 
 
-def output_columns(task: str, answers: Answers, encoding: str) -> dict[str, pa.Array]:
-    """The task's Arrow columns from its answers (see docs/scale-out.md for the names)."""
+def output_columns(
+    task: str, answers: Answers, encoding: str, width: int | None = None
+) -> dict[str, pa.Array]:
+    """The task's Arrow columns from its answers (see docs/scale-out.md for the names);
+    `width`: the vectors' width, for a batch with no row answered."""
     values = answers.values
     value_type = ENCODINGS[encoding]
 
@@ -183,10 +193,10 @@ def output_columns(task: str, answers: Answers, encoding: str) -> dict[str, pa.A
 
     columns: dict[str, pa.Array]
     if task == "embed":
-        columns = {"embedding": _vectors(each("vector"), value_type)}
+        columns = {"embedding": _vectors(each("vector"), value_type, width)}
     elif task == "classify":
         columns = {
-            "probs": _vectors(each("probs"), pa.float32()),
+            "probs": _vectors(each("probs"), pa.float32(), width),
             "label": pa.array(each("label"), pa.string()),
             "label_id": pa.array(each("label_id"), pa.int32()),
         }
@@ -203,11 +213,11 @@ def output_columns(task: str, answers: Answers, encoding: str) -> dict[str, pa.A
     elif task == "token_classify":
         columns = {
             "token_labels": pa.array(each("labels"), pa.list_(pa.string())),
-            "token_probs": _matrices(each("rows"), pa.float32()),
+            "token_probs": _matrices(each("rows"), pa.float32(), width),
         }
     else:  # embed_multi and token_embed: a matrix a row
         name = "multi_vector" if task == "embed_multi" else "token_embeddings"
-        columns = {name: _matrices(each("rows"), value_type)}
+        columns = {name: _matrices(each("rows"), value_type, width)}
     columns[ERROR_COLUMN] = pa.array(answers.errors, pa.string())
     return columns
 
@@ -407,8 +417,8 @@ class PoolingStage:
     """A callable class for `Dataset.map_batches` (batch_format="pyarrow").
 
     `server_args`: the server's model flags (`--model`, `--backend`, `--dtype`, `--device`,
-    `--quantize`, `--max-batch-tokens`...) or a ServerConfig, for an engine in this actor; or `address`
-    ("host:port" of a fleet) to call it over gRPC (`client_kwargs` go to the client:
+    `--quantize`, `--max-batch-tokens`...) or a ServerConfig, for an engine in this actor;
+    or `address` ("host:port" of a fleet) to call it over gRPC (`client_kwargs` go to the client:
     api_key, TLS, ...). The other keywords are StageOptions: the task, the columns, and the
     request's fields. Input columns pass through; the task's columns and `error` are added.
     """
@@ -426,6 +436,7 @@ class PoolingStage:
         if unknown:
             raise TypeError(f"unknown PoolingStage options: {', '.join(unknown)}")
         self.options = StageOptions(**options)
+        self.width: int | None = None  # of the vectors, once known
         if address is not None and server_args:
             raise ValueError("give server_args (an engine here) or address (a fleet), not both")
         self.caller: EngineCaller | ClientCaller = (
@@ -437,14 +448,29 @@ class PoolingStage:
     async def __call__(self, batch: pa.Table) -> AsyncIterator[pa.Table]:
         await self.caller.start()
         answers = await self.answer(row_inputs(batch, self.options))
+        width = await self._width(answers)
         table = batch
         for name, column in output_columns(
-            self.options.task, answers, self.options.encoding
+            self.options.task, answers, self.options.encoding, width
         ).items():
             if name in table.column_names:
                 table = table.drop_columns([name])
             table = table.append_column(name, column)
         yield table
+
+    async def _width(self, answers: Answers) -> int | None:
+        """The vectors' width, remembered from an answered row, or learnt from one probe text
+        when no row has been: every block of a dataset then has one Arrow type."""
+        for value in answers.values:
+            for key in ("vector", "probs", "rows"):
+                if value is not None and key in value:
+                    self.width = int(np.shape(value[key])[-1])
+                    return self.width
+        if self.width is None and self.options.task not in ("score", "rerank"):
+            probe = await self.answer(["width"])
+            if probe.values[0] is not None:
+                return await self._width(probe)
+        return self.width
 
     async def answer(self, inputs: list[Any]) -> Answers:
         """Every row's output or error: requests of rows_per_request rows, all at once."""

@@ -13,6 +13,7 @@ import torch
 from transformers import (
     AutoTokenizer,
     BertConfig,
+    BertForMaskedLM,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
@@ -205,6 +206,18 @@ def _byte_level_tokenizer() -> object:
         pad_token="<|endoftext|>",
         model_max_length=RERANKER_MAX_POSITIONS,
     )
+
+
+def tiny_mlm(folder: Path) -> Path:
+    """A random-weight BertForMaskedLM to serve as SPLADE (--pooling-type splade); its output
+    bias is lowered so that relu keeps a sparse set of the vocabulary."""
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(_bert_config())
+    with torch.no_grad():
+        mlm.cls.predictions.bias.fill_(-0.35)
+    mlm.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
+    return folder
 
 
 def tiny_bpe_ner(folder: Path) -> Path:

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoTokenizer, BertForMaskedLM
 
 from pooling_client import PoolingClient
-from tests.fixture_models import MINILM, _bert_config
+from tests.fixture_models import tiny_mlm
 from tests.server_process import ServerProcess, free_port, start_server
 
 TEXTS = [
@@ -46,13 +44,7 @@ def backend_server(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerProcess, int, list[str]]]:
     root = tmp_path_factory.mktemp("served-backends")
-    torch.manual_seed(0)
-    mlm = BertForMaskedLM(_bert_config())
-    with torch.no_grad():
-        mlm.cls.predictions.bias.fill_(-0.35)
-    mlm.save_pretrained(root / "tiny-mlm")
-    AutoTokenizer.from_pretrained(MINILM).save_pretrained(root / "tiny-mlm")
-    folders = {**model_folders, "tiny-mlm": root / "tiny-mlm"}
+    folders = {**model_folders, "tiny-mlm": tiny_mlm(root / "tiny-mlm")}
     args = ["--frontends", "1", "--backend-cache-dir", str(root / "cache")]
     args += ["--http-port", str(http := free_port())]
     for base, (folder, _pooling) in MODELS.items():
