@@ -210,6 +210,13 @@ def _http_limit_flags(net: Group) -> None:
         "at once. Never more than half the open-file limit",
     )
     net.add_argument(
+        "--http-max-connections-per-address",
+        type=count,
+        default=http.max_connections_per_address,
+        help="HTTP: open connections one client address may hold, per process (0, the "
+        "default: a quarter of --http-max-connections); beyond, answered 503 and closed",
+    )
+    net.add_argument(
         "--http-max-concurrent-bodies",
         type=positive_int,
         default=http.max_concurrent_bodies,
@@ -281,17 +288,35 @@ def _transport_flags(net: Group) -> None:
         "of the open-file limit; gRPC core closes new ones past it",
     )
     net.add_argument(
+        "--max-connections-per-address",
+        type=count,
+        default=TransportConfig.max_connections_per_address,
+        help="gRPC connections one client address may hold, per front end (0, the default: "
+        "a quarter of --max-connections); past it a new one is closed as it is accepted. "
+        "Node door only: gRPC core accepts grpcio's connections where Python cannot see them",
+    )
+    net.add_argument(
+        "--max-unsent-answer-mb",
+        type=positive_int,
+        default=TransportConfig.max_unsent_answer_bytes >> 20,
+        help="answers handed to HTTP/2 and not yet read by their clients, per front end over "
+        "all gRPC connections (one connection: a quarter of it, at least twice "
+        "--max-message-mb); past it a large answer is RESOURCE_EXHAUSTED rather than held",
+    )
+    net.add_argument(
         "--handshake-timeout-s",
         type=positive_float,
         default=TransportConfig.handshake_timeout_s,
-        help="close a gRPC connection that has not begun HTTP/2 (and TLS) within this time",
+        help="close a gRPC connection that has not begun HTTP/2 (and TLS) within this time; "
+        "on the Node door also one that has opened no call this long after, and end a "
+        "call whose request has not come (on grpcio too) DEADLINE_EXCEEDED",
     )
     net.add_argument(
         "--max-connection-idle-s",
         type=float,
         default=TransportConfig.max_connection_idle_s,
         help="send GOAWAY to a connection with no call for this long; clients reconnect "
-        "on their next call (0: never)",
+        "on their next call (0: never; default 300)",
     )
     net.add_argument(
         "--max-concurrent-reads",
@@ -875,6 +900,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             body_min_bytes_per_s=args.http_body_min_bytes_per_s,
             keepalive_timeout_s=args.http_keepalive_timeout_s,
             max_connections=args.http_max_connections,
+            max_connections_per_address=args.http_max_connections_per_address,
             max_concurrent_bodies=args.http_max_concurrent_bodies,
         ),
         transport=TransportConfig(
@@ -887,6 +913,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_connection_age_s=args.max_connection_age_s,
             max_connection_age_grace_s=args.max_connection_age_grace_s,
             max_connections=args.max_connections,
+            max_connections_per_address=args.max_connections_per_address,
+            max_unsent_answer_bytes=args.max_unsent_answer_mb * MIB,
             handshake_timeout_s=args.handshake_timeout_s,
             max_connection_idle_s=args.max_connection_idle_s,
             max_concurrent_reads=args.max_concurrent_reads,

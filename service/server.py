@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import logging
 import os
 import signal
@@ -16,13 +17,14 @@ from opentelemetry import trace
 from engine.remote_client import RemoteEngineClient
 from service.grpc.handlers import add_pooling_service
 from service.grpc.health import HealthServicer
-from service.grpc.node_door import HandlerSet, NodeDoor, unary_request_paths
+from service.grpc.node_door import HandlerSet, NodeDoor, open_call_caps, unary_request_paths
 from service.grpc.read_gate import ReadGate
+from service.grpc.stream_limit import AnswerBudget, unsent_per_connection
 from service.grpc.servicer import PoolingServicer
 from service.http.app import HttpApi
 from service.http.cohere import input_type_prompts
 from service.ops.auth import BearerTokenInterceptor
-from service.ops.config import ServerConfig
+from service.ops.config import LARGE_MESSAGE_BYTES, MAX_PENDING_CALLS, ServerConfig
 from service.ops.event_loop import loop_name
 from service.ops.memory import trimmer
 from service.ops.metrics import Metrics
@@ -87,14 +89,20 @@ class PoolingServer:
             interceptors.append(BearerTokenInterceptor(config.api_keys))
         server = grpc.aio.server(
             interceptors=interceptors,
-            options=transport.options(config.max_message_bytes),
+            options=grpcio_options(config),
             compression=grpc.Compression.Gzip if transport.gzip_responses else None,
             maximum_concurrent_rpcs=transport.max_open_calls or None,
         )
         gate = ReadGate(
             transport.max_concurrent_reads, transport.read_turn_s, after_large=trimmer()
         )
-        add_pooling_service(self.servicer, server, gate)
+        answers = AnswerBudget(
+            transport.max_unsent_answer_bytes,
+            unsent_per_connection(transport, config.max_message_bytes),
+            LARGE_MESSAGE_BYTES,
+            copies=2,
+        )
+        add_pooling_service(self.servicer, server, gate, answers, transport.handshake_timeout_s)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(REFLECTED, server)
         return server
@@ -164,6 +172,7 @@ class PoolingServer:
 
     async def _start_grpcio(self) -> None:
         assert self.server is not None
+        warn_if_exposed(self.config.host)
         address = f"{self.config.host}:{self.config.port}"
         try:
             if self.config.tls is None:
@@ -250,6 +259,52 @@ class PoolingServer:
         if await self.http.stop(grace):
             self.grace_ran_out = True
             log.error("--shutdown-grace-s %g ran out: HTTP requests still running were cut", grace)
+
+
+# The most streams one grpcio connection may open. gRPC core queues calls its server has not
+# yet taken up, and cancels new ones past that queue's bound (MAX_PENDING_CALLS, twice it
+# at most): 8 connections of 4,096 half-open streams filled it, and the bystander's calls
+# were CANCELLED. At this many, 16 connections fill no more than its first bound.
+GRPCIO_CONNECTION_STREAMS = MAX_PENDING_CALLS // 16
+
+
+def grpcio_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """The transport's options for grpcio, a connection's streams capped at its share of
+    --max-open-calls (as on the Node door) and at GRPCIO_CONNECTION_STREAMS, so that a few
+    connections of half-open streams cannot take every open call nor core's call queue."""
+    options = config.transport.options(config.max_message_bytes)
+    share = open_call_caps(config.transport.max_open_calls)["per_connection"]
+    limits = [value for key, value in options if key == "grpc.max_concurrent_streams"]
+    limits += [share or GRPCIO_CONNECTION_STREAMS, GRPCIO_CONNECTION_STREAMS]
+    options = [(key, value) for key, value in options if key != "grpc.max_concurrent_streams"]
+    options.append(("grpc.max_concurrent_streams", min(limits)))
+    return options
+
+
+def warn_if_exposed(host: str) -> bool:
+    """grpcio's door listening beyond loopback: say once what gRPC core leaves undefended
+    and what defends it. Whether it warned."""
+    if _loopback(host):
+        return False
+    log.warning(
+        "gRPC served by grpcio on %s, beyond loopback: gRPC core gives connections no share "
+        "per client address, answers corrupt compression and an unknown grpc-encoding with "
+        "INTERNAL, never cuts a CONTINUATION flood and sends no GOAWAY for rapid reset. "
+        "Serve untrusted clients with --grpc-door node, or behind Envoy (docs/reliability.md, "
+        "\"What grpcio's door cannot defend\")",
+        host,
+    )
+    return True
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` listens on loopback only (a name: only "localhost" is taken as one)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 async def serve(config: ServerConfig, frontend: FrontendRole | None = None) -> int:

@@ -15,10 +15,18 @@ one, is INVALID_ARGUMENT. The wire format is the same, so clients see a unary me
 Request messages are read through a gate (service/grpc/read_gate.py) that lets them in one at a
 time while large ones come, and a connection's first message always. The handlers are
 built once at startup; a call pays nothing beyond its own parse.
+
+On grpcio's door two bounds are kept here, since gRPC core has neither: a unary call's
+request must arrive whole within `arrival_s` (streams opened and never sent on, or sent a
+byte a second, otherwise hold a handler and the open-call cap's slots for ever), and an
+answer is counted against an AnswerBudget until gRPC core has sent it (a client that never
+opens its receive window otherwise makes core hold every answer it asks for). The Node door
+keeps both in node_door.mjs and passes neither.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +38,7 @@ from engine.errors import ErrorKind, FieldViolation, PoolingError
 from engine.validation import too_many_inputs
 from service.errors import to_grpc_status
 from service.grpc.read_gate import ReadGate
+from service.grpc.stream_limit import AnswerBudget
 from service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit, string_at
 from service.proto import pooling_pb2 as pb
 
@@ -101,16 +110,26 @@ def _input_limit(servicer: Any) -> Callable[[], int | None]:
     return limit
 
 
-def add_pooling_service(servicer: Any, server: grpc.aio.Server, gate: ReadGate) -> None:
+def add_pooling_service(
+    servicer: Any,
+    server: grpc.aio.Server,
+    gate: ReadGate,
+    answers: AnswerBudget | None = None,
+    arrival_s: float | None = None,
+) -> None:
     """Register every method of the service's descriptor on `servicer`'s same-named method,
-    its request messages read through `gate`."""
+    its request messages read through `gate`; `answers` and `arrival_s` (None: not here)
+    as the module says."""
     handlers = {}
     limit = _input_limit(servicer)
     for method in SERVICE.methods:
         request_class = getattr(pb, method.input_type.name)
         response_class = getattr(pb, method.output_type.name)
         behaviour = getattr(servicer, method.name)
-        behaviour = (_gated if method.client_streaming else _one_message)(behaviour, gate)
+        if method.client_streaming:
+            behaviour = _gated(behaviour, gate, answers)
+        else:
+            behaviour = _one_message(behaviour, gate, answers, arrival_s)
         kind = (
             grpc.stream_stream_rpc_method_handler
             if method.server_streaming
@@ -141,30 +160,84 @@ def _serializer(message_class: type[Message]) -> Callable[[Message | bytes], byt
     return serialized
 
 
-def _gated(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
-    """A streaming method's behaviour, fed the call's messages as the gate lets them in."""
+def _gated(behaviour: Behaviour, gate: ReadGate, answers: AnswerBudget | None) -> Behaviour:
+    """A streaming method's behaviour, fed the call's messages as the gate lets them in.
+    Each response is counted in `answers` until the generator is resumed: grpcio resumes it
+    once gRPC core has sent the response."""
 
     # An async generator function itself: grpcio takes any other callable for a sync one.
     async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
+        peer = context.peer() if answers is not None else ""
         async for response in behaviour(gate.messages(context), context):
-            yield response
+            if answers is None:
+                yield response
+                continue
+            size = _size(response)
+            refusal = answers.refusal(peer, size)
+            if refusal is not None:
+                del response  # as in _one_message
+                await _unread(context, refusal)
+            try:
+                yield response
+            finally:
+                answers.give(peer, size)
 
     return call
 
 
-def _one_message(behaviour: Behaviour, gate: ReadGate) -> Behaviour:
-    """A unary method's behaviour, fed the call's one request message."""
+def _one_message(
+    behaviour: Behaviour,
+    gate: ReadGate,
+    answers: AnswerBudget | None,
+    arrival_s: float | None,
+) -> Behaviour:
+    """A unary method's behaviour, fed the call's one request message, which must have come
+    whole within `arrival_s`; its answer counted in `answers` until the call is over."""
 
     async def call(requests: object, context: grpc.aio.ServicerContext) -> Any:
         peer = gate.caller(context)
-        request = await gate.read(context, peer)
-        if request is grpc.aio.EOF:
-            await _refuse(context, "the call ended without its request message")
-        if await gate.read(context, peer) is not grpc.aio.EOF:
-            await _refuse(context, "the call carried more than one request message")
-        return await behaviour(request, context)
+        try:
+            async with asyncio.timeout(arrival_s):
+                request = await gate.read(context, peer)
+                if request is grpc.aio.EOF:
+                    await _refuse(context, "the call ended without its request message")
+                if await gate.read(context, peer) is not grpc.aio.EOF:
+                    await _refuse(context, "the call carried more than one request message")
+        except TimeoutError:
+            error = PoolingError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                "REQUEST_TIMEOUT",
+                f"the request did not arrive within {arrival_s:g} s",
+            )
+            await context.abort_with_status(to_grpc_status(error))
+        response = await behaviour(request, context)
+        if answers is not None and response is not None:
+            address = context.peer()
+            size = _size(response)
+            refusal = answers.refusal(address, size)
+            if refusal is not None:
+                # The abort's traceback keeps this frame as long as grpcio keeps the call
+                # (as long as its client does): not the answer with it.
+                del response
+                await _unread(context, refusal)
+            context.add_done_callback(lambda _: answers.give(address, size))
+        return response
 
     return call
+
+
+def _size(response: Message | bytes) -> int:
+    return len(response) if type(response) is bytes else response.ByteSize()  # type: ignore[union-attr]
+
+
+async def _unread(context: grpc.aio.ServicerContext, refusal: str) -> None:
+    error = PoolingError(
+        ErrorKind.RESOURCE_EXHAUSTED,
+        "ANSWERS_UNREAD",
+        f"{refusal}; the answer is dropped: read your answers, or retry later",
+        retry_after_s=1.0,
+    )
+    await context.abort_with_status(to_grpc_status(error))
 
 
 async def _refuse(context: grpc.aio.ServicerContext, problem: str) -> None:

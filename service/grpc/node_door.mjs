@@ -533,6 +533,7 @@ function ended(call) {
   const session = call.session;
   session.calls -= 1;
   session.unsent -= call.unsent;
+  unsentTotal -= call.unsent;
   call.unsent = 0;
   const left = clients.get(session.address) - 1;
   if (left > 0) clients.set(session.address, left);
@@ -554,22 +555,42 @@ function refuse(call, code, details) {
   call.base.sendStatus({ code, details });
 }
 
+// Response bytes handed to HTTP/2 and not yet sent, over every connection.
+let unsentTotal = 0;
+
 function respond(call, message, written) {
-  // A response message to HTTP/2, counted against its connection until it is sent: a client
-  // that does not read its answers gets RESOURCE_EXHAUSTED rather than this process's memory.
+  // A response message to HTTP/2, counted against its connection and the process until it
+  // is sent: clients that do not read their answers get RESOURCE_EXHAUSTED rather than this
+  // process's memory. A small answer may use a reserve beyond the total, so that stalled
+  // readers of large answers cannot starve everyone's small calls.
   const session = call.session;
-  if (session.unsent > 0 && session.unsent + message.length > settings.max_unsent_bytes) {
+  const size = message.length;
+  if (session.unsent > 0 && session.unsent + size > settings.max_unsent_bytes) {
     refuse(call, Status.RESOURCE_EXHAUSTED, `the client has not read ${session.unsent} bytes `
       + 'of earlier answers on this connection');
+    if (size >= settings.large_message_bytes) collectSoon();
     return;
   }
-  const size = message.length;
-  if (size >= settings.large_message_bytes) session.largeAnswers = true;
+  const total = settings.max_unsent_total_bytes;
+  const room = size < settings.large_message_bytes ? total + (total >> 2) : total;
+  if (unsentTotal > 0 && unsentTotal + size > room) {
+    refuse(call, Status.RESOURCE_EXHAUSTED, `clients have not read ${unsentTotal} bytes of `
+      + 'earlier answers from this server; retry later');
+    if (size >= settings.large_message_bytes) collectSoon();
+    return;
+  }
+  if (size >= settings.large_message_bytes) {
+    session.largeAnswers = true;
+    // The link's copy of it is garbage once grpc-js has framed it: collected now, not
+    // when (if ever) the client reads and the write's callback runs.
+    collectSoon();
+  }
   call.unsent += size;
   session.unsent += size;
+  unsentTotal += size;
   session.strikes = 0;
   call.base.sendMessage(message, () => {
-    if (call.unsent >= size) { call.unsent -= size; session.unsent -= size; }
+    if (call.unsent >= size) { call.unsent -= size; session.unsent -= size; unsentTotal -= size; }
     if (size >= settings.large_message_bytes) collectSoon();
     if (written !== undefined && !call.done) written();
   });
@@ -802,11 +823,18 @@ function onSession(session) {
   session.once('remoteSettings', () => {
     clearTimeout(greeting.get(where));
     greeting.delete(where);
+    // HTTP/2 has begun: the connection has the handshake time again to open its first
+    // call, so that sockets which sent the preface and nothing else hold no slot for long.
+    if (session.lastStreamId === undefined && !session.destroyed) {
+      session.firstCall = setTimeout(() => noCall(session), settings.handshake_timeout_s * 1000);
+      session.firstCall.unref();
+    }
   });
   if (settings.min_client_ping_interval_s > 0 || !settings.keepalive_permit_without_calls) {
     session.on('ping', () => onPing(session));
   }
   session.on('close', () => {
+    clearTimeout(session.firstCall);
     sessions.delete(session);
     // What a connection's calls held (answers it never read, streams it opened by the
     // thousand) goes back now, not at V8's leisure.
@@ -816,10 +844,20 @@ function onSession(session) {
   if (draining) session.close();
 }
 
+function noCall(session) {
+  // A connection that began HTTP/2 and opened no call within the handshake time: GOAWAY,
+  // then closed (a client that meant to call reconnects, as after an idle GOAWAY).
+  if (session.lastStreamId !== undefined || session.destroyed) return;
+  try { session.close(); } catch { /* already closing */ }
+  setTimeout(() => session.destroy(), 1000).unref();
+}
+
 function onStream(stream, headers, flags, rawHeaders) {
   // Before grpc-js's own listener: keep the header list as sent, for the metadata.
   stream.rawHeaders = rawHeaders;
-  stream.session.lastStreamId = stream.id;
+  const session = stream.session;
+  if (session.lastStreamId === undefined) clearTimeout(session.firstCall);
+  session.lastStreamId = stream.id;
 }
 
 const serverOptions = {
@@ -883,11 +921,28 @@ function credentials() {
 
 const injector = server.createConnectionInjector(credentials());
 let connections = 0;
+const perAddress = new Map(); // client address -> connections open
+
+function addressOf(socket) {
+  const address = socket.remoteAddress ?? '';
+  return address.startsWith('::ffff:') ? address.slice(7) : address;
+}
 
 const listener = net.createServer({ pauseOnConnect: false }, (socket) => {
   if (connections >= settings.max_connections || draining) { socket.destroy(); return; }
+  // One address may hold its share of the connections, no more: sockets from one client
+  // (idle, or slow to begin HTTP/2) then lock no other client out.
+  const address = addressOf(socket);
+  const held = perAddress.get(address) ?? 0;
+  if (held >= settings.max_connections_per_address) { socket.destroy(); return; }
+  perAddress.set(address, held + 1);
   connections += 1;
-  socket.once('close', () => { connections -= 1; });
+  socket.once('close', () => {
+    connections -= 1;
+    const left = perAddress.get(address) - 1;
+    if (left > 0) perAddress.set(address, left);
+    else perAddress.delete(address);
+  });
   socket.on('error', () => {});
   // A connection that has not begun HTTP/2 (and TLS) within the handshake time is closed.
   const where = `${socket.remoteAddress}:${socket.remotePort}`;

@@ -34,6 +34,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from service.ops.auth import PROTECTED_PREFIX, BearerKeys
+from service.grpc.stream_limit import unsent_per_connection
 from service.ops.config import LARGE_MESSAGE_BYTES, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,6 @@ NO_TIMEOUT = 0xFFFFFFFF
 # too, which would listen again with 511: a burst of connections past the queue has its
 # SYNs dropped and waits a second for them to be sent again.
 LISTEN_BACKLOG = 4096
-# What one connection may have handed to HTTP/2 and not yet sent (a client that never opens
-# its receive window): past it, its calls are RESOURCE_EXHAUSTED instead of held here.
-MIN_UNSENT_BYTES = 64 << 20
 # Node's own accounting of one HTTP/2 session's memory, in MB: past it nghttp2 refuses new
 # streams on that connection.
 SESSION_MEMORY_MB = 64
@@ -523,11 +521,13 @@ class NodeDoor:
             # Request bytes inflated or held at once, over every call: a message waiting its
             # turn (max_concurrent_reads messages' worth) stays in the client's socket.
             "read_budget_bytes": transport.max_concurrent_reads * max_message,
-            "max_unsent_bytes": max(MIN_UNSENT_BYTES, 2 * max_message),
+            "max_unsent_bytes": unsent_per_connection(transport, max_message),
+            "max_unsent_total_bytes": transport.max_unsent_answer_bytes,
             "max_session_memory_mb": max(SESSION_MEMORY_MB, 4 * max_message >> 20),
             "max_concurrent_streams": transport.max_concurrent_streams,
             "open_calls": open_call_caps(transport.max_open_calls),
             "max_connections": transport.connection_cap(),
+            "max_connections_per_address": transport.address_cap(),
             "max_connection_age_s": transport.max_connection_age_s,
             "max_connection_age_grace_s": transport.max_connection_age_grace_s,
             "max_connection_idle_s": transport.max_connection_idle_s,

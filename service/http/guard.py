@@ -17,7 +17,10 @@ an hour, and nothing caps how many connections are open. This module adds, each 
 - aiohttp's keep-alive timeout, from seconds rather than an hour;
 - at most `max_connections` open connections, and never more than half the open-file limit,
   so that the gRPC door always has descriptors left; a connection over the cap is answered
-  503 and closed at once.
+  503 and closed at once;
+- of them, at most `max_connections_per_address` from one client address (a quarter of the
+  cap unless given), so that one client's sockets lock no other client out; one over its
+  address's share is answered 503 and closed at once.
 
 A connection closed for time gets 408 and Connection: close, then the socket goes.
 """
@@ -43,6 +46,7 @@ from service.ops.config import (
     HTTP_DESCRIPTOR_SHARE,
     LARGE_MESSAGE_BYTES,
     HttpLimits,
+    address_share,
     descriptor_budget,
 )
 
@@ -76,6 +80,14 @@ def _raw_answer(error: PoolingError, with_body: bool = True) -> bytes:
 _OVER_CAP = _raw_answer(
     PoolingError(
         ErrorKind.UNAVAILABLE, "TOO_MANY_CONNECTIONS", "too many open connections", retry_after_s=1
+    )
+)
+_OVER_ADDRESS_CAP = _raw_answer(
+    PoolingError(
+        ErrorKind.UNAVAILABLE,
+        "TOO_MANY_CONNECTIONS",
+        "too many open connections from this address",
+        retry_after_s=1,
     )
 )
 _HEADER_TIMEOUT = _raw_answer(
@@ -141,31 +153,46 @@ class _Guarded(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.in_request = False
         self._timer: asyncio.TimerHandle | None = None
+        self.address = ""
+        self.refused = False  # over its address's share: answered 503, aiohttp never saw it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # see _OverCap's
-        self.guard.opened(self)
+        peer = transport.get_extra_info("peername")
+        self.address = peer[0] if isinstance(peer, tuple) and peer else ""
+        if not self.guard.opened(self):
+            self.refused = True
+            self.transport.write(_OVER_ADDRESS_CAP)
+            _close(self.transport)
+            return
         self.inner.connection_made(transport)
         self._start_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
         if not self.in_request and self._timer is None:
             self._start_timer()
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self.refused:
+            return None
         return self.inner.eof_received()
 
     def pause_writing(self) -> None:
-        self.inner.pause_writing()
+        if not self.refused:
+            self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self.inner.resume_writing()
+        if not self.refused:
+            self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
         self.guard.closed(self)
-        self.inner.connection_lost(exc)
+        if not self.refused:
+            self.inner.connection_lost(exc)
 
     def request_began(self) -> None:
         self.in_request = True
@@ -211,8 +238,16 @@ class ConnectionGuard:
         self.max_connections = descriptor_budget(
             "HTTP", limits.max_connections, HTTP_DESCRIPTOR_SHARE
         )
+        self.max_per_address = address_share(
+            limits.max_connections_per_address, self.max_connections
+        )
         self._error = error
         self._open: dict[asyncio.Protocol, _Guarded] = {}  # by aiohttp's protocol
+        self._by_address: dict[str, int] = {}  # connections open per client address
+        self._over_address = RateLimitedLog(
+            "HTTP connections from %s reached their address's share (%d): new ones from it "
+            "are answered 503 and closed"
+        )
         # Counted when the protocol is made: asyncio accepts a burst before any of its
         # connection_made calls run, and each accepted socket is a descriptor already.
         self._count = 0
@@ -252,12 +287,26 @@ class ConnectionGuard:
 
         return make
 
-    def opened(self, connection: _Guarded) -> None:
+    def opened(self, connection: _Guarded) -> bool:
+        """Whether the connection is admitted: within its address's share."""
+        held = self._by_address.get(connection.address, 0)
+        if held >= self.max_per_address:
+            self._over_address.hit(connection.address, held)
+            return False
+        self._by_address[connection.address] = held + 1
         self._open[connection.inner] = connection
+        return True
 
     def closed(self, connection: _Guarded) -> None:
-        self._open.pop(connection.inner, None)
         self._count -= 1
+        if connection.refused:
+            return
+        self._open.pop(connection.inner, None)
+        left = self._by_address.get(connection.address, 0) - 1
+        if left > 0:
+            self._by_address[connection.address] = left
+        else:
+            self._by_address.pop(connection.address, None)
 
     # ------------------------------------------------------------------ middlewares
 

@@ -60,13 +60,20 @@ class TransportConfig:
     # takes up to half): past it gRPC core closes new ones at once, so idle sockets cannot
     # take the descriptors the other door, the engine sockets and the logs need.
     max_connections: int = 1024
-    handshake_timeout_s: float = 10.0  # a connection that has not begun HTTP/2 is closed
+    # Of them, what one client address may hold (0: a quarter of the cap), so that sockets
+    # from one address lock no other client out (the Node door; gRPC core has no such hook).
+    max_connections_per_address: int = 0
+    # A connection that has not begun HTTP/2 is closed; on the Node door also one that has
+    # opened no call this long after it began (and a call whose request has not come).
+    handshake_timeout_s: float = 10.0
     # A connection with no call for this long gets GOAWAY (clients reconnect on their next
     # call), so idle connections cannot hold the cap's slots for the half hour of their age.
-    # Off by default: it was turned off when a suite run with 600 s saw a call hang to its
-    # deadline; that hang was later traced to pair truncation (engine/tokenization.py), not
-    # to this. Set it where idle slot-holding is the threat.
-    max_connection_idle_s: float = 0.0  # 0: never
+    max_connection_idle_s: float = 300.0  # 0: never
+    # Answers handed to HTTP/2 and not yet read by their clients, per front end over all
+    # connections (each connection: at most a quarter of it, at least two messages' worth):
+    # past it a large answer is RESOURCE_EXHAUSTED rather than held (small ones have a
+    # reserve of a quarter more, so stalled readers cannot starve small calls).
+    max_unsent_answer_bytes: int = 64 << 20
     # Request messages read at once per process while large ones come, each read holding
     # its turn at most read_turn_s (service/grpc/read_gate.py): a read costs about three times
     # its message.
@@ -81,6 +88,10 @@ class TransportConfig:
     def connection_cap(self) -> int:
         """max_connections, lowered to gRPC's share of the open-file limit (either door)."""
         return descriptor_budget("gRPC", self.max_connections, GRPC_DESCRIPTOR_SHARE)
+
+    def address_cap(self) -> int:
+        """The connections one client address may hold (the Node door enforces it)."""
+        return address_share(self.max_connections_per_address, self.connection_cap())
 
     def options(self, max_message_bytes: int) -> list[tuple[str, int]]:
         options = [
@@ -149,6 +160,7 @@ class HttpLimits:
     body_min_bytes_per_s: int = 16 * 1024
     keepalive_timeout_s: float = 75.0
     max_connections: int = 1024
+    max_connections_per_address: int = 0  # 0: a quarter of max_connections
     max_concurrent_bodies: int = 3
 
 
@@ -255,6 +267,16 @@ def descriptor_budget(door: str, requested: int, share: int) -> int:
         soft,
     )
     return budget
+
+
+# What one client address may hold of a door's connections when no share is given.
+ADDRESS_SHARE = 4
+
+
+def address_share(requested: int, cap: int) -> int:
+    """Connections one client address may hold: `requested` (0: 1/ADDRESS_SHARE of `cap`),
+    never more than `cap`."""
+    return min(cap, requested or max(1, cap // ADDRESS_SHARE))
 
 
 def raise_open_file_limit() -> None:

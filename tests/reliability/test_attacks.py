@@ -187,8 +187,11 @@ class RawCall:
 class RawHttp2:
     """A bare HTTP/2 connection speaking just enough gRPC to send what grpcio never would."""
 
-    def __init__(self, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, source: str | None = None) -> None:
+        """`source`: the client address to connect from (any of 127/8 is loopback)."""
+        self.sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=timeout, source_address=source and (source, 0)
+        )
         config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         self.conn = h2.connection.H2Connection(config)
         self.conn.initiate_connection()

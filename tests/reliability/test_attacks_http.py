@@ -112,8 +112,17 @@ def starved(servers: dict[str, tuple[ServerProcess, int]]) -> tuple[ServerProces
 # --------------------------------------------------------------------------- raw HTTP
 
 
-def _connect(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=5)
+def _connect(port: int, source: str | None = None) -> socket.socket:
+    """`source`: the client address to connect from (any of 127/8 is loopback)."""
+    return socket.create_connection(
+        ("127.0.0.1", port), timeout=5, source_address=source and (source, 0)
+    )
+
+
+def _many(index: int, addresses: int) -> str:
+    """The client address of a flood's `index`-th socket, over `addresses` addresses (from
+    127.0.1.1): floods that test a door's caps in all, not its share per address."""
+    return f"127.0.1.{1 + index % addresses}"
 
 
 def _head(length: int | str, path: str = "/v1/embeddings") -> bytes:
@@ -307,13 +316,14 @@ def test_slow_body_above_the_minimum_rate_is_read_whole(door, record_property) -
 
 
 def test_slowloris_connections_are_closed_after_the_header_timeout(door, record_property) -> None:
-    """500 connections dribble header bytes; each is closed once its headers run late."""
+    """500 connections from 4 addresses (each within its share) dribble header bytes; each
+    is closed once its headers run late."""
     server, port = door
     header = _head(2)
     with watching(server) as watch:
         socks, opened = [], []  # each connection's life is timed from its own start
-        for _ in range(SLOWLORIS):
-            socks.append(_connect(port))
+        for index in range(SLOWLORIS):
+            socks.append(_connect(port, _many(index, 4)))
             opened.append(time.monotonic())
             socks[-1].send(header[:1])
         started = time.monotonic()
@@ -388,13 +398,14 @@ def test_open_file_limit_is_raised_and_logged(door) -> None:
 
 
 def test_idle_sockets_past_the_file_limit_leave_grpc_serving(starved, record_property) -> None:
-    """1,100 idle sockets under `ulimit -n 1024`: the cap (half the limit) holds 512, the
-    rest are answered 503 and closed at once; gRPC calls go on; the log stays quiet."""
+    """1,100 idle sockets from 16 addresses under `ulimit -n 1024`: the cap (half the
+    limit) holds 512, the rest are answered 503 and closed at once; gRPC calls go on; the
+    log stays quiet."""
     server, port = starved
     with watching(server) as watch:
         started = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
-            socks = list(pool.map(lambda _: _connect(port), range(IDLE_SOCKETS)))
+            socks = list(pool.map(lambda i: _connect(port, _many(i, 16)), range(IDLE_SOCKETS)))
         held = _refused_within(
             socks,
             5.0,
@@ -459,9 +470,9 @@ def _refused_within(
 
 
 def test_idle_sockets_on_the_grpc_port_leave_both_doors_serving(starved, record_property) -> None:
-    """1,100 idle sockets on the gRPC port under `ulimit -n 1024`: gRPC core holds a quarter
-    of the limit (256) and closes the rest at once, so HTTP and the connections already
-    open go on; the held ones are closed when --handshake-timeout-s ends, and new gRPC
+    """1,100 idle sockets from 32 addresses (each within its share) on the gRPC port under
+    `ulimit -n 1024`: the door holds a quarter of the limit (256) and closes the rest at
+    once, so HTTP and the connections already open go on; the held ones are closed when --handshake-timeout-s ends, and new gRPC
     connections then come in. Without the cap they took every descriptor: both doors
     stopped answering."""
     server, http_port = starved
@@ -469,7 +480,9 @@ def test_idle_sockets_on_the_grpc_port_leave_both_doors_serving(starved, record_
     with watching(server) as watch:  # the bystander's connection is open before the flood
         started = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
-            socks = list(pool.map(lambda _: _connect(server.port), range(IDLE_SOCKETS)))
+            socks = list(
+                pool.map(lambda i: _connect(server.port, _many(i, 32)), range(IDLE_SOCKETS))
+            )
         held = _refused_within(socks, 1.0)  # the cap, less what was open already
         watch.answer_s = time.monotonic() - started
         with _connect(http_port) as probe:  # the other door meanwhile
