@@ -5,6 +5,14 @@ vLLM's bytes and bytes_only (the arrays' bytes one after another as the whole bo
 application/octet-stream; with bytes, a `metadata` header holds the JSON of id, model,
 usage and each array's index, start, end and shape).
 
+That header is one line, and a line of 100 KB (vLLM's form for 1,024 vectors) is refused by
+Python's http.client (64 KB a line), aiohttp (8 KB) and proxies (nginx's 4-8 KB buffer
+for all of an answer's headers). So vLLM's form is sent while it fits METADATA_MAX_BYTES;
+past that, a compact form: the arrays lie back to back in index order, all of `shape`, or
+of `[rows[i], *shape]` where their first dimension differs, with no `data` list. A compact
+form that would still not fit (thousands of matrices of different lengths) is refused
+(METADATA_TOO_LARGE) before the body is built: bytes_only and base64 answer it.
+
 vLLM's `embed_dtype` and `endianness` say what those bytes are: float32 (the default,
 OpenAI's), float16, bfloat16 (the top half of each float32, rounded to nearest even), or
 fp8 (e4m3 or e5m2, one byte a value, as torch's float8_e4m3fn and float8_e5m2 round them);
@@ -19,9 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
+import msgspec
 import numpy as np
 
 from engine.encodings import to_bfloat16
+from engine.errors import ErrorKind, PoolingError
 from engine.validation import unknown_value
 from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats, base64_of
 from service.http.json_body import Body
@@ -30,6 +40,9 @@ ENCODING_FORMATS = ("float", "base64", "bytes", "bytes_only")
 EMBED_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 ENDIANNESS = ("native", "big", "little")
 _FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+# The `metadata` header's value at most: with the answer's other headers (~200 bytes) it
+# stays within an 8 KB header buffer, and far within http.client's 64 KB line.
+METADATA_MAX_BYTES = 6144
 
 
 @dataclass(frozen=True)
@@ -89,16 +102,57 @@ class BinaryAnswer:
 
 def binary_answer(fmt: FloatFormat, arrays: list[np.ndarray], head: dict[str, Any]) -> BinaryAnswer:
     """Each array's bytes, and where each lies in the body (`head`: the answer's id, model,
-    usage, as its JSON form has them)."""
-    parts, items, at = [], [], 0
+    usage, as its JSON form has them): vLLM's metadata, or the compact form past
+    METADATA_MAX_BYTES (see the module's docstring)."""
+    metadata = None if fmt.encoding == "bytes_only" else header_metadata(fmt, arrays, head)
+    return BinaryAnswer([fmt.raw(values) for values in arrays], metadata)
+
+
+def header_metadata(
+    fmt: FloatFormat, arrays: list[np.ndarray], head: dict[str, Any]
+) -> dict[str, Any]:
+    """The `metadata` header's JSON, within METADATA_MAX_BYTES; refused if it cannot be."""
+    width = EMBED_DTYPES[fmt.dtype]
+    items, at = [], 0
     for index, values in enumerate(arrays):
-        data = fmt.raw(values)
-        item = {"index": index, "embed_dtype": fmt.dtype, "endianness": fmt.endianness}
-        items.append({**item, "start": at, "end": at + len(data), "shape": list(values.shape)})
-        parts.append(data)
-        at += len(data)
-    metadata = None if fmt.encoding == "bytes_only" else {**head, "data": items}
-    return BinaryAnswer(parts, metadata)
+        end = at + values.size * width
+        items.append(
+            {
+                "index": index,
+                "embed_dtype": fmt.dtype,
+                "endianness": fmt.endianness,
+                "start": at,
+                "end": end,
+                "shape": list(values.shape),
+            }
+        )
+        at = end
+    full = {**head, "data": items}
+    if len(msgspec.json.encode(full)) <= METADATA_MAX_BYTES:
+        return full
+    compact = {**head, "embed_dtype": fmt.dtype, "endianness": fmt.endianness}
+    compact["count"] = len(arrays)
+    shapes = {values.shape for values in arrays}
+    if len(shapes) == 1:
+        compact["shape"] = list(shapes.pop())
+    elif len({shape[1:] for shape in shapes}) == 1 and all(shape for shape in shapes):
+        compact["shape"] = list(arrays[0].shape[1:])
+        compact["rows"] = [values.shape[0] for values in arrays]
+    size = len(msgspec.json.encode(compact))
+    if "shape" not in compact or size > METADATA_MAX_BYTES:
+        raise metadata_too_large(size)
+    return compact
+
+
+def metadata_too_large(size: int) -> PoolingError:
+    return PoolingError(
+        ErrorKind.INVALID_ARGUMENT,
+        "METADATA_TOO_LARGE",
+        f"the bytes answer's metadata header would take {size} bytes, more than "
+        f"{METADATA_MAX_BYTES} (what proxies and HTTP clients read in one header); ask "
+        "encoding_format bytes_only or base64, or send fewer inputs a request",
+        metadata={"metadata_bytes": str(size), "limit_bytes": str(METADATA_MAX_BYTES)},
+    )
 
 
 def float_format(body: Body) -> FloatFormat:
