@@ -332,7 +332,8 @@ def _candidate_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     limit = r.info.char_limit(r.may_run_long)
     towers = r.info.towers
     default = towers.label_template if towers is not None else DEFAULT_LABEL_TEMPLATE
-    longest = max(len(label) for label in labels) + len(template or default)
+    reads = max((template or default).count("{label}"), 1)  # a template may repeat it
+    longest = reads * max(len(label) for label in labels) + len(template or default)
     if longest > limit:
         yield FieldViolation(
             path,
@@ -466,7 +467,8 @@ def _label_total(r: Resolved, limits: Limits, texts: int) -> Iterator[FieldViola
     if template is None:
         template = towers.label_template if towers is not None else DEFAULT_LABEL_TEMPLATE
     labels = r.request.candidate_labels
-    total = texts + sum(map(len, labels)) + len(labels) * len(template)
+    reads = max(template.count("{label}"), 1)  # each label as often as its template reads it
+    total = texts + reads * sum(map(len, labels)) + len(labels) * len(template)
     if total > limits.max_request_chars >= texts:
         yield FieldViolation(
             "classify.candidate_labels",

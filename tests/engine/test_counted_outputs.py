@@ -283,3 +283,25 @@ def test_colbert_floor_counts_rows_as_the_mode_cuts_them(colbert: LoadedModel) -
     request = PoolRequest(Task.EMBED_MULTI, texts=texts, response_budget=budget)
     result = Counted(colbert).run(request)
     assert [o.values.shape[0] for o in result] == [settings.document_length] * 2  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------ zero-shot labels
+
+
+def test_zero_shot_labels_count_with_the_texts_as_their_template_reads_them(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Labels are texts read through their template: counted against the request bound,
+    as often as the template places them, before any is tokenized."""
+    from tests.fixture_models import tiny_clip
+
+    clip = load(tiny_clip(tmp_path_factory.mktemp("counted") / "clip")).info
+    limits = Limits(max_request_chars=10_000)
+    labels = tuple(f"label {i} " + "x" * 90 for i in range(64))  # 6,400 characters
+    request = PoolRequest(Task.CLASSIFY, texts=("a text",), candidate_labels=labels)
+    validate_request(request, clip, limits)  # once each, with the default template
+    twice = replace(request, label_template="{label} or {label}")
+    with pytest.raises(PoolingError) as caught:
+        validate_request(twice, clip, limits)
+    found = [(v.field, v.reason) for v in caught.value.violations]
+    assert found == [("classify.candidate_labels", "REQUEST_TOO_LARGE")]
