@@ -355,7 +355,12 @@ def _mode_pictures() -> dict[str, PILImage.Image]:
     palette = base.convert("RGB").convert("P", palette=PILImage.Palette.ADAPTIVE, colors=60)
     keyed = palette.copy()
     keyed.info["transparency"] = 3
+    alphas = palette.copy()  # a PNG's tRNS: an alpha for each index
+    alphas.info["transparency"] = bytes(rng.integers(0, 256, 60, dtype=np.uint8))
     tall = PILImage.fromarray(rng.integers(0, 256, (301, 9, 3), dtype=np.uint8))
+    keyed_rgb, keyed_grey = base.convert("RGB"), base.convert("L")
+    keyed_rgb.info["transparency"] = tuple(rgba[12, 5, :3].tolist())
+    keyed_grey.info["transparency"] = int(np.asarray(keyed_grey)[12, 5])
     return {
         "RGB": base.convert("RGB"),
         "RGBA": base,
@@ -364,6 +369,9 @@ def _mode_pictures() -> dict[str, PILImage.Image]:
         "1": base.convert("1"),
         "P": palette,
         "P-transparent": keyed,
+        "P-alphas": alphas,
+        "RGB-transparent": keyed_rgb,
+        "L-transparent": keyed_grey,
         "PA": base.convert("PA"),
         "CMYK": base.convert("CMYK"),
         "RGB-tall-small": tall,
@@ -394,21 +402,49 @@ def _expected(processor: object, image: PILImage.Image) -> np.ndarray:
     return out["pixel_values"][0]
 
 
+@pytest.mark.parametrize("joint", [True, False], ids=["channels-together", "one-by-one"])
 @pytest.mark.parametrize("kind", list(PROCESSORS_UNDER_TEST))
 def test_every_mode_equals_transformers_strip_by_strip(
-    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, kind: str, joint: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each mode made RGB a strip and a channel at a time (strips of a few rows here, so
-    every picture is many) equals transformers' processor on the whole picture, its own
-    convert_to_rgb included: bit for bit."""
+    """Each mode made RGB a strip at a time (strips of a few rows here, so every picture
+    is many), its channels resized together or (a very tall image's way) one at a time,
+    equals transformers' processor on the whole picture, its own convert_to_rgb included:
+    bit for bit."""
     import engine.images as images
 
     monkeypatch.setattr(images, "STRIP_PIXELS", 97)
+    if not joint:
+        monkeypatch.setattr(images, "JOINT_BYTES", 0)
     build, processor = PROCESSORS_UNDER_TEST[kind]
     ours = load_image_processor(build(tmp_path, processor))
     assert ours is not None
     for name, image in _mode_pictures().items():
         np.testing.assert_array_equal(ours.one(image), _expected(processor, image), err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA"])
+def test_every_value_and_alpha_is_laid_on_white_as_transformers_lays_it(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transparency goes on white by Pillow's paste through the alpha (one pass for all
+    channels), where transformers' convert_to_rgb calls alpha_composite: the two round
+    alike for all 65,536 (value, alpha) pairs, laid straight from an upright picture and
+    from a turned strip. A size-preserving processor lets every pixel through unblurred."""
+    import engine.images as images
+
+    monkeypatch.setattr(images, "STRIP_PIXELS", 256 * 37)  # strips that split the rows
+    value, alpha = np.meshgrid(np.arange(256), np.arange(256))
+    channels = [value, 255 - value, (value * 7) % 256, alpha]
+    pairs = PILImage.fromarray(np.stack(channels, -1).astype(np.uint8), "RGBA").convert(mode)
+    processor = SiglipImageProcessorPil(size={"height": 256, "width": 256})
+    ours = load_image_processor(siglip_folder(tmp_path, processor))
+    assert ours is not None
+    np.testing.assert_array_equal(ours.one(pairs), _expected(processor, pairs))
+    turn = PILImage.Transpose.ROTATE_90
+    np.testing.assert_array_equal(
+        ours.one(pairs, transpose=turn), _expected(processor, pairs.transpose(turn))
+    )
 
 
 @pytest.mark.parametrize("orientation", range(2, 9))

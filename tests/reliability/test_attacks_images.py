@@ -519,9 +519,9 @@ def test_real_bombs_in_wide_modes_cost_their_decoded_picture(
 ) -> None:
     """Issue 43, row 5: 4 calls of 2 PNGs of 7000 x 7000, RGBA or 16-bit grey (inside every
     bound), grew the server by 934 and 1,212 MB when each was made RGB whole. Made RGB a
-    strip and a channel at a time, one image costs its decoded picture (196 MB for RGBA,
-    98 MB for 16-bit grey) and a few MB: the peak stays under 300 MB, and 10 s later the
-    server holds under 100 MB more than before; the bystander never waits 1.5 s."""
+    strip of rows at a time, one image costs its decoded picture (196 MB for RGBA, 98 MB
+    for 16-bit grey) and a few MB: the peak stays under 300 MB, and 10 s later the server
+    holds under 100 MB more than before; the bystander never waits 1.5 s."""
     data = zeros_image(mode, (7_000, 7_000))
     request = embed([image_item(data)] * 2)
     with watching(server.process) as watch, ThreadPoolExecutor(BOMB_CALLS) as pool:
