@@ -541,6 +541,9 @@ class BatchQueue:
                     with self._lock:
                         self._busy[index] = False
                         self._computing[index] = []
+                # Not held until this worker's next batch: its items hold their jobs, and a
+                # job its raw outputs (a large one's, hundreds of MB, kept while idle).
+                batch = expired = []
 
     def _may_take(self, index: int) -> bool:
         if not self._pending:

@@ -50,6 +50,11 @@ INTAKE_BATCH = 64
 # thread seconds, and every small call waited behind it (issue 43, row 8).
 BULK_PER_INPUT = 32
 BULK_SIZE = 1 << 16
+# Large requests tokenized and not yet answered, at most: each holds its token lists (a
+# 1,024-document rerank of 512 tokens each, ~130 MB of them) until answered, and three at
+# once grew a front end by 400 MB. The next one waits its turn on the bulk thread; the
+# engine is busy with the one in flight meanwhile, so little throughput is lost.
+BULK_IN_FLIGHT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,8 @@ class Engine:
         # for a thousand long documents) never holds the small calls behind it; the GIL is
         # shared, but the tokenizer's Rust releases it, and Python switches threads every 5 ms.
         self._bulk: SimpleQueue[_Intake | None] = SimpleQueue()
+        self._bulk_slots = threading.Semaphore(BULK_IN_FLIGHT)
+        self._stopping = False
         self._tokenizers.append(
             threading.Thread(target=self._tokenize_and_queue, args=(self._bulk,), name="bulk")
         )
@@ -164,6 +171,7 @@ class Engine:
             thread.start()
 
     async def stop(self) -> None:
+        self._stopping = True
         for thread in self._tokenizers:
             self._lane(thread.name).put(None)
         for thread in self._tokenizers:
@@ -276,42 +284,72 @@ class Engine:
     def _tokenize_and_queue(self, intake: SimpleQueue[_Intake | None]) -> None:
         """A tokenizer thread: take every request waiting, plan each (tokenize, check
         lengths; decode images), then queue the jobs with one lock and one wake-up per model."""
+        bulk = intake is self._bulk
         while True:
-            entries = _take_intake(intake)
-            jobs: dict[str, list[Job]] = {}
-            failed: list[tuple[Job | _Intake, BaseException]] = []
-            for entry in entries:
-                if entry is None or entry.future.done():  # stopping, or the caller went away
-                    continue
-                try:
-                    request, model = entry.request, entry.model
-                    plan = plan_request(request, model, self.limits)  # tokenized here
-                    entry.timings.tokenize_s = time.monotonic() - entry.started
-                    finish = _finisher(request, model, plan)
-                    batches = entry.timings.batches
-                    job = entry.job = Job(
-                        plan.work,
-                        finish,
-                        entry.future,
-                        entry.deadline,
-                        batches,
-                        client=entry.client,
-                        fold=plan.fold,
-                    )
-                    jobs.setdefault(model.info.name, []).append(job)
-                except PoolingError as exc:  # the request's own error: no traceback kept,
-                    # which would hold this thread's frame, and `failed` with the error in it
-                    failed.append((entry, exc.with_traceback(None)))
-                except Exception as exc:  # a bug: the caller hears it
-                    failed.append((entry, exc))
-            for name, queued in jobs.items():
-                failed += self.client.submit(name, queued)
-            if failed:
-                loop = failed[0][0].future.get_loop()
-                with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
-                    loop.call_soon_threadsafe(settle, failed)
-            if None in entries:
+            entries = _take_intake(intake, 1 if bulk else INTAKE_BATCH)
+            stopping = None in entries
+            self._plan_and_queue(entries, bulk)
+            # Not kept until the next request comes: each entry holds its job, and so its
+            # token lists (a large request's, 100 MB and more, held while the server idles).
+            entries = []
+            if stopping:
                 return
+
+    def _plan_and_queue(self, entries: list[_Intake | None], bulk: bool) -> None:
+        """Plan each request taken (tokenize, check lengths; decode images), then queue the
+        jobs with one lock and one wake-up per model; fail the ones refused."""
+        jobs: dict[str, list[Job]] = {}
+        failed: list[tuple[Job | _Intake, BaseException]] = []
+        for entry in entries:
+            if entry is None or entry.future.done():  # stopping, or the caller went away
+                continue
+            if bulk and not self._bulk_slot(entry):
+                continue
+            try:
+                request, model = entry.request, entry.model
+                plan = plan_request(request, model, self.limits)  # tokenized here
+                entry.timings.tokenize_s = time.monotonic() - entry.started
+                finish = _finisher(request, model, plan)
+                batches = entry.timings.batches
+                job = entry.job = Job(
+                    plan.work,
+                    finish,
+                    entry.future,
+                    entry.deadline,
+                    batches,
+                    client=entry.client,
+                    fold=plan.fold,
+                )
+                jobs.setdefault(model.info.name, []).append(job)
+            except PoolingError as exc:  # the request's own error: no traceback kept,
+                # which would hold this thread's frame, and `failed` with the error in it
+                failed.append((entry, exc.with_traceback(None)))
+            except Exception as exc:  # a bug: the caller hears it
+                failed.append((entry, exc))
+        for name, queued in jobs.items():
+            failed += self.client.submit(name, queued)
+        if failed:
+            loop = failed[0][0].future.get_loop()
+            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                loop.call_soon_threadsafe(settle, failed)
+
+    def _bulk_slot(self, entry: _Intake) -> bool:
+        """On the bulk thread: wait for a large request's turn (BULK_IN_FLIGHT), given back
+        when its future is done, however (answered, failed, cancelled); False if its caller
+        went away meanwhile (the turn is passed on)."""
+        while not self._bulk_slots.acquire(timeout=0.5):
+            if self._stopping or entry.future.done():
+                return False
+        future = entry.future
+        release = self._bulk_slots.release
+        try:
+            future.get_loop().call_soon_threadsafe(
+                future.add_done_callback, lambda _: release()
+            )
+        except RuntimeError:  # the loop closed at shutdown
+            release()
+            return False
+        return not future.done()
 
     def tokenize(
         self,
@@ -405,10 +443,10 @@ def _size(request: PoolRequest) -> int:
     return size
 
 
-def _take_intake(intake: SimpleQueue[_Intake | None]) -> list[_Intake | None]:
-    """Block for one request, then take the others already waiting (up to a bound)."""
+def _take_intake(intake: SimpleQueue[_Intake | None], bound: int) -> list[_Intake | None]:
+    """Block for one request, then take the others already waiting (up to `bound`)."""
     entries = [intake.get()]
-    while entries[-1] is not None and len(entries) < INTAKE_BATCH:
+    while entries[-1] is not None and len(entries) < bound:
         try:
             entries.append(intake.get_nowait())
         except Empty:
