@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -148,12 +149,13 @@ class ShardAnswerer:
 
         self.engine = load_engine(config)
         self.path = path
-        self.lines: LineRunner | None = None
+        self.lines = LineRunner(new_runner(self.engine))
+        self._started: asyncio.Future[None] | None = None
 
     async def __call__(self, batch: dict[str, Any]) -> Any:
-        if self.lines is None:  # started in Ray's event loop for this actor
-            await self.engine.start()
-            self.lines = LineRunner(new_runner(self.engine))
+        if self._started is None:  # once, in Ray's event loop for this actor's batches
+            self._started = asyncio.ensure_future(self.engine.start())
+        await self._started
         datas, counts = [], []
         for offset, length, first in zip(
             batch["offset"], batch["length"], batch["first_line"], strict=True
@@ -254,6 +256,8 @@ def run_dataset(config: ServerConfig, job: BatchJobOptions, options: RayJobOptio
         context.checkpoint_config = {
             "id_column": options.id_column,
             "checkpoint_path": os.path.abspath(checkpoint),
+            # Kept after success too: --resume of a finished job then writes nothing again.
+            "delete_checkpoint_on_success": False,
         }
     read = ray.data.read_parquet if options.input_format == "parquet" else ray.data.read_json
     dataset = read(job.input).map_batches(
@@ -318,7 +322,15 @@ def check_models(config: ServerConfig) -> None:
             raise SystemExit(f"model {spec.source!r} cannot be loaded: {error}") from None
 
 
+_RAISED = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Exit)): (.*)$")
+
+
 def _cause(error: BaseException) -> str:
-    """The last line of the innermost error Ray carries: what went wrong in the actor."""
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
+    """What went wrong in the actor: the last error Ray's report names that is not Ray's own
+    wrapper (the report carries the actor's traceback as text)."""
+    named = [
+        found.group(0)
+        for line in str(error).splitlines()
+        if (found := _RAISED.match(line.strip())) and not found.group(1).startswith("ray.")
+    ]
+    return named[-1] if named else f"{type(error).__name__}: {error}"

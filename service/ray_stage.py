@@ -244,19 +244,21 @@ class EngineCaller:
         self.engine = load_engine(server_config(server_args))
         self.options = options
         self._error = PoolingError
-        self._started = False
+        self._started: asyncio.Future[None] | None = None
         limit = self.engine.limits.max_client_batch_size
         self.rows_per_request = min(options.rows_per_request, limit)
 
     async def start(self) -> None:
-        if not self._started:
-            await self.engine.start()
-            self._started = True
+        """Start the engine once, in the loop of the batches in flight (several at once)."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self.engine.start())
+        await self._started
 
     async def stop(self) -> None:
-        if self._started:
+        if self._started is not None:
+            await self._started
             await self.engine.stop()
-            self._started = False
+            self._started = None
 
     def _params(self) -> Any:
         from engine.params import PoolingParams
