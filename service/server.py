@@ -19,8 +19,8 @@ from service.grpc.handlers import add_pooling_service
 from service.grpc.health import HealthServicer
 from service.grpc.node_door import HandlerSet, NodeDoor, open_call_caps, unary_request_paths
 from service.grpc.read_gate import ReadGate
-from service.grpc.stream_limit import AnswerBudget, unsent_per_connection
 from service.grpc.servicer import PoolingServicer
+from service.grpc.stream_limit import AnswerBudget, unsent_per_connection
 from service.http.app import HttpApi
 from service.http.cohere import input_type_prompts
 from service.ops.auth import BearerTokenInterceptor
@@ -291,7 +291,7 @@ def warn_if_exposed(host: str) -> bool:
         "per client address, answers corrupt compression and an unknown grpc-encoding with "
         "INTERNAL, never cuts a CONTINUATION flood and sends no GOAWAY for rapid reset. "
         "Serve untrusted clients with --grpc-door node, or behind Envoy (docs/reliability.md, "
-        "\"What grpcio's door cannot defend\")",
+        '"What grpcio\'s door cannot defend")',
         host,
     )
     return True

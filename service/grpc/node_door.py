@@ -33,8 +33,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from service.ops.auth import PROTECTED_PREFIX, BearerKeys
 from service.grpc.stream_limit import unsent_per_connection
+from service.ops.auth import PROTECTED_PREFIX, BearerKeys
 from service.ops.config import LARGE_MESSAGE_BYTES, ServerConfig
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import h2.connection
@@ -89,7 +88,7 @@ def _node_door_installed() -> bool:
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
     """`node`: the Node door and the HTTP door (its port as `http_port`); `grpcio`: grpcio's
     door. This process opens 3,000 sockets: its soft open-file limit is raised."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < IDLE_SOCKETS + 500:
         pytest.skip(f"the tests open {IDLE_SOCKETS} sockets; the open-file limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -236,7 +235,9 @@ def test_idle_sockets_from_one_address_lock_no_one_out(
     if newcomer != "OK" or newcomer_s >= BYSTANDER_LIMIT_S:
         verdict.problems.append(f"the newcomer got {newcomer} in {newcomer_s:.2f}s")
     if still_open:
-        verdict.problems.append(f"{len(still_open)} held sockets still open after the handshake time")
+        verdict.problems.append(
+            f"{len(still_open)} held sockets still open after the handshake time"
+        )
     verdict.check()
     assert_alive(server)
 
@@ -389,11 +390,11 @@ def test_requests_sent_a_byte_a_second_are_ended(
     with watching(server) as watch:
         started = time.monotonic()
         try:
-            streams = [
-                (raw, raw.open("Pool")) for raw in attackers for _ in range(SLOW_CALLS // 4)
-            ]
+            streams = [(raw, raw.open("Pool")) for raw in attackers for _ in range(SLOW_CALLS // 4)]
             sent = 0
-            while len(ended) < SLOW_CALLS and time.monotonic() < started + HANDSHAKE_S + 2 * SLACK_S:
+            while (
+                len(ended) < SLOW_CALLS and time.monotonic() < started + HANDSHAKE_S + 2 * SLACK_S
+            ):
                 for raw, stream_id in streams:
                     if not raw.calls[stream_id].done and sent < len(body) - 1:
                         raw.conn.send_data(stream_id, body[sent : sent + 1])
@@ -421,8 +422,13 @@ def test_requests_sent_a_byte_a_second_are_ended(
         outcomes=dict(outcomes),
         **watch.figures(),
     )
-    verdict = Verdict(f"40 requests a byte a second ({name})", watch, 0.0, 0.0,
-                      bystander_limit_s=BYSTANDER_LIMIT_S)
+    verdict = Verdict(
+        f"40 requests a byte a second ({name})",
+        watch,
+        0.0,
+        0.0,
+        bystander_limit_s=BYSTANDER_LIMIT_S,
+    )
     deadline_exceeded = f"grpc-status {grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}"
     if outcomes.get(deadline_exceeded, 0) != SLOW_CALLS:
         verdict.problems.append(f"outcomes {dict(outcomes)}")
@@ -463,8 +469,13 @@ def test_half_open_streams_on_grpcio_lock_no_one_out(
         idle_s=idle_s,
         **watch.figures(),
     )
-    verdict = Verdict("8 x 4,096 half-open streams (grpcio)", watch, settled, idle_s,
-                      bystander_limit_s=BYSTANDER_LIMIT_S)
+    verdict = Verdict(
+        "8 x 4,096 half-open streams (grpcio)",
+        watch,
+        settled,
+        idle_s,
+        bystander_limit_s=BYSTANDER_LIMIT_S,
+    )
     if newcomer != "OK":
         verdict.problems.append(f"the newcomer got {newcomer}")
     verdict.check()

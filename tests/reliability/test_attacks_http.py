@@ -472,9 +472,9 @@ def _refused_within(
 def test_idle_sockets_on_the_grpc_port_leave_both_doors_serving(starved, record_property) -> None:
     """1,100 idle sockets from 32 addresses (each within its share) on the gRPC port under
     `ulimit -n 1024`: the door holds a quarter of the limit (256) and closes the rest at
-    once, so HTTP and the connections already open go on; the held ones are closed when --handshake-timeout-s ends, and new gRPC
-    connections then come in. Without the cap they took every descriptor: both doors
-    stopped answering."""
+    once, so HTTP and the connections already open go on; the held ones are closed when
+    --handshake-timeout-s ends, and new gRPC connections then come in. Without the cap
+    they took every descriptor: both doors stopped answering."""
     server, http_port = starved
     cap = FD_LIMIT // 4
     with watching(server) as watch:  # the bystander's connection is open before the flood
