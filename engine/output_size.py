@@ -14,6 +14,7 @@ few percent for token outputs), not above it; the doors also check the real size
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -153,8 +154,29 @@ def fewest_tokens(texts: Iterable[str], specials: int, cap: int | None) -> list[
     per whitespace-separated word (WordPiece, BPE and SentencePiece never join two words
     into one token), at most `cap` (truncation, or the maximum length past which the text
     is refused anyway; None where texts run long, chunked)."""
-    floors = [len(text.split()) + specials for text in texts]
+    words_cap = None if cap is None else max(cap - specials, 0)
+    floors = [word_count(text, words_cap) + specials for text in texts]
     return floors if cap is None else [min(floor, cap) for floor in floors]
+
+
+_SPACE = re.compile(r"\s")
+WORD_SLICE = 65536  # characters split at a time: a list of one slice's words, never all
+
+
+def word_count(text: str, most: int | None = None) -> int:
+    """The whitespace-separated words of `text`, counted a slice at a time, so that a text
+    of many short words never becomes a list of them all; counting stops at `most`."""
+    count, start, length, size = 0, 0, len(text), 1024
+    while start < length:
+        size = min(size * 4, WORD_SLICE)  # small first: a few words may be all it needs
+        end = start + size
+        found = _SPACE.search(text, end) if end < length else None
+        end = found.start() if found is not None else length  # no word cut in two
+        count += len(text[start:end].split())
+        if most is not None and count >= most:
+            return most
+        start = end
+    return count
 
 
 def tokenize_bytes(

@@ -32,6 +32,7 @@ from engine.output_size import (
     sparse_bytes,
     token_rows_bytes,
     tokenize_bytes,
+    word_count,
 )
 from engine.params import PROMPT_TASKS, TASK_PARAMS, Output, OutputEncoding, Task
 from engine.request import ChunkRule, Image, Item, PoolRequest, RerankRequest
@@ -1027,8 +1028,12 @@ def _late_chunks_estimate(r: Resolved, budget: ResponseBudget) -> int:
             if chunks >= most:
                 break
     elif chunking.rule is ChunkRule.TOKENS and chunking.window >= 1:
-        words = fewest_tokens(request.texts, 0, None)
-        chunks = sum(late_chunk_count(n, chunking.window, chunking.overlap) for n in words)
+        chunks, stride = 0, chunking.window - chunking.overlap
+        for text in request.texts:  # words past those `most` chunks need are not counted
+            words = word_count(text, chunking.window + (most - chunks) * stride)
+            chunks += late_chunk_count(words, chunking.window, chunking.overlap)
+            if chunks >= most:
+                break
     else:
         return 0  # _late_chunking speaks for it
     return chunks * one
