@@ -343,9 +343,7 @@ class Engine:
         future = entry.future
         release = self._bulk_slots.release
         try:
-            future.get_loop().call_soon_threadsafe(
-                future.add_done_callback, lambda _: release()
-            )
+            future.get_loop().call_soon_threadsafe(future.add_done_callback, lambda _: release())
         except RuntimeError:  # the loop closed at shutdown
             release()
             return False

@@ -88,7 +88,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def _rerank(documents: int) -> pb.RerankRequest:
-    return pb.RerankRequest(model="colbert", query="what about the word", documents=[DOCUMENT] * documents)
+    return pb.RerankRequest(
+        model="colbert", query="what about the word", documents=[DOCUMENT] * documents
+    )
 
 
 def test_three_maximum_maxsim_reranks_leave_a_bystander_unharmed(

@@ -617,11 +617,17 @@ EMPTY_ITEMS = [
         "Pool",
         pb.PoolRequest(score=pb.ScoreInput(items_1=[pb.Item(text="q")], items_2=[pb.Item()])),
     ),
-    ("items[2]", "Rerank", pb.RerankRequest(query="q", items=[pb.Item(text="d")] * 2 + [pb.Item()])),
+    (
+        "items[2]",
+        "Rerank",
+        pb.RerankRequest(query="q", items=[pb.Item(text="d")] * 2 + [pb.Item()]),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("field", "method", "request_"), EMPTY_ITEMS, ids=[e[0] for e in EMPTY_ITEMS])
+@pytest.mark.parametrize(
+    ("field", "method", "request_"), EMPTY_ITEMS, ids=[e[0] for e in EMPTY_ITEMS]
+)
 def test_an_item_with_neither_text_nor_image_is_refused_by_name(
     stub: pooling_pb2_grpc.PoolingServiceStub, field: str, method: str, request_: object
 ) -> None:
