@@ -351,7 +351,7 @@ def _upright_rows(
     if transpose is not None:
         strip = strip.transpose(transpose)
     if laid is not None:
-        del strip.info["transparency"]
+        strip.info.pop("transparency", None)
         strip.putpalette(laid, "RGB")
         return strip.convert("RGB")
     return _opaque(strip)

@@ -449,8 +449,9 @@ def test_every_value_and_alpha_is_laid_on_white_as_transformers_lays_it(
 
 @pytest.mark.parametrize("orientation", range(2, 9))
 def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: int) -> None:
-    """An EXIF turn applied a strip at a time (an RGBA and an RGB picture) equals the
-    processor on the picture that ImageOps.exif_transpose turns whole."""
+    """An EXIF turn applied a strip at a time (RGBA, RGB, LA and a palette with a
+    transparent index) equals the processor on the picture that ImageOps.exif_transpose
+    turns whole."""
     import engine.images as images
 
     processor = CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32)
@@ -458,8 +459,8 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
     assert ours is not None
     exif = PILImage.Exif()
     exif[0x0112] = orientation
-    for mode in ("RGBA", "RGB"):
-        image = _mode_pictures()["RGBA"].convert(mode)
+    for mode in ("RGBA", "RGB", "LA", "P-transparent"):
+        image = _mode_pictures()[mode]
         opened = images.open_image(Encoded(encode(image, "PNG", exif=exif)), LIMITS, PATH)
         assert opened.transpose is not None
         upright = ImageOps.exif_transpose(
