@@ -1028,26 +1028,12 @@ def parse_batch_args(
         action="store_false",
         help="progress bar on stderr (default: when stderr is a terminal)",
     )
+    _ray_job_flags(parser.add_argument_group("batch job on Ray (the [ray] extra)"))
     extra = environment_arguments(parser, argv, os.environ if environ is None else environ)
     args = parser.parse_args([*extra, *argv])
     resolve_layout(args)  # unused in one process, but the config holds numbers
     if args.resume and args.output == "-":
         parser.error("--resume needs --output to be a file")
-    options = BatchJobOptions(
-        args.input, args.output, args.resume, args.batch_window, args.progress, ray
-    )
-    return args, options
-
-
-if __name__ == "__main__":
-    # `python -m service.cli` starts the server, as it did before launching moved to
-    # service/launch.py (scripts and deployments run it). The launch module is run by name
-    # rather than imported: it imports the flags from here, and the flags import nothing
-    # that launches.
-    import runpy
-
-    runpy.run_module("service.launch", run_name="__main__", alter_sys=True)
-    _ray_job_flags(parser.add_argument_group("batch job on Ray (the [ray] extra)"))
     if args.input_format != "batch" and args.ray is None:
         parser.error("--input-format jsonl or parquet runs on Ray: add --ray")
     ray = None
@@ -1065,6 +1051,12 @@ if __name__ == "__main__":
             task=args.task,
             dimensions=args.dimensions,
         )
+    options = BatchJobOptions(
+        args.input, args.output, args.resume, args.batch_window, args.progress, ray
+    )
+    return args, options
+
+
 def _ray_job_flags(job: Group) -> None:
     default = RayJobOptions()
     job.add_argument(
@@ -1098,3 +1090,11 @@ def _ray_job_flags(job: Group) -> None:
                      help="a dataset's embed dimensions (matryoshka)")
 
 
+if __name__ == "__main__":
+    # `python -m service.cli` starts the server, as it did before launching moved to
+    # service/launch.py (scripts and deployments run it). The launch module is run by name
+    # rather than imported: it imports the flags from here, and the flags import nothing
+    # that launches.
+    import runpy
+
+    runpy.run_module("service.launch", run_name="__main__", alter_sys=True)

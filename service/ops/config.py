@@ -173,18 +173,6 @@ class BatchJobOptions:
     resume: bool = False
     window: int = 512  # lines in flight: enough to fill batches of the largest size
     progress: bool | None = None  # None: when stderr is a terminal
-
-
-@dataclass
-class ServerConfig:
-    models: Sequence[ModelSpec] = field(default_factory=lambda: [ModelSpec(DEFAULT_MODEL)])
-    host: str = "127.0.0.1"
-    port: int = 50051
-    device: str = "auto"
-    dtype: str = "auto"
-    attn_implementation: str | None = None
-    cuda_graphs: bool = True  # --cuda-graphs: CUDA graphs for the torch forward on a GPU
-    torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
     ray: RayJobOptions | None = None  # --ray: on a Ray cluster (service/ray_batch.py)
 
 
@@ -203,6 +191,18 @@ class RayJobOptions:
     id_column: str | None = None  # datasets: the rows' ids, for --resume
     task: str = "embed"  # datasets: what each row asks
     dimensions: int | None = None
+
+
+@dataclass
+class ServerConfig:
+    models: Sequence[ModelSpec] = field(default_factory=lambda: [ModelSpec(DEFAULT_MODEL)])
+    host: str = "127.0.0.1"
+    port: int = 50051
+    device: str = "auto"
+    dtype: str = "auto"
+    attn_implementation: str | None = None
+    cuda_graphs: bool = True  # --cuda-graphs: CUDA graphs for the torch forward on a GPU
+    torch_threads: int | None = None  # None: on CPU, the cores shared among forward workers
     intra_op_threads: int | None = None  # onnx and openvino; None: torch_threads, else cores
     backend_cache_dir: str | None = None  # None: engine.backends.default_cache_dir()
     tokenizer_threads: int = 1
