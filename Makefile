@@ -21,7 +21,7 @@ TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
 all: test
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml clients/python/pyproject.toml
+$(STAMP): requirements.txt constraints.txt pyproject.toml setup.py clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt -c constraints.txt

@@ -39,9 +39,14 @@ CONFIGS = (  # name, --backend, --quantize
 def _load(kind: str, quantize: str, cache: Path, threads: int) -> Any:
     import torch
 
-    from engine.backends import BackendKind, BackendOptions, Quantize, RuntimeSettings
-    from engine.loader import load_model
-    from engine.model_spec import DEFAULT_MODEL, ModelSpec
+    from pooling_server.engine.backends import (
+        BackendKind,
+        BackendOptions,
+        Quantize,
+        RuntimeSettings,
+    )
+    from pooling_server.engine.loader import load_model
+    from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
 
     options = BackendOptions(
         BackendKind(kind), quantize=Quantize.INT8 if quantize == "int8" else None

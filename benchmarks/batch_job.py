@@ -53,7 +53,7 @@ def job(path: str, input_file: Path, output_file: Path, extra: list[str]) -> dic
     command = [
         sys.executable,
         "-m",
-        "service.launch",
+        "pooling_server.service.launch",
         "batch",
         "--model",
         path,

@@ -54,7 +54,7 @@ def _messages(
     the version measured. `clients` names cycle over the jobs (each its own queue in the
     engine).
     """
-    from engine.ipc import IDS, JobHeader, Submit, encoder
+    from pooling_server.engine.ipc import IDS, JobHeader, Submit, encoder
 
     rng = random.Random(seed)
     messages = []
@@ -82,7 +82,7 @@ def _drive(
     """A driver process: keep every message's jobs outstanding; count the items answered."""
     import msgspec
 
-    from engine.ipc import Link, Results
+    from pooling_server.engine.ipc import Link, Results
 
     results_decoder = msgspec.msgpack.Decoder(Results)
 
@@ -132,7 +132,7 @@ def _start_engine(run_dir: str, args: argparse.Namespace) -> tuple[subprocess.Po
 
 
 def _wait_ready(run_dir: str, engine: subprocess.Popen[bytes]) -> None:
-    from service.split.run_dir import is_ready
+    from pooling_server.service.split.run_dir import is_ready
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not is_ready(run_dir, 0):
@@ -161,7 +161,7 @@ def _thread_cpu(process: psutil.Process) -> dict[int, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.cpu_profile import python_thread_names
-    from service.split.run_dir import engine_address
+    from pooling_server.service.split.run_dir import engine_address
 
     run_dir = tempfile.mkdtemp(prefix="engine-alone-")
     engine, stop_write = _start_engine(run_dir, args)
@@ -241,8 +241,8 @@ def _engine(argv: list[str]) -> int:
     import inspect
 
     from benchmarks import stand_in
-    from engine.model_runner import ModelRunner
-    from service.launch import main as serve
+    from pooling_server.engine.model_runner import ModelRunner
+    from pooling_server.service.launch import main as serve
 
     stand_in.install(stand_in.batch_seconds())
     patched = ModelRunner._forward

@@ -19,7 +19,7 @@ import grpc
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.ops import event_loop
+from pooling_server.service.ops import event_loop
 
 
 class FloorServicer(pooling_pb2_grpc.PoolingServiceServicer):

@@ -6,7 +6,7 @@ on shapes, not weights) with MiniLM's tokenizer and sentence-transformers layout
 (all-MiniLM-L6-v2's shape) and 12 x 768 (bge-base's), then for each shape
   1. the in-process reference, sentence-transformers `encode` on cuda/bfloat16 in its own
      process: best rate over batch sizes, batch-1 mean latency, and the mixed-length texts;
-  2. the server (`python -m service.launch --device cuda --dtype bfloat16`) in several
+  2. the server (`pooling-server --device cuda --dtype bfloat16`) in several
      configurations (default flags, which are --cuda-graphs on and --engines-per-device auto;
      --cuda-graphs off and on; --frontends 4; --engines-per-device 1 and 2), each started
      once, with unary `Pool` rows driven by h2load: one text per call
@@ -682,7 +682,8 @@ def start_server(
     quick: bool,
     timeout: float,
 ) -> Server:
-    """`python -m service.launch` on free ports until SERVING; raises with the end of its log
+    """The server (`-m pooling_server.service.launch`) on free ports until SERVING; raises with
+    the end of its log
     when it exits first (an unknown flag, a failed load)."""
     from tests.server_process import ServerProcess, free_port
 
@@ -696,7 +697,7 @@ def start_server(
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "service.launch", "--port", str(port)),
+                *(sys.executable, "-m", "pooling_server.service.launch", "--port", str(port)),
                 *("--model", f"bench={model}", "--metrics-port", str(metrics_port)),
                 *device,
                 *flags,
@@ -727,8 +728,8 @@ def pool(server: Server, texts: list[str]) -> list[list[float]]:
     row starts only after the server answered its request correctly."""
     import grpc
 
-    from service.proto import pooling_pb2 as pb
-    from service.proto import pooling_pb2_grpc
+    from pooling_server.service.proto import pooling_pb2 as pb
+    from pooling_server.service.proto import pooling_pb2_grpc
 
     with grpc.insecure_channel(server.address) as channel:
         response = pooling_pb2_grpc.PoolingServiceStub(channel).Pool(
@@ -781,7 +782,7 @@ def measure_row(
     """One row: a checked call, then the load for --seconds with CPU, GPU and counters over
     its window."""
     from benchmarks import h2load
-    from service.proto import pooling_pb2 as pb
+    from pooling_server.service.proto import pooling_pb2 as pb
 
     texts = workload_texts(row.workload)
     pool(server, texts)

@@ -31,8 +31,8 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 import psutil
-from engine.images import load_image_processor, open_image
-from engine.validation import Limits
+from pooling_server.engine.images import load_image_processor, open_image
+from pooling_server.engine.validation import Limits
 
 class Encoded:
     def __init__(self, data):

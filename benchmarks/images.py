@@ -88,9 +88,9 @@ def jpegs(count: int, size: int = 224) -> list[bytes]:
 def front_end_cost(folder: Path, images: list[bytes], rounds: int = 3) -> dict[str, float]:
     """Microseconds per image of the front end's work: decode (engine/images.py's
     decode_image) and preprocess (the model's processor, reproduced), on one thread."""
-    from engine.images import decode_image, load_image_processor
-    from engine.request import Image
-    from engine.validation import Limits
+    from pooling_server.engine.images import decode_image, load_image_processor
+    from pooling_server.engine.request import Image
+    from pooling_server.engine.validation import Limits
 
     processor = load_image_processor(folder)
     assert processor is not None

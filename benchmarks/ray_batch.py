@@ -45,7 +45,7 @@ def stand_in_driver(argv: list[str]) -> int:
     import ray
 
     from benchmarks import stand_in
-    from service.launch import main as launch
+    from pooling_server.service.launch import main as launch
 
     ray.init(
         num_cpus=len(os.sched_getaffinity(0)),
@@ -93,7 +93,7 @@ def main() -> int:
                 file.write(json.dumps({**line, "body": {"input": text}}) + "\n")
         flags = ["--model", path, "--backend", "torch", "--no-progress"]
         flags += ["--input", str(source), "--output", str(out)]
-        batch = [sys.executable, "-m", "service.launch", "batch", *flags]
+        batch = [sys.executable, "-m", "pooling_server.service.launch", "batch", *flags]
         results: dict[str, Any] = {"lines": args.lines, "cpus": len(os.sched_getaffinity(0))}
         results["batch"] = job(batch)
         for actors in (1, 2):

@@ -31,15 +31,15 @@ TEXT = "the quick brown fox jumps over the lazy dog near the river bank"
 
 
 async def measure(args: argparse.Namespace, folder: str) -> list[dict[str, float]]:
-    from engine.backends import BackendKind, BackendOptions
-    from engine.model_spec import ModelSpec
-    from service.grpc import convert
-    from service.loading import load_engine
-    from service.ops.config import ServerConfig
-    from service.ops.metrics import Metrics
-    from service.ops.telemetry import Telemetry
-    from service.proto import pooling_pb2 as pb
-    from service.runner import Call, RequestRunner
+    from pooling_server.engine.backends import BackendKind, BackendOptions
+    from pooling_server.engine.model_spec import ModelSpec
+    from pooling_server.service.grpc import convert
+    from pooling_server.service.loading import load_engine
+    from pooling_server.service.ops.config import ServerConfig
+    from pooling_server.service.ops.metrics import Metrics
+    from pooling_server.service.ops.telemetry import Telemetry
+    from pooling_server.service.proto import pooling_pb2 as pb
+    from pooling_server.service.runner import Call, RequestRunner
 
     spec = ModelSpec(folder, name="model", backend=BackendOptions(BackendKind(args.backend)))
     engine = await asyncio.to_thread(load_engine, ServerConfig(models=[spec], device="cpu"))
@@ -94,7 +94,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     from benchmarks import loop_bound
-    from service.ops import event_loop
+    from pooling_server.service.ops import event_loop
 
     with tempfile.TemporaryDirectory(prefix="runner-path-") as work:
         folder = args.model or loop_bound.build(str(Path(work) / "model"))["folder"]

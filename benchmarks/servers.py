@@ -96,14 +96,14 @@ def start_project_server(
     dims: int,
     server_args: list[str],
     log_dir: Path,
-    module: str = "service.launch",
+    module: str = "pooling_server.service.launch",
     env: dict[str, str] | None = None,
     tree: Path | None = None,
 ) -> Target:
     """The project's server (or `module`, a stand-in wrapping it) on a free port, SERVING;
     `tree`: the source tree whose code it runs (`-m` imports from the working directory).
 
-    As tests/server_process.start_server, which always runs service.launch."""
+    As tests/server_process.start_server, which always runs pooling_server.service.launch."""
     from tests.server_process import ServerProcess, free_port
 
     port, metrics_port = free_port(), free_port()

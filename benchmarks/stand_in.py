@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from engine.model_info import ModelInfo
-    from engine.model_runner import ModelRunner
-    from engine.tokenization import TokenSequence
+    from pooling_server.engine.model_info import ModelInfo
+    from pooling_server.engine.model_runner import ModelRunner
+    from pooling_server.engine.tokenization import TokenSequence
 
 ENV = "POOLING_STAND_IN_BATCH_MS"
 DEFAULT_BATCH_MS = 2.0
@@ -46,7 +46,7 @@ def outputs(
     info: ModelInfo, lengths: Sequence[int], keep_tokens: Sequence[bool]
 ) -> list[np.ndarray]:
     """Per sequence, what ModelRunner._forward returns for this head: zeros of its shape."""
-    from engine.model_info import HeadKind
+    from pooling_server.engine.model_info import HeadKind
 
     if info.head is HeadKind.SEQUENCE:
         logits = np.zeros((len(lengths), len(info.labels)), dtype=np.float32)
@@ -70,7 +70,7 @@ def outputs(
 def runs_models(argv: Sequence[str]) -> bool:
     """Whether this process loads the models: an engine, or a single-process server. A front
     end or a supervisor is left unpatched, so it imports no torch here either."""
-    from service.cli import build_parser
+    from pooling_server.service.cli import build_parser
 
     args = build_parser().parse_args(argv)
     return args.role == "engine" or (args.role is None and args.frontends == 0)
@@ -78,7 +78,7 @@ def runs_models(argv: Sequence[str]) -> bool:
 
 def install(seconds: float) -> None:
     """Patch ModelRunner._forward in this process (it imports torch)."""
-    from engine.model_runner import ModelRunner
+    from pooling_server.engine.model_runner import ModelRunner
 
     device = threading.Lock()  # one device: passes take turns on it
 
@@ -99,8 +99,8 @@ def install(seconds: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from service.launch import main as serve
-    from service.split import supervisor
+    from pooling_server.service.launch import main as serve
+    from pooling_server.service.split import supervisor
 
     argv = list(sys.argv[1:] if argv is None else argv)
     seconds = batch_seconds()

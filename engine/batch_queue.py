@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.errors import ErrorKind, PoolingError
-from engine.jobs import Job, Partial, settle
-from engine.modality import PixelFrame
-from engine.tokenization import TokenSequence
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.jobs import Job, Partial, settle
+from pooling_server.engine.modality import PixelFrame
+from pooling_server.engine.tokenization import TokenSequence
 
 if TYPE_CHECKING:  # the runner's torch is needed only where a model runs
-    from engine.model_runner import ModelRunner
+    from pooling_server.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 

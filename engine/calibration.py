@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends import default_cache_dir
-from engine.backends.select import hashed
-from engine.params import PoolingParams, Task
-from engine.plans import plan_request
-from engine.request import PoolRequest
-from engine.served import ServedModel
-from engine.tokenization import TokenSequence
+from pooling_server.engine.backends import default_cache_dir
+from pooling_server.engine.backends.select import hashed
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.tokenization import TokenSequence
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.batch_queue import BatchConfig, BatchQueue
-from engine.engine_client import LocalEngineClient
-from engine.ipc import (
+from pooling_server.engine.batch_queue import BatchConfig, BatchQueue
+from pooling_server.engine.engine_client import LocalEngineClient
+from pooling_server.engine.ipc import (
     IDS,
     OUTPUTS,
     Cancel,
@@ -41,9 +41,9 @@ from engine.ipc import (
     start_daemon,
     to_engine_decoder,
 )
-from engine.jobs import Job, Partial, RequestTiming
-from engine.modality import PixelFrame
-from engine.tokenization import TokenSequence
+from pooling_server.engine.jobs import Job, Partial, RequestTiming
+from pooling_server.engine.modality import PixelFrame
+from pooling_server.engine.tokenization import TokenSequence
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.params import OutputEncoding
+from pooling_server.engine.params import OutputEncoding
 
 # Where a model folder keeps its int8/uint8 calibration ranges: JSON {"min": [...],
 # "max": [...]} with one number per dimension, or an .npy array of shape (2, dimensions)

@@ -18,19 +18,19 @@ from queue import Empty, SimpleQueue
 
 import numpy as np
 
-from engine.batch_queue import BatchConfig, BatchQueue
-from engine.engine_client import EngineClient, LocalEngineClient
-from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from engine.jobs import Job, RequestTiming, settle
-from engine.modality import Modality
-from engine.model_info import ModelInfo
-from engine.output_size import ResponseBudget
-from engine.outputs import PoolResult, Ranked, RerankResult, Score
-from engine.plans import Plan, plan_request
-from engine.request import PoolRequest, RerankRequest, has_images
-from engine.served import ServedModel
-from engine.tokenization import Vocabulary
-from engine.validation import (
+from pooling_server.engine.batch_queue import BatchConfig, BatchQueue
+from pooling_server.engine.engine_client import EngineClient, LocalEngineClient
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
+from pooling_server.engine.jobs import Job, RequestTiming, settle
+from pooling_server.engine.modality import Modality
+from pooling_server.engine.model_info import ModelInfo
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.outputs import PoolResult, Ranked, RerankResult, Score
+from pooling_server.engine.plans import Plan, plan_request
+from pooling_server.engine.request import PoolRequest, RerankRequest, has_images
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.tokenization import Vocabulary
+from pooling_server.engine.validation import (
     MAX_MODEL_NAME_CHARS,
     Limits,
     Resolved,

@@ -11,12 +11,12 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from engine.batch_queue import BatchConfig, BatchQueue
-from engine.errors import PoolingError
-from engine.jobs import Job
+from pooling_server.engine.batch_queue import BatchConfig, BatchQueue
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.jobs import Job
 
 if TYPE_CHECKING:
-    from engine.loader import LoadedModel
+    from pooling_server.engine.loader import LoadedModel
 
 
 class EngineClient(Protocol):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.model_info import Activation, SpladeActivation
+from pooling_server.engine.model_info import Activation, SpladeActivation
 
 
 def truncate_dimensions(values: np.ndarray, dimensions: int | None) -> np.ndarray:

@@ -27,11 +27,11 @@ import numpy as np
 from PIL import Image as PILImage
 from PIL import UnidentifiedImageError
 
-from engine.errors import FieldViolation, PoolingError
-from engine.modality import PixelFrame
+from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.modality import PixelFrame
 
 if TYPE_CHECKING:
-    from engine.validation import Limits
+    from pooling_server.engine.validation import Limits
 
 
 class EncodedImage(Protocol):

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 import msgspec
 import numpy as np
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
-from engine.served import ModelDescription
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
+from pooling_server.engine.served import ModelDescription
 
 IDS = np.dtype("<i4")
 OUTPUTS = np.dtype("<f4")

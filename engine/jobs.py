@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.tokenization import TokenSequence
+from pooling_server.engine.tokenization import TokenSequence
 
 
 @dataclass(slots=True)

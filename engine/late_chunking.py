@@ -23,16 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.encodings import NEEDS_RANGES, encode, ranges_array
-from engine.errors import FieldViolation, PoolingError
-from engine.heads import normalize, truncate_dimensions
-from engine.output_size import late_chunk_count, pooled_bytes
-from engine.outputs import Embedding, ItemOutput, LateChunks
-from engine.params import OutputEncoding, Task
-from engine.request import ChunkRule, PoolRequest
-from engine.served import ServedModel
-from engine.tokenization import TokenSequence, special_edges
-from engine.validation import (
+from pooling_server.engine.encodings import NEEDS_RANGES, encode, ranges_array
+from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.heads import normalize, truncate_dimensions
+from pooling_server.engine.output_size import late_chunk_count, pooled_bytes
+from pooling_server.engine.outputs import Embedding, ItemOutput, LateChunks
+from pooling_server.engine.params import OutputEncoding, Task
+from pooling_server.engine.request import ChunkRule, PoolRequest
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.tokenization import TokenSequence, special_edges
+from pooling_server.engine.validation import (
     Limits,
     Resolved,
     check_tokenized,

@@ -32,21 +32,27 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
-from engine.backends import BackendKind, RuntimeSettings, read_calibration
-from engine.backends.select import ModelSource, choose_backend, model_key
-from engine.calibration import COMPUTED, FOLDER, Forward, computed_ranges
-from engine.cuda_graphs import Buckets, GraphedForward, GraphSettings, attention_of, why_eager
-from engine.dense import DenseLayer, load_dense
-from engine.encodings import read_calibration_ranges
-from engine.llm_scorer import LlmScorer
-from engine.model_folder import (
+from pooling_server.engine.backends import BackendKind, RuntimeSettings, read_calibration
+from pooling_server.engine.backends.select import ModelSource, choose_backend, model_key
+from pooling_server.engine.calibration import COMPUTED, FOLDER, Forward, computed_ranges
+from pooling_server.engine.cuda_graphs import (
+    Buckets,
+    GraphedForward,
+    GraphSettings,
+    attention_of,
+    why_eager,
+)
+from pooling_server.engine.dense import DenseLayer, load_dense
+from pooling_server.engine.encodings import read_calibration_ranges
+from pooling_server.engine.llm_scorer import LlmScorer
+from pooling_server.engine.model_folder import (
     ModelFolder,
     SentenceTransformersConfig,
     fast_tokenizer,
     max_input_tokens,
     served_fields,
 )
-from engine.model_info import (
+from pooling_server.engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
     HeadKind,
@@ -56,18 +62,32 @@ from engine.model_info import (
     SpladeActivation,
     SpladeStrategy,
 )
-from engine.model_runner import LoadedModel, ModelRunner
-from engine.model_spec import DEFAULT_MODEL, ModelSpec
-from engine.multi_output import MultiOutputSettings, check_first_token, find_heads, unused_ids
-from engine.multi_output_module import MultiOutputModule, load_head
-from engine.multi_vector import DOCUMENT, QUERY, read_folder
-from engine.multi_vector import resolve as resolve_multi_vector
-from engine.multi_vector_module import MultiVectorModule, load_projection, register_prefixes
-from engine.params import Task
-from engine.score_template import SCORE_TEMPLATE_FILE, ScoreTemplate, bind_template, find_template
-from engine.served import ServedModel
-from engine.tokenization import ModelTokenizer, TokenizerSpec, TokenSequence
-from engine.towers_loader import load_towers
+from pooling_server.engine.model_runner import LoadedModel, ModelRunner
+from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
+from pooling_server.engine.multi_output import (
+    MultiOutputSettings,
+    check_first_token,
+    find_heads,
+    unused_ids,
+)
+from pooling_server.engine.multi_output_module import MultiOutputModule, load_head
+from pooling_server.engine.multi_vector import DOCUMENT, QUERY, read_folder
+from pooling_server.engine.multi_vector import resolve as resolve_multi_vector
+from pooling_server.engine.multi_vector_module import (
+    MultiVectorModule,
+    load_projection,
+    register_prefixes,
+)
+from pooling_server.engine.params import Task
+from pooling_server.engine.score_template import (
+    SCORE_TEMPLATE_FILE,
+    ScoreTemplate,
+    bind_template,
+    find_template,
+)
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.tokenization import ModelTokenizer, TokenizerSpec, TokenSequence
+from pooling_server.engine.towers_loader import load_towers
 
 log = logging.getLogger(__name__)
 

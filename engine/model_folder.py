@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import PretrainedConfig
 
-from engine.model_info import HeadKind, PoolingType, SpladeActivation, SpladeStrategy
-from engine.model_spec import DEFAULT_MODEL, ModelSpec
-from engine.multi_vector import MultiVectorSettings
-from engine.score_template import ScoreTemplate
-from engine.tokenization import ModelTokenizer
+from pooling_server.engine.model_info import HeadKind, PoolingType, SpladeActivation, SpladeStrategy
+from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
+from pooling_server.engine.multi_vector import MultiVectorSettings
+from pooling_server.engine.score_template import ScoreTemplate
+from pooling_server.engine.tokenization import ModelTokenizer
 
 if TYPE_CHECKING:
     import torch

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from engine.multi_output import OUTPUTS, MultiOutputSettings
-from engine.multi_vector import MultiVectorSettings
-from engine.params import Task
-from engine.score_template import ScoreTemplate
+from pooling_server.engine.multi_output import OUTPUTS, MultiOutputSettings
+from pooling_server.engine.multi_vector import MultiVectorSettings
+from pooling_server.engine.params import Task
+from pooling_server.engine.score_template import ScoreTemplate
 
 
 class PoolingType(StrEnum):

@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.backends import Backend
-from engine.cuda_graphs import GraphedForward
-from engine.modality import PixelFrame, is_image
-from engine.model_info import HeadKind, ModelInfo, TowerSettings
-from engine.pooling import pool, pool_array, splade
-from engine.served import ServedModel
-from engine.tokenization import TokenSequence
+from pooling_server.engine.backends import Backend
+from pooling_server.engine.cuda_graphs import GraphedForward
+from pooling_server.engine.modality import PixelFrame, is_image
+from pooling_server.engine.model_info import HeadKind, ModelInfo, TowerSettings
+from pooling_server.engine.pooling import pool, pool_array, splade
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.tokenization import TokenSequence
 
 
 @dataclass(frozen=True)

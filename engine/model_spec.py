@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.backends import BackendOptions
-from engine.model_info import LongInput, PoolingType
+from pooling_server.engine.backends import BackendOptions
+from pooling_server.engine.model_info import LongInput, PoolingType
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.params import Output, OutputWeights
+from pooling_server.engine.params import Output, OutputWeights
 
 SPARSE_FILE = "sparse_linear.pt"
 COLBERT_FILE = "colbert_linear.pt"

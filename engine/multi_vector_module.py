@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import AddedToken
 
-from engine.multi_vector import MultiVectorSettings
+from pooling_server.engine.multi_vector import MultiVectorSettings
 
 
 def load_projection(folder: Path) -> torch.nn.Linear:

@@ -18,9 +18,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.encodings import encoded_size
-from engine.model_info import ModelInfo
-from engine.params import OutputEncoding, Task
+from pooling_server.engine.encodings import encoded_size
+from pooling_server.engine.model_info import ModelInfo
+from pooling_server.engine.params import OutputEncoding, Task
 
 MIB = 1024 * 1024
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.modality import Modality
-from engine.params import OutputEncoding, Task
+from pooling_server.engine.modality import Modality
+from pooling_server.engine.params import OutputEncoding, Task
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.encodings import NEEDS_RANGES, encode, ranges_array
-from engine.heads import normalize, truncate_dimensions
-from engine.model_info import ModelInfo
-from engine.outputs import Embedding, ItemOutput
-from engine.params import OutputEncoding
-from engine.request import PoolRequest
-from engine.tokenization import TokenSequence
+from pooling_server.engine.encodings import NEEDS_RANGES, encode, ranges_array
+from pooling_server.engine.heads import normalize, truncate_dimensions
+from pooling_server.engine.model_info import ModelInfo
+from pooling_server.engine.outputs import Embedding, ItemOutput
+from pooling_server.engine.params import OutputEncoding
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.tokenization import TokenSequence
 
 Finish = Callable[[list[np.ndarray]], list[ItemOutput]]
 

@@ -12,11 +12,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
-from engine.late_chunking import plan_late_chunking
-from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType, SpladeStrategy
-from engine.multi_output import (
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.heads import activate, cosine, normalize, saturate, truncate_dimensions
+from pooling_server.engine.late_chunking import plan_late_chunking
+from pooling_server.engine.model_info import (
+    Activation,
+    HeadKind,
+    ModelInfo,
+    PoolingType,
+    SpladeStrategy,
+)
+from pooling_server.engine.multi_output import (
     colbert,
     colbert_score,
     combined,
@@ -25,8 +31,8 @@ from engine.multi_output import (
     lexical_score,
     weighted_outputs,
 )
-from engine.multi_vector import QUERY, MultiVectorSettings, maxsim
-from engine.outputs import (
+from pooling_server.engine.multi_vector import QUERY, MultiVectorSettings, maxsim
+from pooling_server.engine.outputs import (
     Classification,
     Embedding,
     ItemOutput,
@@ -36,13 +42,13 @@ from engine.outputs import (
     TextOutputs,
     TokenRows,
 )
-from engine.params import Output, OutputEncoding, Task
-from engine.plan_parts import Plan, encoded, finish_vector, use_activation
-from engine.request import PoolRequest
-from engine.served import ServedModel
-from engine.tokenization import TokenSequence, special_edges
-from engine.towers import plan_towers
-from engine.validation import TOKEN_TASKS, Limits, Resolved, check_tokenized, resolve
+from pooling_server.engine.params import Output, OutputEncoding, Task
+from pooling_server.engine.plan_parts import Plan, encoded, finish_vector, use_activation
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.tokenization import TokenSequence, special_edges
+from pooling_server.engine.towers import plan_towers
+from pooling_server.engine.validation import TOKEN_TASKS, Limits, Resolved, check_tokenized, resolve
 
 
 @dataclass(frozen=True)

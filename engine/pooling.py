@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.model_info import PoolingType, SpladeActivation, SpladeStrategy
+from pooling_server.engine.model_info import PoolingType, SpladeActivation, SpladeStrategy
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, method: PoolingType) -> torch.Tensor:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.batch_queue import BatchQueue
-from engine.errors import ErrorKind, PoolingError
-from engine.ipc import (
+from pooling_server.engine.batch_queue import BatchQueue
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.ipc import (
     IDS,
     OUTPUTS,
     Cancel,
@@ -47,8 +47,8 @@ from engine.ipc import (
     start_daemon,
     unpack_outputs,
 )
-from engine.jobs import Job, settle
-from engine.modality import PixelFrame
+from pooling_server.engine.jobs import Job, settle
+from pooling_server.engine.modality import PixelFrame
 
 log = logging.getLogger(__name__)
 

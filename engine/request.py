@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
-from engine.output_size import ResponseBudget
-from engine.params import Output, OutputEncoding, PoolingParams, Task
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.params import Output, OutputEncoding, PoolingParams, Task
 
 
 class ChunkRule(StrEnum):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from engine.tokenization import PAIR_MARGIN, ModelTokenizer, TokenSequence
+from pooling_server.engine.tokenization import PAIR_MARGIN, ModelTokenizer, TokenSequence
 
 SCORE_TEMPLATE_FILE = "score_template.json"
 PLACEHOLDERS = ("query", "document", "instruction")

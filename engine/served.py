@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.model_info import ModelInfo
-from engine.tokenization import ModelTokenizer, TokenizerSpec
+from pooling_server.engine.model_info import ModelInfo
+from pooling_server.engine.tokenization import ModelTokenizer, TokenizerSpec
 
 
 @dataclass
@@ -29,7 +29,9 @@ def image_preprocessor(info: ModelInfo) -> Any:
     front-end process, which reads the same folder on the same host."""
     if info.towers is None:
         return None
-    from engine.images import load_image_processor  # Pillow, only where images are served
+    from pooling_server.engine.images import (
+        load_image_processor,  # Pillow, only where images are served
+    )
 
     processor = load_image_processor(Path(info.towers.folder))
     if processor is None:

@@ -14,16 +14,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.heads import activate, cosine, normalize
-from engine.modality import Modality, PixelFrame
-from engine.model_info import Activation, ModelInfo
-from engine.outputs import Classification, Embedding, ItemOutput, Score
-from engine.params import Task
-from engine.plan_parts import Plan, finish_vector, use_activation
-from engine.request import Image, Item, PoolRequest
-from engine.served import ServedModel
-from engine.tokenization import TokenSequence
-from engine.validation import Limits, Resolved, check_tokenized
+from pooling_server.engine.heads import activate, cosine, normalize
+from pooling_server.engine.modality import Modality, PixelFrame
+from pooling_server.engine.model_info import Activation, ModelInfo
+from pooling_server.engine.outputs import Classification, Embedding, ItemOutput, Score
+from pooling_server.engine.params import Task
+from pooling_server.engine.plan_parts import Plan, finish_vector, use_activation
+from pooling_server.engine.request import Image, Item, PoolRequest
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.tokenization import TokenSequence
+from pooling_server.engine.validation import Limits, Resolved, check_tokenized
 
 Unit = TokenSequence | PixelFrame  # one input as a tower computes it
 
@@ -75,7 +75,7 @@ def prepare(
 def _frames(
     model: ServedModel, limits: Limits, images: list[tuple[int, Image]], path: str
 ) -> list[PixelFrame]:
-    from engine.images import open_image  # Pillow: loaded where images are served
+    from pooling_server.engine.images import open_image  # Pillow: loaded where images are served
 
     processor = model.images
     assert processor is not None  # validation refuses images to a text-only model

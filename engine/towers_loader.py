@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from transformers import AutoModel
 
-from engine.backends import BackendKind, RuntimeSettings
-from engine.backends.image_tower import load_image_tower
-from engine.encodings import read_calibration_ranges
-from engine.modality import Modality
-from engine.model_folder import ModelFolder, max_input_tokens, served_fields
-from engine.model_info import (
+from pooling_server.engine.backends import BackendKind, RuntimeSettings
+from pooling_server.engine.backends.image_tower import load_image_tower
+from pooling_server.engine.encodings import read_calibration_ranges
+from pooling_server.engine.modality import Modality
+from pooling_server.engine.model_folder import ModelFolder, max_input_tokens, served_fields
+from pooling_server.engine.model_info import (
     TASKS_BY_HEAD,
     Activation,
     HeadKind,
@@ -28,10 +28,10 @@ from engine.model_info import (
     PoolingType,
     TowerSettings,
 )
-from engine.model_runner import LoadedModel, ModelRunner
-from engine.model_spec import ModelSpec
-from engine.served import image_preprocessor
-from engine.tokenization import ModelTokenizer
+from pooling_server.engine.model_runner import LoadedModel, ModelRunner
+from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.served import image_preprocessor
+from pooling_server.engine.tokenization import ModelTokenizer
 
 log = logging.getLogger(__name__)
 

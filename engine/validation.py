@@ -17,11 +17,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, replace
 
-from engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
-from engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from engine.model_info import HeadKind, LongInput, ModelInfo, PoolingType, SpladeStrategy
-from engine.multi_vector import QUERY
-from engine.output_size import (
+from pooling_server.engine.encodings import CALIBRATION_FILES, NEEDS_RANGES
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
+from pooling_server.engine.model_info import (
+    HeadKind,
+    LongInput,
+    ModelInfo,
+    PoolingType,
+    SpladeStrategy,
+)
+from pooling_server.engine.multi_vector import QUERY
+from pooling_server.engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
     fewest_tokens,
@@ -34,8 +40,8 @@ from engine.output_size import (
     tokenize_bytes,
     word_count,
 )
-from engine.params import PROMPT_TASKS, TASK_PARAMS, Output, OutputEncoding, Task
-from engine.request import ChunkRule, Image, Item, PoolRequest, RerankRequest
+from pooling_server.engine.params import PROMPT_TASKS, TASK_PARAMS, Output, OutputEncoding, Task
+from pooling_server.engine.request import ChunkRule, Image, Item, PoolRequest, RerankRequest
 
 INPUT_CASES = ", ".join(task.value for task in Task)
 TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})  # one output row per token
@@ -1012,7 +1018,7 @@ def _late_chunks_estimate(r: Resolved, budget: ResponseBudget) -> int:
     """Late chunks' vectors, counted before tokenizing: spans as given, sentences on the
     texts (counting stops once past what the budget holds), the tokens rule at one token
     per word at least."""
-    from engine.late_chunking import sentence_count  # it imports this module
+    from pooling_server.engine.late_chunking import sentence_count  # it imports this module
 
     request, info = r.request, r.info
     chunking = request.late_chunking

@@ -1,6 +1,6 @@
 """Generate the Python protobuf and gRPC modules from protos/ into each package that uses them.
 
-The server (`service.proto`) and the client (`pooling_client.v1`) each carry their own
+The server (`service/proto`) and the client (`pooling_client.v1`) each carry their own
 copy, so that neither imports the other and each installs alone; both are generated from
 the one .proto, and the drift test runs this same script into a temporary folder and
 compares both copies. Python's protobuf gives both copies the same message classes. The

@@ -17,10 +17,10 @@ import sys
 # backends are optional).
 GROUPS = (
     (
-        "service.launch",
-        "service.server",
-        "service.split.engine_process",
-        "service.loading",
+        "pooling_server.service.launch",
+        "pooling_server.service.server",
+        "pooling_server.service.split.engine_process",
+        "pooling_server.service.loading",
         "transformers.models.bert.modeling_bert",
     ),
     (

@@ -32,16 +32,16 @@ from typing import IO, Any
 
 import msgspec
 
-from engine.engine import Engine
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from service.errors import FieldMap, http_error
-from service.http.door import MAX_RESPONSE_BYTES, budget
-from service.http.json_body import BodyError, malformed, parse_body
-from service.http.openai import ROUTES, Parsed
-from service.ops.config import BatchJobOptions, ServerConfig
-from service.ops.metrics import Metrics
-from service.ops.telemetry import Telemetry
-from service.runner import Call, RequestRunner
+from pooling_server.engine.engine import Engine
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.service.errors import FieldMap, http_error
+from pooling_server.service.http.door import MAX_RESPONSE_BYTES, budget
+from pooling_server.service.http.json_body import BodyError, malformed, parse_body
+from pooling_server.service.http.openai import ROUTES, Parsed
+from pooling_server.service.ops.config import BatchJobOptions, ServerConfig
+from pooling_server.service.ops.metrics import Metrics
+from pooling_server.service.ops.telemetry import Telemetry
+from pooling_server.service.runner import Call, RequestRunner
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +374,7 @@ async def run_main(config: ServerConfig, options: BatchJobOptions) -> int:
     """`pooling-server batch`: load the models in this process, answer the file, report."""
     from transformers.utils import logging as hf_logging
 
-    from service.loading import load_engine  # torch and transformers: only here
+    from pooling_server.service.loading import load_engine  # torch and transformers: only here
 
     hf_logging.disable_progress_bar()
     engine = await asyncio.to_thread(load_engine, config)

@@ -11,15 +11,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.backends import BackendKind, BackendOptions, Quantize
-from engine.batch_queue import BatchConfig, default_client_cap
-from engine.model_info import LongInput, PoolingType
-from engine.model_spec import DEFAULT_MODEL, ModelSpec
-from engine.output_size import MIB, ResponseBudget
-from engine.remote_client import DEFAULT_STALL_S
-from engine.validation import Limits
-from service.ops import event_loop
-from service.ops.config import (
+from pooling_server.engine.backends import BackendKind, BackendOptions, Quantize
+from pooling_server.engine.batch_queue import BatchConfig, default_client_cap
+from pooling_server.engine.model_info import LongInput, PoolingType
+from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
+from pooling_server.engine.output_size import MIB, ResponseBudget
+from pooling_server.engine.remote_client import DEFAULT_STALL_S
+from pooling_server.engine.validation import Limits
+from pooling_server.service.ops import event_loop
+from pooling_server.service.ops.config import (
     BatchJobOptions,
     HttpLimits,
     RayJobOptions,
@@ -28,7 +28,7 @@ from service.ops.config import (
     TransportConfig,
     load_keys,
 )
-from service.split import layout
+from pooling_server.service.split import layout
 
 Group = argparse._ArgumentGroup  # what add_argument_group returns
 
@@ -1068,33 +1068,60 @@ def _ray_job_flags(job: Group) -> None:
         help="answer the job on a Ray cluster at ADDRESS (auto, ray://host:10001); "
         "without one, a local Ray",
     )
-    job.add_argument("--ray-actors", type=positive_int, default=default.actors,
-                     help="actors, each loading the models once")
+    job.add_argument(
+        "--ray-actors",
+        type=positive_int,
+        default=default.actors,
+        help="actors, each loading the models once",
+    )
     job.add_argument("--ray-cpus-per-actor", type=positive_float, default=default.cpus_per_actor)
     job.add_argument("--ray-gpus-per-actor", type=float, default=default.gpus_per_actor)
-    job.add_argument("--ray-in-flight", type=positive_int, default=default.in_flight_shards,
-                     help="shards (or dataset batches) in flight per actor")
-    job.add_argument("--ray-shard-lines", type=positive_int, default=default.shard_lines,
-                     help="batch lines a shard: the unit an actor answers and --resume skips")
-    job.add_argument("--input-format", choices=["batch", "jsonl", "parquet"], default="batch",
-                     help="batch: OpenAI batch lines; jsonl or parquet: a dataset (with --ray), "
-                     "whose rows are embedded into Parquet files in the --output folder")
-    job.add_argument("--text-column", default=default.text_column,
-                     help="a dataset's column of texts")
-    job.add_argument("--id-column", default=None,
-                     help="a dataset's column of unique row ids: Ray Data checkpoints on it, "
-                     "so --resume skips the rows written")
-    job.add_argument("--task", default=default.task,
-                     help="a dataset's task: embed, classify, embed_sparse, embed_multi, ...")
-    job.add_argument("--dimensions", type=positive_int, default=None,
-                     help="a dataset's embed dimensions (matryoshka)")
+    job.add_argument(
+        "--ray-in-flight",
+        type=positive_int,
+        default=default.in_flight_shards,
+        help="shards (or dataset batches) in flight per actor",
+    )
+    job.add_argument(
+        "--ray-shard-lines",
+        type=positive_int,
+        default=default.shard_lines,
+        help="batch lines a shard: the unit an actor answers and --resume skips",
+    )
+    job.add_argument(
+        "--input-format",
+        choices=["batch", "jsonl", "parquet"],
+        default="batch",
+        help="batch: OpenAI batch lines; jsonl or parquet: a dataset (with --ray), "
+        "whose rows are embedded into Parquet files in the --output folder",
+    )
+    job.add_argument(
+        "--text-column", default=default.text_column, help="a dataset's column of texts"
+    )
+    job.add_argument(
+        "--id-column",
+        default=None,
+        help="a dataset's column of unique row ids: Ray Data checkpoints on it, "
+        "so --resume skips the rows written",
+    )
+    job.add_argument(
+        "--task",
+        default=default.task,
+        help="a dataset's task: embed, classify, embed_sparse, embed_multi, ...",
+    )
+    job.add_argument(
+        "--dimensions",
+        type=positive_int,
+        default=None,
+        help="a dataset's embed dimensions (matryoshka)",
+    )
 
 
 if __name__ == "__main__":
-    # `python -m service.cli` starts the server, as it did before launching moved to
+    # `python -m pooling_server.service.cli` starts the server, as it did before launching moved to
     # service/launch.py (scripts and deployments run it). The launch module is run by name
     # rather than imported: it imports the flags from here, and the flags import nothing
     # that launches.
     import runpy
 
-    runpy.run_module("service.launch", run_name="__main__", alter_sys=True)
+    runpy.run_module("pooling_server.service.launch", run_name="__main__", alter_sys=True)

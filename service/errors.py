@@ -28,7 +28,7 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from engine.errors import MESSAGE_VIOLATIONS, ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.errors import MESSAGE_VIOLATIONS, ErrorKind, FieldViolation, PoolingError
 
 
 class Family(StrEnum):

@@ -8,7 +8,8 @@ The gRPC door (grpcio's or Node.js's) is chosen here, once, in the first process
 split server's children are told the answer.
 `pooling-server batch` runs an offline job instead (service/batch_job.py).
 
-`python -m service.launch` is the server; `python -m service.cli` still starts it too.
+`python -m pooling_server.service.launch` is the server; `-m pooling_server.service.cli`
+still starts it too.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from service.cli import config_from_args, parse_args, parse_batch_args
-from service.ops import event_loop, logs
-from service.ops.config import raise_open_file_limit
-from service.split.supervisor import Supervisor
+from pooling_server.service.cli import config_from_args, parse_args, parse_batch_args
+from pooling_server.service.ops import event_loop, logs
+from pooling_server.service.ops.config import raise_open_file_limit
+from pooling_server.service.split.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def grpc_door(requested: str) -> str:
     refused here, before any model loads."""
     if requested == "grpcio":
         return requested
-    from service.grpc import node_door  # grpc's import: only where a door is chosen
+    from pooling_server.service.grpc import node_door  # grpc's import: only where a door is chosen
 
     major = node_major()
     found = "no `node` on PATH" if major is None else f"Node.js {major} on PATH"
@@ -79,13 +80,13 @@ def grpc_door(requested: str) -> str:
 
 def _batch_job(argv: Sequence[str]) -> int:
     """`pooling-server batch ...`: the models load in this process; no server, no port."""
-    from service.batch_job import run_main  # torch and transformers: only for a job
+    from pooling_server.service.batch_job import run_main  # torch and transformers: only for a job
 
     args, options = parse_batch_args(argv)
     logs.configure(args.log_level, args.log_format)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if options.ray is not None:  # ray is imported by that module alone
-        from service.ray_batch import run_main as run_on_ray
+        from pooling_server.service.ray_batch import run_main as run_on_ray
 
         return run_on_ray(config_from_args(args), options)
     return event_loop.run(run_main(config_from_args(args), options), args.event_loop)
@@ -120,11 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Each role imports only what it runs: an engine process neither grpc nor aiohttp.
     if args.role == "frontend":
-        from service.ops.memory import return_freed_memory
+        from pooling_server.service.ops.memory import return_freed_memory
 
         return_freed_memory()  # before any thread that allocates starts
-        from service.server import serve
-        from service.split.frontend import FrontendRole
+        from pooling_server.service.server import serve
+        from pooling_server.service.split.frontend import FrontendRole
 
         fds = [int(fd) for fd in args.alive_fds.split(",") if fd]
         engines = args.data_parallel * args.engines_per_device
@@ -134,12 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     if args.role == "engine":
-        from service.split.engine_process import run_engine
+        from pooling_server.service.split.engine_process import run_engine
 
         return event_loop.run(
             run_engine(config, args.role_index, args.run_dir, args.stop_fd), args.event_loop
         )
-    from service.server import serve
+    from pooling_server.service.server import serve
 
     return event_loop.run(serve(config), args.event_loop)
 

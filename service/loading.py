@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from engine.backends import RuntimeSettings
-from engine.batch_queue import BatchConfig
-from engine.cuda_graphs import GraphSettings
-from engine.engine import Engine
-from engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
-from engine.model_runner import ThreadShare
-from service.ops.config import ServerConfig
+from pooling_server.engine.backends import RuntimeSettings
+from pooling_server.engine.batch_queue import BatchConfig
+from pooling_server.engine.cuda_graphs import GraphSettings
+from pooling_server.engine.engine import Engine
+from pooling_server.engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
+from pooling_server.engine.model_runner import ThreadShare
+from pooling_server.service.ops.config import ServerConfig
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,14 @@ import ray
 import ray.data
 import ray.exceptions
 
-from service.batch_job import READ_CHUNK_BYTES, LineRunner, answer_lines, count_lines, new_runner
-from service.ops.config import BatchJobOptions, RayJobOptions, ServerConfig
+from pooling_server.service.batch_job import (
+    READ_CHUNK_BYTES,
+    LineRunner,
+    answer_lines,
+    count_lines,
+    new_runner,
+)
+from pooling_server.service.ops.config import BatchJobOptions, RayJobOptions, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +151,7 @@ class ShardAnswerer:
     `pooling-server batch` answers them."""
 
     def __init__(self, config: ServerConfig, path: str) -> None:
-        from service.loading import load_engine
+        from pooling_server.service.loading import load_engine
 
         self.engine = load_engine(config)
         self.path = path
@@ -250,7 +256,7 @@ def run_batch_lines(config: ServerConfig, job: BatchJobOptions, options: RayJobO
 
 def run_dataset(config: ServerConfig, job: BatchJobOptions, options: RayJobOptions) -> int:
     """Rows of a Parquet or JSONL dataset through PoolingStage, written as Parquet."""
-    from service.ray_stage import PoolingStage
+    from pooling_server.service.ray_stage import PoolingStage
 
     if job.resume and options.id_column is None:
         raise SystemExit("--resume of a dataset needs --id-column (Ray Data's checkpoints)")
@@ -320,7 +326,7 @@ def run_main(config: ServerConfig, job: BatchJobOptions) -> int:
 def check_models(config: ServerConfig) -> None:
     """Each model's folder found before any actor starts, so a bad path fails at once (an
     actor resolves it again where it runs)."""
-    from engine.loader import resolve_path
+    from pooling_server.engine.loader import resolve_path
 
     for spec in config.models:
         try:

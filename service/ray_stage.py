@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from service.ops.config import ServerConfig
+from pooling_server.service.ops.config import ServerConfig
 
 # The tasks a stage runs: the engine's, and rerank (a query and its documents per row).
 TASKS = (
@@ -229,7 +229,7 @@ def server_config(server_args: Sequence[str] | ServerConfig) -> ServerConfig:
     """The server's flags as its parser reads them (no environment), or a config as is."""
     if isinstance(server_args, ServerConfig):
         return server_args
-    from service.cli import config_from_args, parse_args
+    from pooling_server.service.cli import config_from_args, parse_args
 
     return config_from_args(parse_args(list(server_args), environ={}))
 
@@ -238,8 +238,8 @@ class EngineCaller:
     """Rows through an engine loaded in this process, from the server's flags."""
 
     def __init__(self, server_args: Sequence[str] | ServerConfig, options: StageOptions) -> None:
-        from engine.errors import PoolingError
-        from service.loading import load_engine
+        from pooling_server.engine.errors import PoolingError
+        from pooling_server.service.loading import load_engine
 
         self.engine = load_engine(server_config(server_args))
         self.options = options
@@ -261,7 +261,7 @@ class EngineCaller:
             self._started = None
 
     def _params(self) -> Any:
-        from engine.params import PoolingParams
+        from pooling_server.engine.params import PoolingParams
 
         o = self.options
         return PoolingParams(
@@ -272,8 +272,8 @@ class EngineCaller:
 
     async def run(self, inputs: list[Any]) -> list[Any]:
         """One request's outputs, in the common form; PoolingError if it is refused."""
-        from engine.params import Task
-        from engine.request import Image, PoolRequest, RerankRequest
+        from pooling_server.engine.params import Task
+        from pooling_server.engine.request import Image, PoolRequest, RerankRequest
 
         o = self.options
         if o.task == "rerank":
@@ -309,7 +309,7 @@ class EngineCaller:
 
 
 def _engine_output(task: Any, output: Any) -> dict[str, Any]:
-    from engine.params import Task
+    from pooling_server.engine.params import Task
 
     if task is Task.EMBED:
         return {"vector": output.values}

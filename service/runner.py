@@ -24,17 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
-from engine.engine import Engine, Timings, Tokenized, TokenizedText
-from engine.errors import ErrorKind, PoolingError, clip, internal_error
-from engine.model_info import ModelInfo
-from engine.output_size import ResponseBudget
-from engine.outputs import PoolResult, RerankResult
-from engine.request import PoolRequest, RerankRequest
-from engine.served import ServedModel
-from engine.validation import Limits
-from service.errors import status_label, unavailable
-from service.ops.memory import trimmer
-from service.ops.telemetry import RequestRecord, Telemetry
+from pooling_server.engine.engine import Engine, Timings, Tokenized, TokenizedText
+from pooling_server.engine.errors import ErrorKind, PoolingError, clip, internal_error
+from pooling_server.engine.model_info import ModelInfo
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.outputs import PoolResult, RerankResult
+from pooling_server.engine.request import PoolRequest, RerankRequest
+from pooling_server.engine.served import ServedModel
+from pooling_server.engine.validation import Limits
+from pooling_server.service.errors import status_label, unavailable
+from pooling_server.service.ops.memory import trimmer
+from pooling_server.service.ops.telemetry import RequestRecord, Telemetry
 
 log = logging.getLogger(__name__)
 

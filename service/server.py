@@ -14,25 +14,30 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry import trace
 
-from engine.remote_client import RemoteEngineClient
-from service.grpc.handlers import add_pooling_service
-from service.grpc.health import HealthServicer
-from service.grpc.node_door import HandlerSet, NodeDoor, open_call_caps, unary_request_paths
-from service.grpc.read_gate import ReadGate
-from service.grpc.servicer import PoolingServicer
-from service.grpc.stream_limit import AnswerBudget, unsent_per_connection
-from service.http.app import HttpApi
-from service.http.cohere import input_type_prompts
-from service.ops.auth import BearerTokenInterceptor
-from service.ops.config import LARGE_MESSAGE_BYTES, MAX_PENDING_CALLS, ServerConfig
-from service.ops.event_loop import loop_name
-from service.ops.memory import trimmer
-from service.ops.metrics import Metrics
-from service.ops.telemetry import Telemetry
-from service.ops.telemetry import tracer_provider as make_tracer_provider
-from service.proto import pooling_pb2
-from service.runner import RequestRunner
-from service.split.frontend import FrontendRole, connect_engine
+from pooling_server.engine.remote_client import RemoteEngineClient
+from pooling_server.service.grpc.handlers import add_pooling_service
+from pooling_server.service.grpc.health import HealthServicer
+from pooling_server.service.grpc.node_door import (
+    HandlerSet,
+    NodeDoor,
+    open_call_caps,
+    unary_request_paths,
+)
+from pooling_server.service.grpc.read_gate import ReadGate
+from pooling_server.service.grpc.servicer import PoolingServicer
+from pooling_server.service.grpc.stream_limit import AnswerBudget, unsent_per_connection
+from pooling_server.service.http.app import HttpApi
+from pooling_server.service.http.cohere import input_type_prompts
+from pooling_server.service.ops.auth import BearerTokenInterceptor
+from pooling_server.service.ops.config import LARGE_MESSAGE_BYTES, MAX_PENDING_CALLS, ServerConfig
+from pooling_server.service.ops.event_loop import loop_name
+from pooling_server.service.ops.memory import trimmer
+from pooling_server.service.ops.metrics import Metrics
+from pooling_server.service.ops.telemetry import Telemetry
+from pooling_server.service.ops.telemetry import tracer_provider as make_tracer_provider
+from pooling_server.service.proto import pooling_pb2
+from pooling_server.service.runner import RequestRunner
+from pooling_server.service.split.frontend import FrontendRole, connect_engine
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +192,9 @@ class PoolingServer:
 
     async def _load(self) -> None:
         if self.frontend is None:
-            from service.loading import load_engine  # torch and transformers: only here
+            from pooling_server.service.loading import (
+                load_engine,  # torch and transformers: only here
+            )
 
             engine = await asyncio.to_thread(load_engine, self.config)
         else:

@@ -158,7 +158,7 @@ def spawn_server(
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(extra_env or {})}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.launch", "--port", str(port), *args],
+            [sys.executable, "-m", "pooling_server.service.launch", "--port", str(port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.backends import BackendKind, ByShare, RuntimeSettings, default_cache_dir
-from engine.backends.onnx_backend import OPSET
-from engine.backends.select import FP32_MIN_COSINE, hashed, model_key
-from engine.model_info import HeadKind
+from pooling_server.engine.backends import BackendKind, ByShare, RuntimeSettings, default_cache_dir
+from pooling_server.engine.backends.onnx_backend import OPSET
+from pooling_server.engine.backends.select import FP32_MIN_COSINE, hashed, model_key
+from pooling_server.engine.model_info import HeadKind
 
 log = logging.getLogger(__name__)
 

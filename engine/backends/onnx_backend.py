@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.backends import INPUT_NAMES, BackendKind, ByShare
-from engine.backends.export import ForwardOnly, output_name
-from engine.model_info import HeadKind
+from pooling_server.engine.backends import INPUT_NAMES, BackendKind, ByShare
+from pooling_server.engine.backends.export import ForwardOnly, output_name
+from pooling_server.engine.model_info import HeadKind
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.backends import (
+from pooling_server.engine.backends import (
     Backend,
     BackendKind,
     BackendOptions,
@@ -34,7 +34,7 @@ from engine.backends import (
     default_cache_dir,
     read_calibration,
 )
-from engine.model_info import HeadKind
+from pooling_server.engine.model_info import HeadKind
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +188,11 @@ def _import(kind: BackendKind, model: str) -> Any:
     """The backend's module; a missing package is a clear load error."""
     try:
         if kind is BackendKind.ONNX:
-            from engine.backends import onnx_backend
+            from pooling_server.engine.backends import onnx_backend
 
             onnx_backend.version()
             return onnx_backend
-        from engine.backends import openvino_backend
+        from pooling_server.engine.backends import openvino_backend
 
         openvino_backend.version()
         return openvino_backend

@@ -6,12 +6,12 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from engine.engine import Tokenized, TokenizedText
-from engine.errors import FieldViolation, PoolingError
-from engine.modality import Modality
-from engine.model_info import ModelInfo, PoolingType
-from engine.output_size import ResponseBudget
-from engine.outputs import (
+from pooling_server.engine.engine import Tokenized, TokenizedText
+from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.modality import Modality
+from pooling_server.engine.model_info import ModelInfo, PoolingType
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.outputs import (
     Classification,
     Embedding,
     LateChunks,
@@ -23,11 +23,18 @@ from engine.outputs import (
     TextOutputs,
     TokenRows,
 )
-from engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, Task
-from engine.request import ChunkRule, Image, Item, LateChunking, PoolRequest, RerankRequest
-from engine.validation import output_too_large, unknown_value
-from service.byte_layout import Layout, varint, varint_lengths
-from service.proto import pooling_pb2 as pb
+from pooling_server.engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, Task
+from pooling_server.engine.request import (
+    ChunkRule,
+    Image,
+    Item,
+    LateChunking,
+    PoolRequest,
+    RerankRequest,
+)
+from pooling_server.engine.validation import output_too_large, unknown_value
+from pooling_server.service.byte_layout import Layout, varint, varint_lengths
+from pooling_server.service.proto import pooling_pb2 as pb
 
 TASK_FROM_PROTO: dict[int, Task] = {
     pb.POOLING_TASK_EMBED: Task.EMBED,

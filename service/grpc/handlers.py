@@ -34,13 +34,13 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from engine.validation import too_many_inputs
-from service.errors import to_grpc_status
-from service.grpc.read_gate import ReadGate
-from service.grpc.stream_limit import AnswerBudget
-from service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit, string_at
-from service.proto import pooling_pb2 as pb
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.validation import too_many_inputs
+from pooling_server.service.errors import to_grpc_status
+from pooling_server.service.grpc.read_gate import ReadGate
+from pooling_server.service.grpc.stream_limit import AnswerBudget
+from pooling_server.service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit, string_at
+from pooling_server.service.proto import pooling_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["PoolingService"]
 

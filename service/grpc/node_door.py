@@ -33,9 +33,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from service.grpc.stream_limit import unsent_per_connection
-from service.ops.auth import PROTECTED_PREFIX, BearerKeys
-from service.ops.config import LARGE_MESSAGE_BYTES, ServerConfig
+from pooling_server.service.grpc.stream_limit import unsent_per_connection
+from pooling_server.service.ops.auth import PROTECTED_PREFIX, BearerKeys
+from pooling_server.service.ops.config import LARGE_MESSAGE_BYTES, ServerConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from service.ops.config import LARGE_MESSAGE_BYTES
+from pooling_server.service.ops.config import LARGE_MESSAGE_BYTES
 
 
 class ReadGate:

@@ -17,20 +17,20 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from engine.engine import Engine
-from engine.errors import PoolingError
-from engine.output_size import ResponseBudget
-from engine.outputs import OFF_LOOP_VALUES, PoolResult, values_in
-from engine.request import PoolRequest
-from engine.validation import output_too_large, stream_request_id_error
-from service.errors import to_grpc_status, to_status_proto
-from service.grpc import convert
-from service.grpc.handlers import Malformed
-from service.grpc.stream_limit import InflightLimit
-from service.ops.version import server_version
-from service.proto import pooling_pb2 as pb
-from service.proto import pooling_pb2_grpc
-from service.runner import Call, RequestRunner
+from pooling_server.engine.engine import Engine
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.outputs import OFF_LOOP_VALUES, PoolResult, values_in
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.validation import output_too_large, stream_request_id_error
+from pooling_server.service.errors import to_grpc_status, to_status_proto
+from pooling_server.service.grpc import convert
+from pooling_server.service.grpc.handlers import Malformed
+from pooling_server.service.grpc.stream_limit import InflightLimit
+from pooling_server.service.ops.version import server_version
+from pooling_server.service.proto import pooling_pb2 as pb
+from pooling_server.service.proto import pooling_pb2_grpc
+from pooling_server.service.runner import Call, RequestRunner
 
 _Message = TypeVar("_Message", bound=Message)
 _Built = TypeVar("_Built")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from service.ops.config import TransportConfig
+from pooling_server.service.ops.config import TransportConfig
 
 
 class InflightLimit:

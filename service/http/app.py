@@ -24,33 +24,33 @@ from typing import Any
 import msgspec
 from aiohttp import HttpVersion11, web
 
-from engine.engine import Engine
-from engine.errors import ErrorKind, PoolingError, internal_error
-from engine.output_size import ResponseBudget
-from engine.outputs import values_in
-from service.errors import Family, FieldMap, from_http, http_error
-from service.http import door as http_doors
-from service.http import tei
-from service.http.cohere import COHERE_FIELDS, COHERE_RPCS, CohereRoutes
-from service.http.door import (
+from pooling_server.engine.engine import Engine
+from pooling_server.engine.errors import ErrorKind, PoolingError, internal_error
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.outputs import values_in
+from pooling_server.service.errors import Family, FieldMap, from_http, http_error
+from pooling_server.service.http import door as http_doors
+from pooling_server.service.http import tei
+from pooling_server.service.http.cohere import COHERE_FIELDS, COHERE_RPCS, CohereRoutes
+from pooling_server.service.http.door import (
     COUNTED,
     FAMILY,
     JSON_FLOAT_BYTES,
     MAX_RESPONSE_BYTES,
     REQUEST_ID,
 )
-from service.http.guard import (
+from pooling_server.service.http.guard import (
     AcceptErrors,
     ClientFaults,
     ConnectionGuard,
     HttpLimits,
     declares_too_much,
 )
-from service.http.json_body import Body
-from service.http.openai import ROUTES, Route
-from service.ops.auth import BearerKeys
-from service.ops.memory import trimmer
-from service.runner import RequestRunner
+from pooling_server.service.http.json_body import Body
+from pooling_server.service.http.openai import ROUTES, Route
+from pooling_server.service.ops.auth import BearerKeys
+from pooling_server.service.ops.memory import trimmer
+from pooling_server.service.runner import RequestRunner
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from engine.encodings import quantize, ranges_array
-from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
-from engine.model_info import ModelInfo
-from engine.outputs import Embedding
-from engine.params import OutputEncoding, PoolingParams, Task
-from engine.request import Item, PoolRequest, RerankRequest
-from service.errors import FieldMap
-from service.http.door import (
+from pooling_server.engine.encodings import quantize, ranges_array
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
+from pooling_server.engine.model_info import ModelInfo
+from pooling_server.engine.outputs import Embedding
+from pooling_server.engine.params import OutputEncoding, PoolingParams, Task
+from pooling_server.engine.request import Item, PoolRequest, RerankRequest
+from pooling_server.service.errors import FieldMap
+from pooling_server.service.http.door import (
     JSON_FLOAT_BYTES,
     OFF_LOOP_BODY,
     REQUEST_ID,
@@ -46,10 +46,16 @@ from service.http.door import (
     render,
     text_list,
 )
-from service.http.door import request_id as make_request_id
-from service.http.image_parts import ImageUrl, Part, content_item, has_image, image_from_url
-from service.http.json_body import check_int32
-from service.runner import RequestRunner
+from pooling_server.service.http.door import request_id as make_request_id
+from pooling_server.service.http.image_parts import (
+    ImageUrl,
+    Part,
+    content_item,
+    has_image,
+    image_from_url,
+)
+from pooling_server.service.http.json_body import check_int32
+from pooling_server.service.runner import RequestRunner
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -23,15 +23,15 @@ import numpy as np
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
-from engine.model_info import ModelInfo
-from engine.output_size import MIB, ResponseBudget
-from engine.outputs import OFF_LOOP_VALUES
-from engine.validation import output_too_large
-from service.errors import Family, http_status
-from service.http import json_body
-from service.http.guard import body_parsed, body_read, client_problem
-from service.runner import Call, RequestRunner
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
+from pooling_server.engine.model_info import ModelInfo
+from pooling_server.engine.output_size import MIB, ResponseBudget
+from pooling_server.engine.outputs import OFF_LOOP_VALUES
+from pooling_server.engine.validation import output_too_large
+from pooling_server.service.errors import Family, http_status
+from pooling_server.service.http import json_body
+from pooling_server.service.http.guard import body_parsed, body_read, client_problem
+from pooling_server.service.runner import Call, RequestRunner
 
 # Answers of more float values than this are built and encoded off the event loop.
 OFF_LOOP_BODY = 1024 * 1024  # bodies larger than this are checked and decoded off the loop

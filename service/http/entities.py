@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.outputs import TokenRows
-from engine.tokenization import ModelTokenizer
+from pooling_server.engine.outputs import TokenRows
+from pooling_server.engine.tokenization import ModelTokenizer
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
 DEFAULT_AGGREGATION = "simple"  # what Hugging Face's hosted token classification answers

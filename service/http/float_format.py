@@ -30,11 +30,16 @@ import ml_dtypes
 import msgspec
 import numpy as np
 
-from engine.encodings import to_bfloat16
-from engine.errors import ErrorKind, PoolingError
-from engine.validation import unknown_value
-from service.http.door import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, base64_floats, base64_of
-from service.http.json_body import Body
+from pooling_server.engine.encodings import to_bfloat16
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.validation import unknown_value
+from pooling_server.service.http.door import (
+    BASE64_FLOAT_BYTES,
+    JSON_FLOAT_BYTES,
+    base64_floats,
+    base64_of,
+)
+from pooling_server.service.http.json_body import Body
 
 ENCODING_FORMATS = ("float", "base64", "bytes", "bytes_only")
 EMBED_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}

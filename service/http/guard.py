@@ -40,9 +40,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from engine.errors import ErrorKind, PoolingError
-from service.errors import http_error
-from service.ops.config import (
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.service.errors import http_error
+from pooling_server.service.ops.config import (
     HTTP_DESCRIPTOR_SHARE,
     LARGE_MESSAGE_BYTES,
     HttpLimits,

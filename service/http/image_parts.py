@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
-from engine.errors import FieldViolation, PoolingError
-from engine.request import Image, Item
+from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.request import Image, Item
 
 URL_RULE = "no URL is fetched; send a data URL (data:image/png;base64,...) or base64"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31}):")

@@ -19,10 +19,16 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from engine.request import Item
-from engine.validation import too_many_inputs
-from service.http.image_parts import Message, Part, has_image, input_items, messages_item
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.request import Item
+from pooling_server.engine.validation import too_many_inputs
+from pooling_server.service.http.image_parts import (
+    Message,
+    Part,
+    has_image,
+    input_items,
+    messages_item,
+)
 
 MAX_DEPTH = 32  # our bodies nest 3 deep; JSON parsers differ on where nesting must stop
 # Lists this small are decoded and then counted by the request rules: at most a few

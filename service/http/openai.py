@@ -19,9 +19,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from engine.errors import FieldViolation, PoolingError
-from engine.output_size import ResponseBudget
-from engine.outputs import (
+from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.outputs import (
     Classification,
     Embedding,
     ItemOutput,
@@ -33,15 +33,20 @@ from engine.outputs import (
     TextOutputs,
     TokenRows,
 )
-from engine.params import Output, OutputWeights, PoolingParams, Task
-from engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankRequest
-from engine.validation import unknown_value
-from service.errors import FieldMap
-from service.http.door import JSON_FLOAT_BYTES, output_of
-from service.http.float_format import BinaryAnswer, FloatFormat, binary_answer, float_format
-from service.http.image_parts import has_image
-from service.http.json_body import Body, BodyError, check_int32
-from service.runner import Call, Ran, RequestRunner
+from pooling_server.engine.params import Output, OutputWeights, PoolingParams, Task
+from pooling_server.engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankRequest
+from pooling_server.engine.validation import unknown_value
+from pooling_server.service.errors import FieldMap
+from pooling_server.service.http.door import JSON_FLOAT_BYTES, output_of
+from pooling_server.service.http.float_format import (
+    BinaryAnswer,
+    FloatFormat,
+    binary_answer,
+    float_format,
+)
+from pooling_server.service.http.image_parts import has_image
+from pooling_server.service.http.json_body import Body, BodyError, check_int32
+from pooling_server.service.runner import Call, Ran, RequestRunner
 
 Render = Callable[[Any], Any]  # a JSON-able dict, or a BinaryAnswer (binary routes)
 

@@ -32,11 +32,11 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from engine.errors import PoolingError
-from engine.heads import activate
-from engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
-from engine.output_size import entity_budget
-from engine.outputs import (
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.heads import activate
+from pooling_server.engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
+from pooling_server.engine.output_size import entity_budget
+from pooling_server.engine.outputs import (
     Classification,
     Embedding,
     MultiVector,
@@ -44,12 +44,12 @@ from engine.outputs import (
     SparseEmbedding,
     TokenRows,
 )
-from engine.params import PoolingParams, Task
-from engine.request import PoolRequest, RerankRequest
-from engine.tokenization import ModelTokenizer
-from service.errors import Family, FieldMap
-from service.http import json_body
-from service.http.door import (
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.request import PoolRequest, RerankRequest
+from pooling_server.engine.tokenization import ModelTokenizer
+from pooling_server.service.errors import Family, FieldMap
+from pooling_server.service.http import json_body
+from pooling_server.service.http.door import (
     FAMILY,
     DoorHost,
     budget,
@@ -67,11 +67,16 @@ from service.http.door import (
     too_many,
     within,
 )
-from service.http.entities import AGGREGATIONS, DEFAULT_AGGREGATION, DEFAULT_IGNORED, entities
-from service.http.image_parts import image_from_url
-from service.http.token_json import tokenize_json
-from service.ops.version import server_version
-from service.runner import RequestRunner
+from pooling_server.service.http.entities import (
+    AGGREGATIONS,
+    DEFAULT_AGGREGATION,
+    DEFAULT_IGNORED,
+    entities,
+)
+from pooling_server.service.http.image_parts import image_from_url
+from pooling_server.service.http.token_json import tokenize_json
+from pooling_server.service.ops.version import server_version
+from pooling_server.service.runner import RequestRunner
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from engine.engine import Tokenized, TokenizedText
-from engine.output_size import ResponseBudget
-from engine.tokenization import Vocabulary
-from engine.validation import output_too_large
-from service.byte_layout import Layout, json_escaped
+from pooling_server.engine.engine import Tokenized, TokenizedText
+from pooling_server.engine.output_size import ResponseBudget
+from pooling_server.engine.tokenization import Vocabulary
+from pooling_server.engine.validation import output_too_large
+from pooling_server.service.byte_layout import Layout, json_escaped
 
 TOKEN_BLOCK = 16384  # tokens laid out at once: bounds the layout's arrays
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.batch_queue import BatchConfig
-from engine.model_spec import DEFAULT_MODEL, ModelSpec
-from engine.remote_client import DEFAULT_STALL_S
-from engine.validation import Limits
+from pooling_server.engine.batch_queue import BatchConfig
+from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
+from pooling_server.engine.remote_client import DEFAULT_STALL_S
+from pooling_server.engine.validation import Limits
 
 if TYPE_CHECKING:
     import grpc

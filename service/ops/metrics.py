@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from engine.batch_queue import BatchConfig, BatchQueue, BatchRecord
-from engine.engine import Engine, Timings
+from pooling_server.engine.batch_queue import BatchConfig, BatchQueue, BatchRecord
+from pooling_server.engine.engine import Engine, Timings
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

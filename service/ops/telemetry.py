@@ -12,10 +12,10 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from engine.engine import Timings
-from engine.errors import clip
-from service.ops.logs import FIELDS_ATTR
-from service.ops.metrics import Metrics
+from pooling_server.engine.engine import Timings
+from pooling_server.engine.errors import clip
+from pooling_server.service.ops.logs import FIELDS_ATTR
+from pooling_server.service.ops.metrics import Metrics
 
 request_log = logging.getLogger("pooling.requests")
 LOGGED_ID_CHARS = 64  # ids and names are cut to this in logs

@@ -5,5 +5,5 @@
 - frontend.py: a front end's role (wait for the engines, connect, report ready);
 - run_dir.py: the folder they share (IPC endpoints, ready files, metrics).
 
-A child runs `python -m service.launch` with --role engine or --role frontend.
+A child runs `python -m pooling_server.service.launch` with --role engine or --role frontend.
 """

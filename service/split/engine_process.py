@@ -20,13 +20,13 @@ import logging
 import os
 from dataclasses import replace
 
-from engine.core import EngineCore
-from engine.ipc import EngineReady
-from engine.served import ModelDescription
-from service.ops import logs
-from service.ops.config import ServerConfig
-from service.ops.metrics import EngineStats, Metrics
-from service.split.run_dir import engine_address, write_ready
+from pooling_server.engine.core import EngineCore
+from pooling_server.engine.ipc import EngineReady
+from pooling_server.engine.served import ModelDescription
+from pooling_server.service.ops import logs
+from pooling_server.service.ops.config import ServerConfig
+from pooling_server.service.ops.metrics import EngineStats, Metrics
+from pooling_server.service.split.run_dir import engine_address, write_ready
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ async def run_engine(
     config: ServerConfig, index: int, run_dir: str, stop_fd: int | None = None
 ) -> int:
     """Serve until `stop_fd` (the read end of the supervisor's stop pipe) reads end-of-file."""
-    from service.loading import load_models  # torch and transformers
+    from pooling_server.service.loading import load_models  # torch and transformers
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,10 +10,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.engine import Engine
-from engine.remote_client import RemoteEngineClient
-from service.ops.config import ServerConfig
-from service.split.run_dir import (
+from pooling_server.engine.engine import Engine
+from pooling_server.engine.remote_client import RemoteEngineClient
+from pooling_server.service.ops.config import ServerConfig
+from pooling_server.service.split.run_dir import (
     frontend_ready,
     is_ready,
     mark_frontend_ready,

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 log = logging.getLogger(__name__)
 
 # The command a child runs, before its arguments; the benchmark's device stand-in swaps it.
-CHILD_COMMAND = [sys.executable, "-m", "service.launch"]
+CHILD_COMMAND = [sys.executable, "-m", "pooling_server.service.launch"]
 POLL_S = 0.1
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 ENGINE_STOP_S = 30.0  # an engine that has not stopped this long after its pipe closed is killed
@@ -63,7 +63,7 @@ class Supervisor:
         self.lost: set[str] = set()  # engines that died while others served on
 
     def _env(self) -> dict[str, str]:
-        from service.split.run_dir import metrics_dir
+        from pooling_server.service.split.run_dir import metrics_dir
 
         env = dict(os.environ)
         env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir(self.run_dir)
@@ -82,7 +82,7 @@ class Supervisor:
         self.children.append((f"{role} {index}", child))
 
     def run(self) -> int:
-        from service.split.run_dir import metrics_dir
+        from pooling_server.service.split.run_dir import metrics_dir
 
         os.makedirs(metrics_dir(self.run_dir))
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -105,7 +105,7 @@ class Supervisor:
             for fd in alive_reads:
                 os.close(fd)
             if self.metrics is not None:
-                from service.ops.metrics import serve_multiprocess
+                from pooling_server.service.ops.metrics import serve_multiprocess
 
                 serve_multiprocess(*self.metrics, metrics_dir(self.run_dir))
                 log.info("metrics on http://%s:%d/metrics", *self.metrics)
@@ -202,6 +202,6 @@ class Supervisor:
     def _mark_dead(self, pid: int) -> None:
         from prometheus_client import multiprocess
 
-        from service.split.run_dir import metrics_dir
+        from pooling_server.service.split.run_dir import metrics_dir
 
         multiprocess.mark_process_dead(pid, metrics_dir(self.run_dir))

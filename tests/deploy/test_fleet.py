@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.cli import build_parser, config_from_args
-from service.server import SERVICE_NAME
+from pooling_server.service.cli import build_parser, config_from_args
+from pooling_server.service.server import SERVICE_NAME
 from tests.deploy import fleet_files as fleet
 from tests.deploy.test_manifests import (
     K8S_VERSIONS,

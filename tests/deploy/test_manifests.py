@@ -27,8 +27,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.cli import build_parser, config_from_args
-from service.server import HEALTH_NAMES, SERVICE_NAME
+from pooling_server.service.cli import build_parser, config_from_args
+from pooling_server.service.server import HEALTH_NAMES, SERVICE_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from engine.loader import LoadedModel, load_model
-from engine.model_spec import ModelSpec
-from engine.outputs import ItemOutput
-from engine.plans import Plan, plan_request
-from engine.request import PoolRequest
-from engine.validation import Limits, validate_request
+from pooling_server.engine.loader import LoadedModel, load_model
+from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.outputs import ItemOutput
+from pooling_server.engine.plans import Plan, plan_request
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.validation import Limits, validate_request
 
 
 def load(folder: Path, name: str | None = None, **options: object) -> LoadedModel:

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backends import BackendKind, BackendOptions, Quantize, RuntimeSettings
-from engine.backends.select import EVENTS
-from engine.loader import LoadedModel, load_model
-from engine.model_info import HeadKind, PoolingType
-from engine.model_runner import ThreadShare
-from engine.model_spec import ModelSpec
+from pooling_server.engine.backends import BackendKind, BackendOptions, Quantize, RuntimeSettings
+from pooling_server.engine.backends.select import EVENTS
+from pooling_server.engine.loader import LoadedModel, load_model
+from pooling_server.engine.model_info import HeadKind, PoolingType
+from pooling_server.engine.model_runner import ThreadShare
+from pooling_server.engine.model_spec import ModelSpec
 from tests.fixture_models import MINILM, _bert_config, _save
 
 TEXTS = [
@@ -169,7 +169,7 @@ def test_int8_stays_close_and_ranks_the_same(
     """Mean cosine 0.99 to torch fp32 on MiniLM, and the same top-1 document per query."""
     options: dict[str, object] = {"quantize": Quantize.INT8}
     if calibration:  # a short file keeps nncf's calibration cheap
-        from engine.backends import CALIBRATION_FILE
+        from pooling_server.engine.backends import CALIBRATION_FILE
 
         lines = CALIBRATION_FILE.read_text().splitlines()[::6]
         (tmp_path / "calibration.txt").write_text("\n".join(lines))
@@ -246,10 +246,10 @@ def test_torch_and_quantize_do_not_mix(model_folders: dict) -> None:
 MISSING = """
 import sys, torch
 sys.modules["openvino"] = None  # as if the package were not installed
-from engine.backends import BackendKind, BackendOptions, RuntimeSettings
-from engine.loader import load_model
-from engine.model_runner import ThreadShare
-from engine.model_spec import ModelSpec
+from pooling_server.engine.backends import BackendKind, BackendOptions, RuntimeSettings
+from pooling_server.engine.loader import load_model
+from pooling_server.engine.model_runner import ThreadShare
+from pooling_server.engine.model_spec import ModelSpec
 def load(kind):
     spec = ModelSpec(sys.argv[1], name="tiny", backend=BackendOptions(kind))
     return load_model(spec, device=torch.device("cpu"), dtype=torch.float32,
@@ -322,7 +322,7 @@ def test_auto_falls_back_to_torch_where_the_export_strays(
         trust_remote_code=True,
         backend=BackendOptions(BackendKind.AUTO),
     )
-    with caplog.at_level(logging.WARNING, logger="engine.backends.select"):
+    with caplog.at_level(logging.WARNING, logger="pooling_server.engine.backends.select"):
         model = load_model(
             spec,
             device=torch.device("cpu"),
@@ -339,8 +339,8 @@ def test_auto_takes_openvino_bfloat16_only_where_the_cpu_has_it_and_the_check_ho
     """The CPU's bfloat16 is stood in for by openvino_backend.bf16_native, so that every host
     runs every branch (OpenVINO falls back to float32 where the CPU lacks it). The model is
     compiled once at start-up in the precision it runs, twice only where bfloat16 fails."""
-    from engine.backends import openvino_backend
-    from engine.backends.openvino_backend import OpenVinoBackend
+    from pooling_server.engine.backends import openvino_backend
+    from pooling_server.engine.backends.openvino_backend import OpenVinoBackend
 
     built: list[bool] = []  # each OpenVinoBackend made: bfloat16 or not
     init = OpenVinoBackend.__init__

@@ -15,9 +15,9 @@ import types
 
 import pytest
 
-from engine.batch_queue import BatchConfig, BatchQueue, QueuedItem
-from engine.jobs import Job
-from engine.tokenization import TokenSequence
+from pooling_server.engine.batch_queue import BatchConfig, BatchQueue, QueuedItem
+from pooling_server.engine.jobs import Job
+from pooling_server.engine.tokenization import TokenSequence
 
 
 def _reference_take(queue: BatchQueue) -> list[QueuedItem]:

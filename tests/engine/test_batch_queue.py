@@ -22,15 +22,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch_queue import BatchConfig, BatchQueue, BatchRecord, Job
-from engine.engine import Engine, Timings
-from engine.errors import ErrorKind, PoolingError
-from engine.loader import LoadedModel, ModelSpec, load_model
-from engine.outputs import Classification, Embedding, PoolResult, Score, TokenRows
-from engine.params import PoolingParams, Task
-from engine.plans import plan_request
-from engine.request import PoolRequest
-from engine.tokenization import TokenSequence
+from pooling_server.engine.batch_queue import BatchConfig, BatchQueue, BatchRecord, Job
+from pooling_server.engine.engine import Engine, Timings
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.loader import LoadedModel, ModelSpec, load_model
+from pooling_server.engine.outputs import Classification, Embedding, PoolResult, Score, TokenRows
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.tokenization import TokenSequence
 
 pytestmark = pytest.mark.timeout(120)
 

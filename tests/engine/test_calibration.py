@@ -17,14 +17,14 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.quantization import quantize_embeddings
 
-import engine.calibration
-from engine.backends import CALIBRATION_FILE, BackendOptions, RuntimeSettings
-from engine.encodings import encode, ranges_array
-from engine.loader import LoadedModel, load_model
-from engine.model_spec import ModelSpec
-from engine.params import OutputEncoding, Task
-from engine.plans import plan_request
-from engine.request import PoolRequest
+import pooling_server.engine.calibration as calibration
+from pooling_server.engine.backends import CALIBRATION_FILE, BackendOptions, RuntimeSettings
+from pooling_server.engine.encodings import encode, ranges_array
+from pooling_server.engine.loader import LoadedModel, load_model
+from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.params import OutputEncoding, Task
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.request import PoolRequest
 from tests.fixture_models import MINILM, short_vocabulary_bert
 
 CALIBRATION_TEXTS = [
@@ -41,14 +41,14 @@ def cache(tmp_path: Path) -> RuntimeSettings:
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many texts each ranges computation embedded (none: read from the cache)."""
     counted: list[int] = []
-    embed = engine.calibration.embed_texts
+    embed = calibration.embed_texts
 
     def counting(model, forward, texts):  # type: ignore[no-untyped-def]
         counted.append(len(texts))
         return embed(model, forward, texts)
 
-    monkeypatch.setattr(engine.calibration, "embed_texts", counting)
-    engine.calibration.EVENTS.clear()
+    monkeypatch.setattr(calibration, "embed_texts", counting)
+    calibration.EVENTS.clear()
     yield counted
 
 
@@ -83,7 +83,7 @@ def test_ranges_computed_from_the_calibration_texts_then_read_from_the_cache(
 
     again = load(folder, cache)
     assert calls == [len(CALIBRATION_TEXTS)]  # no forward pass the second time
-    events = engine.calibration.EVENTS
+    events = calibration.EVENTS
     assert events == [(str(folder), "computed"), (str(folder), "cache")]
     assert again.info.calibration_ranges == model.info.calibration_ranges
     assert again.info.calibration_source == "computed"

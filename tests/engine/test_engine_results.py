@@ -8,10 +8,10 @@ import asyncio
 import msgspec
 import numpy as np
 
-from engine.core import _message
-from engine.errors import ErrorKind, PoolingError
-from engine.ipc import OUTPUTS, Results, unpack_outputs
-from engine.jobs import Job
+from pooling_server.engine.core import _message
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.ipc import OUTPUTS, Results, unpack_outputs
+from pooling_server.engine.jobs import Job
 
 
 def test_outputs_and_errors_come_back_as_sent() -> None:

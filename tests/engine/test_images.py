@@ -18,17 +18,17 @@ import torch
 from PIL import Image as PILImage
 from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-from engine.batch_queue import BatchConfig
-from engine.engine import Engine
-from engine.errors import ErrorKind, PoolingError
-from engine.loader import LoadedModel, load_model
-from engine.modality import Modality
-from engine.model_spec import ModelSpec
-from engine.outputs import Classification, Embedding, ItemOutput
-from engine.params import PoolingParams, Task
-from engine.plans import plan_request
-from engine.request import Image, Item, PoolRequest, RerankRequest
-from engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.batch_queue import BatchConfig
+from pooling_server.engine.engine import Engine
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.loader import LoadedModel, load_model
+from pooling_server.engine.modality import Modality
+from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.outputs import Classification, Embedding, ItemOutput
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.request import Image, Item, PoolRequest, RerankRequest
+from pooling_server.engine.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load, run_all
 from tests.fixture_models import (
     MINILM,
@@ -205,7 +205,7 @@ def test_siglip2_mixed_sizes_in_one_batch(
     """Images of four aspect ratios in one forward pass, each its own patch grid padded to
     the batch's longest and masked: each equals get_image_features through SigLIP 2's
     processor (which pads to max_num_patches), and costs its own patch count."""
-    from engine.towers import prepare
+    from pooling_server.engine.towers import prepare
 
     model, reference = models["siglip2"], references["siglip2"]
     grids = reference.pixels(MIXED_DECODED)["spatial_shapes"].tolist()
@@ -438,10 +438,10 @@ def test_images_through_an_engine_process_link(
     processor) sends pixel frames over the link as raw float32 beside the token ids, and
     gets the same vectors back as the in-process engine computes. SigLIP 2's frames (each
     its own patch grid) carry their grid in their shape."""
-    from engine.core import EngineCore
-    from engine.ipc import EngineReady
-    from engine.remote_client import RemoteEngineClient
-    from engine.served import ModelDescription
+    from pooling_server.engine.core import EngineCore
+    from pooling_server.engine.ipc import EngineReady
+    from pooling_server.engine.remote_client import RemoteEngineClient
+    from pooling_server.engine.served import ModelDescription
 
     model = models[name]
     images, decoded = (MIXED, MIXED_DECODED) if name == "siglip2" else (IMAGES, DECODED)
@@ -478,7 +478,7 @@ def test_the_servers_label_template(
 ) -> None:
     """--label-template: the default prompt of a model's zero-shot labels (per model, from
     the flags), which a request's label_template still overrides."""
-    from service.cli import config_from_args, parse_args
+    from pooling_server.service.cli import config_from_args, parse_args
 
     template = "a blurry picture of {label}"
     argv = ["--model", f"clip={folders['clip']}", "--label-template", template]
@@ -498,7 +498,7 @@ def test_the_servers_label_template(
 def test_load_refusals(folders: dict[str, Path]) -> None:
     """A shipped export holds one forward (not two towers), --quantize does not apply, and
     the template must place the label."""
-    from engine.backends import BackendKind, BackendOptions, Quantize
+    from pooling_server.engine.backends import BackendKind, BackendOptions, Quantize
 
     shipped = BackendOptions(kind=BackendKind.ONNX, file="model.onnx")
     for options, match in (
@@ -515,7 +515,7 @@ def test_load_refusals(folders: dict[str, Path]) -> None:
 
 def test_siglip2_on_an_exported_backend_is_refused_by_name(folders: dict[str, Path]) -> None:
     """An exported image tower takes one fixed image size; SigLIP 2's runs on torch."""
-    from engine.backends import BackendKind, BackendOptions
+    from pooling_server.engine.backends import BackendKind, BackendOptions
 
     spec = ModelSpec(str(folders["siglip2"]), backend=BackendOptions(kind=BackendKind.ONNX))
     with pytest.raises(ValueError, match=r"NaFlex.*--backend torch"):
@@ -528,7 +528,7 @@ def test_image_tower_on_a_cpu_backend(
 ) -> None:
     """--backend onnx / openvino: the image tower exported (cached), within the text
     backends' tolerance of transformers; the text tower stays on torch."""
-    from engine.backends import BackendKind, BackendOptions, RuntimeSettings
+    from pooling_server.engine.backends import BackendKind, BackendOptions, RuntimeSettings
 
     spec = ModelSpec(str(folders["clip"]), backend=BackendOptions(kind=BackendKind(kind)))
     model = load_model(
@@ -549,7 +549,7 @@ def test_image_tower_on_a_cpu_backend(
 def test_zero_shot_answers_are_bounded(models: dict[str, LoadedModel]) -> None:
     """A zero-shot answer holds one value per candidate label for every item: refused before
     any image is decoded when that would pass the door's limit."""
-    from engine.output_size import ResponseBudget
+    from pooling_server.engine.output_size import ResponseBudget
 
     labels = tuple(f"label {k}" for k in range(1000))
     request = PoolRequest(Task.CLASSIFY, items=(IMAGES[0],) * 30, candidate_labels=labels)
@@ -562,7 +562,7 @@ def test_zero_shot_answers_are_bounded(models: dict[str, LoadedModel]) -> None:
 def test_batches_hold_one_tower(folders: dict[str, Path]) -> None:
     """Texts and images queued together form batches of one tower each, an image costing
     its patch count in the token budget."""
-    from engine.modality import is_image
+    from pooling_server.engine.modality import is_image
 
     model = load(folders["clip"])
     batches: list[list[bool]] = []

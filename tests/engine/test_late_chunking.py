@@ -13,14 +13,19 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from engine.errors import PoolingError
-from engine.late_chunking import macro_windows, owned, sentence_spans, token_window_spans
-from engine.loader import LoadedModel
-from engine.outputs import Embedding, ItemOutput, LateChunks, TokenRows
-from engine.params import PoolingParams, Task
-from engine.plans import plan_request
-from engine.request import ChunkRule, LateChunking, PoolRequest
-from engine.validation import Limits, validate_request
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.late_chunking import (
+    macro_windows,
+    owned,
+    sentence_spans,
+    token_window_spans,
+)
+from pooling_server.engine.loader import LoadedModel
+from pooling_server.engine.outputs import Embedding, ItemOutput, LateChunks, TokenRows
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.request import ChunkRule, LateChunking, PoolRequest
+from pooling_server.engine.validation import Limits, validate_request
 from tests.engine.planned import load, run_all
 from tests.fixture_models import MINILM, tiny_mean_bert
 
@@ -206,7 +211,7 @@ def test_answer_too_large_refused_before_the_forward_pass(minilm: LoadedModel) -
     """One vector per token of a long text, over a small response budget."""
     import dataclasses
 
-    from engine.output_size import ResponseBudget
+    from pooling_server.engine.output_size import ResponseBudget
 
     request = dataclasses.replace(
         late([TEXT * 4], rule=ChunkRule.TOKENS, window=1),
@@ -230,7 +235,7 @@ def test_refusals_of_task_texts_and_truncation(minilm: LoadedModel) -> None:
 def test_refused_without_mean_pooling(tmp_path: Path, minilm: LoadedModel) -> None:
     import dataclasses
 
-    from engine.model_info import PoolingType
+    from pooling_server.engine.model_info import PoolingType
 
     cls = dataclasses.replace(minilm.info, pooling_type=PoolingType.CLS)
     limits = Limits()

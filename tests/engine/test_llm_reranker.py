@@ -14,15 +14,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.errors import ErrorKind, PoolingError
-from engine.loader import LoadedModel, load_model
-from engine.model_info import HeadKind
-from engine.model_spec import ModelSpec
-from engine.outputs import Score
-from engine.params import PoolingParams, Task
-from engine.plans import plan_request
-from engine.request import PoolRequest, RerankRequest
-from engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.loader import LoadedModel, load_model
+from pooling_server.engine.model_info import HeadKind
+from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.outputs import Score
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.request import PoolRequest, RerankRequest
+from pooling_server.engine.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load
 from tests.fixture_models import MINILM, tiny_qwen3_reranker
 
@@ -383,7 +383,7 @@ def test_swapped_tokens_give_the_complementary_score(
 def test_templates_that_do_not_fit_are_refused(
     folders: dict[str, Path], options: dict[str, object], message: str
 ) -> None:
-    from engine.backends import BackendKind, BackendOptions
+    from pooling_server.engine.backends import BackendKind, BackendOptions
 
     if "backend" in options:
         options = {**options, "backend": BackendOptions(BackendKind(options["backend"]))}
@@ -433,7 +433,7 @@ def test_prompt_names_are_still_refused_on_score(reranker: LoadedModel) -> None:
 def test_graphed_forward_scores_as_eager(reranker: LoadedModel) -> None:
     """The forward replayed from (stand-in) CUDA graphs of bucketed shapes: each batch is
     padded to its bucket's rows and length, and every pair still reads its own last token."""
-    from engine.cuda_graphs import Buckets, GraphedForward, eager_capture
+    from pooling_server.engine.cuda_graphs import Buckets, GraphedForward, eager_capture
 
     runner = reranker.runner
     assert runner.module is not None

@@ -20,11 +20,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.errors import PoolingError
-from engine.loader import LoadedModel
-from engine.request import RerankRequest
-from engine.tokenization import ModelTokenizer
-from engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.loader import LoadedModel
+from pooling_server.engine.request import RerankRequest
+from pooling_server.engine.tokenization import ModelTokenizer
+from pooling_server.engine.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load
 from tests.engine.test_llm_reranker import (
     CARD_PREFIX,

@@ -15,14 +15,14 @@ import pytest
 import torch
 from sentence_transformers import MultiVectorEncoder
 
-from engine.backends import BackendKind, BackendOptions
-from engine.errors import PoolingError
-from engine.loader import LoadedModel
-from engine.outputs import ItemOutput, MultiVector, Score
-from engine.params import OutputEncoding, PoolingParams, Task
-from engine.plans import plan_request
-from engine.request import PoolRequest, RerankRequest
-from engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.backends import BackendKind, BackendOptions
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.loader import LoadedModel
+from pooling_server.engine.outputs import ItemOutput, MultiVector, Score
+from pooling_server.engine.params import OutputEncoding, PoolingParams, Task
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.request import PoolRequest, RerankRequest
+from pooling_server.engine.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load, run_all
 from tests.fixture_models import COLBERT_DIM, MINILM, tiny_colbert
 

@@ -9,9 +9,9 @@ from functools import partial
 import numpy as np
 import pytest
 
-from engine.engine import Tokenized, TokenizedText
-from engine.errors import ErrorKind, PoolingError
-from engine.output_size import (
+from pooling_server.engine.engine import Tokenized, TokenizedText
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
     fewest_tokens,
@@ -19,19 +19,19 @@ from engine.output_size import (
     token_rows_bytes,
     tokenize_bytes,
 )
-from engine.outputs import Embedding, PoolResult, TokenRows
-from engine.params import OutputEncoding, PoolingParams, Task
-from engine.request import PoolRequest
-from engine.tokenization import Vocabulary
-from engine.validation import (
+from pooling_server.engine.outputs import Embedding, PoolResult, TokenRows
+from pooling_server.engine.params import OutputEncoding, PoolingParams, Task
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.tokenization import Vocabulary
+from pooling_server.engine.validation import (
     Limits,
     check_token_output,
     check_tokenize_output,
     validate_request,
     validate_tokenize,
 )
-from service.grpc import convert
-from service.http.token_json import tokenize_json
+from pooling_server.service.grpc import convert
+from pooling_server.service.http.token_json import tokenize_json
 from tests.model_infos import embedder_info
 
 info = partial(embedder_info, hidden_size=384, max_input_tokens=512)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model_info import PoolingType
-from engine.pooling import pool, pool_array
+from pooling_server.engine.model_info import PoolingType
+from pooling_server.engine.pooling import pool, pool_array
 
 
 @pytest.mark.parametrize("method", [PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST])

@@ -6,11 +6,11 @@ from functools import partial
 
 import pytest
 
-from engine.errors import ErrorKind, PoolingError
-from engine.model_info import HeadKind, LongInput, ModelInfo
-from engine.params import PoolingParams, Task
-from engine.request import PoolRequest
-from engine.validation import Limits, prompt_text, validate_request
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.model_info import HeadKind, LongInput, ModelInfo
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.validation import Limits, prompt_text, validate_request
 from tests.model_infos import embedder_info
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

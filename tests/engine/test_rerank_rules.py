@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.engine import _ranking
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
-from engine.outputs import PoolResult, Score
-from engine.params import PoolingParams, Task
-from engine.request import RerankRequest
-from engine.validation import Limits, rerank_error, validate_rerank
+from pooling_server.engine.engine import _ranking
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
+from pooling_server.engine.outputs import PoolResult, Score
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.request import RerankRequest
+from pooling_server.engine.validation import Limits, rerank_error, validate_rerank
 from tests.model_infos import embedder_info
 
 EMBEDDER = embedder_info(name="embedder", max_input_chars=20)

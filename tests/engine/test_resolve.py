@@ -8,11 +8,11 @@ from functools import partial
 
 import pytest
 
-from engine.errors import PoolingError
-from engine.model_info import HeadKind, LongInput
-from engine.params import PoolingParams, Task
-from engine.request import PoolRequest, RerankRequest
-from engine.validation import (
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.model_info import HeadKind, LongInput
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.request import PoolRequest, RerankRequest
+from pooling_server.engine.validation import (
     TOKENIZED_RULES,
     UNKNOWN_VALUES,
     Limits,

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from engine.tokenization import ModelTokenizer, TokenizerSpec
-from service.proto import pooling_pb2, pooling_pb2_grpc
+from pooling_server.engine.tokenization import ModelTokenizer, TokenizerSpec
+from pooling_server.service.proto import pooling_pb2, pooling_pb2_grpc
 from tests.fixture_models import MINILM
 
 WORDS = ["play", "playing", "unbelievable", "-", "é", "[SEP]", "\r\n", "42", "naïve", "日本", "🙂"]

@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import engine
+import pooling_server.engine as engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_engine_imports_neither_grpc_nor_protobuf() -> None:
     modules = [f"engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)]
-    assert "engine.batch_queue" in modules
+    assert "pooling_server.engine.batch_queue" in modules
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"

@@ -39,7 +39,7 @@ import pytest
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.grpc import node_door
+from pooling_server.service.grpc import node_door
 from tests.fixture_models import MINILM
 from tests.reliability.support import assert_alive, embed_request, report
 from tests.reliability.test_attacks import RawHttp2, grpc_frame

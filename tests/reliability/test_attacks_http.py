@@ -536,7 +536,7 @@ def test_a_grpc_connection_without_calls_is_sent_away(starved) -> None:
 # `guarded`, the server's accept-error handler: how many lines a flood of accepts logs.
 _ACCEPT_FLOOD = """
 import asyncio, logging, resource, sys
-from service.http.guard import AcceptErrors
+from pooling_server.service.http.guard import AcceptErrors
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

@@ -19,14 +19,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import PoolingError
-from engine.loader import LoadedModel, ModelSpec, load_model
-from engine.model_info import LongInput
-from engine.plans import plan_request
-from engine.validation import Limits, validate_request
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.grpc.convert import request_from_proto
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.loader import LoadedModel, ModelSpec, load_model
+from pooling_server.engine.model_info import LongInput
+from pooling_server.engine.plans import plan_request
+from pooling_server.engine.validation import Limits, validate_request
+from pooling_server.service.grpc.convert import request_from_proto
 from tests.conftest import DEFAULT_MODEL, MAX_CLIENT_BATCH_SIZE
 from tests.reliability.support import (
     CLIENT_ERROR_CODES,

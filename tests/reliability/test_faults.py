@@ -21,11 +21,11 @@ import grpc
 import numpy as np
 import pytest
 
-from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.ops.config import ServerConfig
-from service.server import PoolingServer
+from pooling_server.engine.loader import ModelSpec
+from pooling_server.service.ops.config import ServerConfig
+from pooling_server.service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.reliability.support import (

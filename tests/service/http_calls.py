@@ -87,7 +87,7 @@ def batch_line(custom_id: str, url: str, body: dict[str, Any]) -> dict[str, Any]
 def run_batch(args: list[str], lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """`pooling-server batch` with `args` (models and their flags) on `lines` through stdin
     and stdout; the job must succeed. Each answer's response, by custom_id."""
-    command = [sys.executable, "-m", "service.launch", "batch", *args]
+    command = [sys.executable, "-m", "pooling_server.service.launch", "batch", *args]
     command += ["--no-progress", "--input", "-", "--output", "-"]
     done = subprocess.run(
         command,

@@ -41,7 +41,7 @@ def cli(models: dict[str, Path], *args: str, embed_only: bool = False) -> list[s
     return [
         sys.executable,
         "-m",
-        "service.launch",
+        "pooling_server.service.launch",
         "batch",
         *served,
         "--backend",

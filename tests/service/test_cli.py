@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.cli import build_parser
+from pooling_server.service.cli import build_parser
 
 COUNTS = [
     "--max-message-mb",
@@ -45,7 +45,7 @@ def test_frontends_may_be_zero_and_processes_is_its_former_name(flag: str, value
 
 def test_one_front_end_and_engine_by_default_without_a_gpu() -> None:
     """auto, resolved for this host (service/split/layout.py; no GPU here)."""
-    from service.cli import parse_args
+    from pooling_server.service.cli import parse_args
 
     args = build_parser().parse_args([])
     assert (args.frontends, args.engines_per_device) == ("auto", "auto")
@@ -68,14 +68,14 @@ def test_padding_efficiency_is_a_fraction(value: str, capsys: pytest.CaptureFixt
     ],
 )
 def test_layout_checks(argv: list[str], message: str) -> None:
-    from service.cli import parse_args
+    from pooling_server.service.cli import parse_args
 
     with pytest.raises(SystemExit, match=message):
         parse_args(argv, environ={})
 
 
 def test_settings_come_from_the_environment_and_flags_win() -> None:
-    from service.cli import config_from_args, parse_args
+    from pooling_server.service.cli import config_from_args, parse_args
 
     environ = {
         "POOLING_PORT": "6001",
@@ -108,10 +108,10 @@ def test_flag_defaults_are_the_config_defaults() -> None:
     BatchConfig), so no flag says one default while the config says another."""
     from dataclasses import replace
 
-    from engine.batch_queue import BatchConfig
-    from engine.validation import Limits
-    from service.cli import config_from_args, parse_args
-    from service.ops.config import HttpLimits, ServerConfig, TransportConfig
+    from pooling_server.engine.batch_queue import BatchConfig
+    from pooling_server.engine.validation import Limits
+    from pooling_server.service.cli import config_from_args, parse_args
+    from pooling_server.service.ops.config import HttpLimits, ServerConfig, TransportConfig
 
     config = config_from_args(parse_args([], environ={}))
     assert config.transport == replace(TransportConfig(), door="auto")  # launch resolves it
@@ -145,18 +145,22 @@ def test_flag_defaults_are_the_config_defaults() -> None:
 
 
 def test_python_m_service_cli_still_starts_the_server() -> None:
-    """`python -m service.cli` (run by scripts and deployments) runs service/launch.py's main,
-    which the flags module does not import: --help is the server's, a bad flag its refusal."""
+    """`python -m pooling_server.service.cli` (run by scripts and deployments) runs
+    service/launch.py's main, which the flags module does not import: --help is the
+    server's, a bad flag its refusal."""
     import subprocess
     import sys
 
     helped = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "pooling_server.service.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert helped.returncode == 0, helped.stderr
     assert helped.stdout.startswith("usage: pooling-server")
     refused = subprocess.run(
-        [sys.executable, "-m", "service.cli", "--port", "x"],
+        [sys.executable, "-m", "pooling_server.service.cli", "--port", "x"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -169,6 +173,6 @@ def test_the_flags_do_not_import_the_launch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, service.cli; print('service.launch' in sys.modules)"
+    code = "import sys, service.cli; print('pooling_server.service.launch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr

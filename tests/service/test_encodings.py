@@ -23,12 +23,12 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from engine.backends import CALIBRATION_FILE
-from engine.loader import load_model
-from engine.model_spec import ModelSpec
 from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, PoolingParams, Usage
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
+from pooling_server.engine.backends import CALIBRATION_FILE
+from pooling_server.engine.loader import load_model
+from pooling_server.engine.model_spec import ModelSpec
 from tests.client.test_node_client import NODE_DIR, TIMEOUT, _require_node, run_node
 from tests.conftest import Served, server_args
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status

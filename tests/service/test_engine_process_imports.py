@@ -32,27 +32,32 @@ def _imports_in_fresh_interpreter(code: str) -> list[str]:
 
 
 def test_engine_process_module_imports_no_grpc_nor_aiohttp() -> None:
-    assert _imports_in_fresh_interpreter("import service.split.engine_process") == []
+    assert _imports_in_fresh_interpreter("import pooling_server.service.split.engine_process") == []
 
 
 def test_engine_role_through_the_cli_imports_no_grpc_nor_aiohttp() -> None:
-    """What `python -m service.launch --role engine` imports before it serves: the launch
+    """What `-m pooling_server.service.launch --role engine` imports before it serves: the launch
     module, the flags and config, the engine process's main and the model loading (torch,
     transformers)."""
     code = (
-        "import service.launch\n"
-        "import service.cli as cli\n"
+        "import pooling_server.service.launch\n"
+        "import pooling_server.service.cli as cli\n"
         "args = cli.parse_args(['--role', 'engine', '--role-index', '0', '--run-dir', '/tmp',"
         " '--stop-fd', '0', '--frontends', '1'], environ={})\n"
         "cli.config_from_args(args)\n"
         "from transformers.utils import logging\n"
-        "import service.split.engine_process, service.loading\n"
+        "import pooling_server.service.split.engine_process, pooling_server.service.loading\n"
     )
     assert _imports_in_fresh_interpreter(code) == []
 
 
 @pytest.mark.parametrize(
-    "module", ["service.ops.config", "service.split.supervisor", "service.split.run_dir"]
+    "module",
+    [
+        "pooling_server.service.ops.config",
+        "pooling_server.service.split.supervisor",
+        "pooling_server.service.split.run_dir",
+    ],
 )
 def test_light_modules_import_no_grpc_nor_aiohttp(module: str) -> None:
     """Config and the supervisor are read by every process of a split server."""
@@ -61,5 +66,5 @@ def test_light_modules_import_no_grpc_nor_aiohttp(module: str) -> None:
 
 def test_the_check_sees_grpc_and_aiohttp() -> None:
     """The front end's module imports both: the check above is not vacuous."""
-    found = _imports_in_fresh_interpreter("import service.server")
+    found = _imports_in_fresh_interpreter("import pooling_server.service.server")
     assert "grpc" in found and "aiohttp" in found

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from engine.errors import ErrorKind, FieldViolation, PoolingError
-from service.errors import (
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.service.errors import (
     TABLE,
     Family,
     FieldMap,
@@ -21,9 +21,9 @@ from service.errors import (
     to_grpc_status,
     to_status_proto,
 )
-from service.http.cohere import COHERE_FIELDS
-from service.http.json_body import BodyError
-from service.http.tei import TEI_FIELDS
+from pooling_server.service.http.cohere import COHERE_FIELDS
+from pooling_server.service.http.json_body import BodyError
+from pooling_server.service.http.tei import TEI_FIELDS
 
 G = grpc.StatusCode
 # (kind, reason): (gRPC code, OpenAI/vLLM status, TEI status, TEI error_type, Cohere status).

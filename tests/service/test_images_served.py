@@ -271,7 +271,7 @@ def test_a_bad_image_fails_its_own_stream_request(
 def test_many_items_are_counted_on_the_wire() -> None:
     """A large message's items (and zero-shot labels) are counted before protobuf parses
     it, as texts are, each list named as the rules name it."""
-    from service.grpc.wire_count import SPECS, list_over_limit
+    from pooling_server.service.grpc.wire_count import SPECS, list_over_limit
 
     many = [text_item("ab")] * 20_000
     cases = [

@@ -355,7 +355,15 @@ def test_not_serving_while_models_load(tmp_path: Path) -> None:
     address = f"127.0.0.1:{port}"
     log_path = tmp_path / f"loading-{port}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    args = [sys.executable, "-m", "service.launch", "--port", str(port), "--device", "cpu"]
+    args = [
+        sys.executable,
+        "-m",
+        "pooling_server.service.launch",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
     for model in models:
         args += ["--model", model]
     with log_path.open("wb") as log:

@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image as PILImage
 
-from engine.params import Task
-from engine.request import Image, PoolRequest
-from service.batch_job import LineRunner, answer_lines, new_runner
-from service.loading import load_engine
-from service.ray_stage import PoolingStage, pool_dataset, server_config
+from pooling_server.engine.params import Task
+from pooling_server.engine.request import Image, PoolRequest
+from pooling_server.service.batch_job import LineRunner, answer_lines, new_runner
+from pooling_server.service.loading import load_engine
+from pooling_server.service.ray_stage import PoolingStage, pool_dataset, server_config
 from tests.fixture_models import tiny_clip, tiny_colbert, tiny_mlm
 from tests.server_process import ServerProcess, start_server
 from tests.service.ray_cluster import CPU_PER_ACTOR, ray, start_cluster

@@ -33,11 +33,11 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.ops.config import ServerConfig
-from service.server import PoolingServer
+from pooling_server.engine.loader import ModelSpec
+from pooling_server.service.ops.config import ServerConfig
+from pooling_server.service.server import PoolingServer
 from tests.conftest import Served, server_args
 from tests.fixture_models import short_vocabulary_bert
 from tests.metrics_endpoint import metric_sum, scrape

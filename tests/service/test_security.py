@@ -22,7 +22,7 @@ from grpc_status import rpc_status
 from pooling_client import PoolingClient, PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.ops.auth import BearerKeys
+from pooling_server.service.ops.auth import BearerKeys
 from tests.server_process import ServerProcess, start_server
 
 UNAUTHENTICATED_MESSAGE = "missing or invalid credentials"
@@ -385,7 +385,7 @@ def test_auth_flags_without_a_usable_key_do_not_leave_the_server_open(
 
 
 def test_tls_client_ca_needs_a_server_certificate() -> None:
-    from service.cli import build_parser, config_from_args
+    from pooling_server.service.cli import build_parser, config_from_args
 
     for argv in (["--tls-client-ca", "ca.crt"], ["--tls-cert", "s.crt"], ["--tls-key", "s.key"]):
         with pytest.raises(SystemExit, match="--tls-cert and --tls-key go together"):

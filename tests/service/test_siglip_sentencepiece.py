@@ -21,9 +21,9 @@ import sentencepiece
 import torch
 from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipTokenizer
 
-from engine.model_folder import PROBES, fast_tokenizer
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
+from pooling_server.engine.model_folder import PROBES, fast_tokenizer
 from tests.fixture_models import IMAGE_SIZE, SIGLIP_TEXT_LENGTH, _tower_configs
 from tests.service.http_calls import HttpServer, grpc_stub, serving_http
 from tests.service.test_images_served import DECODED, IMAGES, Towers, image_item, text_item
@@ -126,7 +126,7 @@ def test_a_conversion_that_disagrees_is_refused(
 ) -> None:
     """A fast form that tokenizes any probe otherwise is not served: the load fails naming
     the folder, the tokenizer and the text."""
-    import engine.model_folder as model_folder
+    import pooling_server.engine.model_folder as model_folder
 
     slow = SiglipTokenizer.from_pretrained(folder)
     real = model_folder._convert

@@ -31,7 +31,7 @@ def test_generated_code_matches_the_schema(tmp_path: Path, home: Path) -> None:
 def test_both_copies_share_message_classes() -> None:
     """A message built with the client's module is the server's message class too."""
     from pooling_client.v1 import pooling_pb2 as client_pb
-    from service.proto import pooling_pb2 as server_pb
+    from pooling_server.service.proto import pooling_pb2 as server_pb
 
     assert client_pb.PoolRequest is server_pb.PoolRequest
     assert client_pb.DESCRIPTOR is server_pb.DESCRIPTOR

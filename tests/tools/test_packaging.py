@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHECK = """
 import sys
-import service.cli, service.launch, service.server, service.grpc.servicer, service.http.app
+import pooling_server.service.cli, pooling_server.service.launch, pooling_server.service.server
+import pooling_server.service.grpc.servicer, pooling_server.service.http.app
 leaked = [m for m in sys.modules if m.split(".")[0] == "pooling_client"]
 sys.exit(f"the server imported the client package: {leaked}" if leaked else 0)
 """
@@ -56,13 +57,16 @@ def test_wheel_carries_its_protobuf_code_and_no_client_dependency(wheel: Path) -
         requires = re.findall(
             r"^Requires-Dist: ([A-Za-z0-9_.-]+)", archive.read(metadata).decode(), re.M
         )
-    assert "service/proto/pooling_pb2.py" in names
-    assert "service/proto/pooling_pb2_grpc.py" in names
+    assert "pooling_server/service/proto/pooling_pb2.py" in names
+    assert "pooling_server/service/proto/pooling_pb2_grpc.py" in names
+    # One import root of our own: no generic top-level name such as `service` or `engine`.
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"pooling_server"}, tops
     assert not [n for n in names if n.startswith("pooling_client/")]
     normalized = {name.lower().replace("_", "-") for name in requires}
     assert "pooling-client" not in normalized
     pinned = {
-        line.split("==")[0].strip().lower().replace("_", "-")
+        line.split("==")[0].split("[")[0].strip().lower().replace("_", "-")
         for line in (ROOT / "requirements.txt").read_text().splitlines()
         if "==" in line and not line.startswith("#")
     }
@@ -92,6 +96,18 @@ def test_installed_wheel_serves_without_the_client(wheel: Path, tmp_path: Path) 
         [str(python), "-c", CHECK], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert check.returncode == 0, check.stdout + check.stderr
+    # A user's own `service` and `engine` modules (a Ray worker's project, say) stay theirs.
+    project = tmp_path / "user-project"
+    project.mkdir()
+    (project / "service.py").write_text("WHOSE = 'user'\n")
+    (project / "engine.py").write_text("WHOSE = 'user'\n")
+    both = (
+        "import service, engine, pooling_server.service.launch; print(service.WHOSE, engine.WHOSE)"
+    )
+    mixed = subprocess.run(
+        [str(python), "-c", both], capture_output=True, text=True, timeout=120, cwd=project
+    )
+    assert mixed.returncode == 0 and mixed.stdout.split() == ["user", "user"], mixed.stderr
 
     port = free_port()
     log_path = tmp_path / "installed-server.log"
@@ -115,3 +131,20 @@ def test_installed_wheel_serves_without_the_client(wheel: Path, tmp_path: Path) 
         assert len(response.embed.embeddings[0].values) == 384
     finally:
         assert server.stop(signal.SIGTERM) == 0, server.log()
+
+
+def test_the_code_imports_its_folders_by_the_import_root_only() -> None:
+    """Run from the repository, `engine` and `service` would also import as top-level
+    packages: a second copy of every module, whose errors and classes are not the first's.
+    Every import names them under `pooling_server`."""
+    bare = re.compile(
+        r"^\s*(?:from\s+(?:engine|service)[\w.]*\s+import\b|import\s+(?:engine|service)[\w.]*\s*(?:$|,|as\b))",
+        re.M,
+    )
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in ("engine", "service", "tests", "benchmarks", "scripts", "pooling_server")
+        for path in (ROOT / folder).rglob("*.py")
+        if bare.search(path.read_text())
+    ]
+    assert not found, found

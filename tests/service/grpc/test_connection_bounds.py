@@ -13,17 +13,17 @@ import socket
 import pytest
 from aiohttp import web
 
-from service.grpc.stream_limit import AnswerBudget, unsent_per_connection
-from service.http.app import _error_response
-from service.http.guard import ConnectionGuard
-from service.ops.config import (
+from pooling_server.service.grpc.stream_limit import AnswerBudget, unsent_per_connection
+from pooling_server.service.http.app import _error_response
+from pooling_server.service.http.guard import ConnectionGuard
+from pooling_server.service.ops.config import (
     MAX_PENDING_CALLS,
     HttpLimits,
     ServerConfig,
     TransportConfig,
     address_share,
 )
-from service.server import grpcio_options, warn_if_exposed
+from pooling_server.service.server import grpcio_options, warn_if_exposed
 
 MB = 1 << 20
 
@@ -95,7 +95,7 @@ def test_grpcio_streams_per_connection_under_core_call_queue() -> None:
 def test_grpcio_warns_beyond_loopback(
     host: str, exposed: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.server"):
+    with caplog.at_level(logging.WARNING, logger="pooling_server.service.server"):
         assert warn_if_exposed(host) is exposed
     warned = "\n".join(record.getMessage() for record in caplog.records)
     if exposed:

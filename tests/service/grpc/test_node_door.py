@@ -349,7 +349,15 @@ def test_without_node_20_the_start_fails_clearly(
     here = str(Path(sys.executable).parent)
     path = here if version is None else _fake_node(tmp_path / "bin", version)
     started = subprocess.run(
-        [sys.executable, "-m", "service.launch", "--port", str(free_port()), "--grpc-door", "node"],
+        [
+            sys.executable,
+            "-m",
+            "pooling_server.service.launch",
+            "--port",
+            str(free_port()),
+            "--grpc-door",
+            "node",
+        ],
         env={**os.environ, "PATH": path},
         capture_output=True,
         text=True,
@@ -576,7 +584,7 @@ def test_open_call_caps_share_the_total() -> None:
     """A connection's share of --max-open-calls is 1/32 (never below 256 or the cap), a
     client address's 1/2: 8 connections x 4,096 half-open streams hold 8,192 of the default
     32,768, and one client on many connections still leaves half for the others."""
-    from service.grpc.node_door import open_call_caps
+    from pooling_server.service.grpc.node_door import open_call_caps
 
     assert open_call_caps(32768) == {"total": 32768, "per_connection": 1024, "per_client": 16384}
     assert open_call_caps(200) == {"total": 200, "per_connection": 200, "per_client": 200}

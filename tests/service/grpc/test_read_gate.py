@@ -9,10 +9,10 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from service.cli import build_parser, config_from_args
-from service.grpc.read_gate import ReadGate
-from service.ops import config, memory
-from service.ops.config import LARGE_MESSAGE_BYTES
+from pooling_server.service.cli import build_parser, config_from_args
+from pooling_server.service.grpc.read_gate import ReadGate
+from pooling_server.service.ops import config, memory
+from pooling_server.service.ops.config import LARGE_MESSAGE_BYTES
 
 
 class SlowReads:

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 
-from engine.errors import PoolingError
-from engine.params import PoolingParams, Task
-from engine.request import PoolRequest, RerankRequest
-from engine.validation import Limits, validate_request, validate_rerank
-from service.grpc.handlers import Malformed, tolerant
-from service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
-from service.http.json_body import (
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.params import PoolingParams, Task
+from pooling_server.engine.request import PoolRequest, RerankRequest
+from pooling_server.engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.service.grpc.handlers import Malformed, tolerant
+from pooling_server.service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
+from pooling_server.service.http.json_body import (
     MAX_DEPTH,
     Body,
     BodyError,
@@ -27,7 +27,7 @@ from service.http.json_body import (
     parse_body,
     structure,
 )
-from service.proto import pooling_pb2 as pb
+from pooling_server.service.proto import pooling_pb2 as pb
 from tests.model_infos import embedder_info
 
 LIMIT = 1024

@@ -21,11 +21,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.ops.config import ServerConfig
-from service.server import PoolingServer
+from pooling_server.engine.loader import ModelSpec
+from pooling_server.service.ops.config import ServerConfig
+from pooling_server.service.server import PoolingServer
 from tests.responses import assert_same_response
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
 from tests.server_process import ServerProcess, start_server

@@ -10,8 +10,8 @@ from http.client import HTTPConnection, HTTPResponse
 import numpy as np
 import pytest
 
-from engine.errors import PoolingError
-from service.http.float_format import (
+from pooling_server.engine.errors import PoolingError
+from pooling_server.service.http.float_format import (
     EMBED_DTYPES,
     METADATA_MAX_BYTES,
     FloatFormat,

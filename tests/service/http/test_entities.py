@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from transformers import pipeline
 
-from service.http.entities import AGGREGATIONS
+from pooling_server.service.http.entities import AGGREGATIONS
 from tests.service.doors_server import KEY, DoorsServer
 
 TEXTS = [

@@ -13,9 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from engine.errors import PoolingError
-from service.http.float_format import EMBED_DTYPES, ENDIANNESS, FloatFormat, float_format
-from service.http.json_body import parse_body
+from pooling_server.engine.errors import PoolingError
+from pooling_server.service.http.float_format import (
+    EMBED_DTYPES,
+    ENDIANNESS,
+    FloatFormat,
+    float_format,
+)
+from pooling_server.service.http.json_body import parse_body
 
 TORCH = {
     "float32": (torch.float32, torch.float32),

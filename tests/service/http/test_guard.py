@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from service.http import door as http_doors
-from service.http.app import _error_response
-from service.http.guard import ConnectionGuard, body_read
-from service.ops.config import LARGE_MESSAGE_BYTES, HttpLimits
+from pooling_server.service.http import door as http_doors
+from pooling_server.service.http.app import _error_response
+from pooling_server.service.http.guard import ConnectionGuard, body_read
+from pooling_server.service.ops.config import LARGE_MESSAGE_BYTES, HttpLimits
 
 TEXTS = ["a text"] * (LARGE_MESSAGE_BYTES // 8)  # a body of about 1.2 MB
 

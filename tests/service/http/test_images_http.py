@@ -24,12 +24,12 @@ from huggingface_hub import InferenceClient
 from PIL import Image as PILImage
 from transformers import pipeline
 
-from engine.errors import PoolingError
-from engine.request import Image, PoolRequest, RerankRequest
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.http.json_body import parse_body
-from service.http.openai import ROUTES
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.request import Image, PoolRequest, RerankRequest
+from pooling_server.service.http.json_body import parse_body
+from pooling_server.service.http.openai import ROUTES
 from tests.engine.test_image_decoding import png_claiming
 from tests.fixture_models import tiny_clip
 from tests.service.http_calls import HttpServer, grpc_stub, serving_http
@@ -225,7 +225,14 @@ def test_a_batch_line_carries_images_as_the_http_body(
     line = {"custom_id": "one", "method": "POST", "url": "/v1/embeddings", "body": body}
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text(json.dumps(line) + "\n")
-    command = [sys.executable, "-m", "service.launch", "batch", "--model", f"clip={folder}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pooling_server.service.launch",
+        "batch",
+        "--model",
+        f"clip={folder}",
+    ]
     command += ["--dtype", "float32", "--input", str(source), "--output", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -330,8 +330,8 @@ def test_rerank_in_cohere_shape_equals_the_grpc_rerank(http: HttpServer) -> None
 
 def test_status_mapping_of_overload_and_unavailability() -> None:
     """QUEUE_FULL is 429 and NOT_READY 503, each with Retry-After from the RetryInfo delay."""
-    from engine.errors import ErrorKind, PoolingError
-    from service.http.app import _pooling_error
+    from pooling_server.engine.errors import ErrorKind, PoolingError
+    from pooling_server.service.http.app import _pooling_error
 
     full = _pooling_error(
         PoolingError(ErrorKind.RESOURCE_EXHAUSTED, "QUEUE_FULL", "full", retry_after_s=1.0)

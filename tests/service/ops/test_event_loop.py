@@ -8,7 +8,7 @@ import sys
 import pytest
 import uvloop
 
-from service.ops import event_loop
+from pooling_server.service.ops import event_loop
 
 
 async def _running_loop() -> tuple[str, type]:

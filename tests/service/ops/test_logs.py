@@ -8,7 +8,7 @@ import sys
 
 PROGRAM = """
 import logging, logging.handlers
-from service.ops import logs
+from pooling_server.service.ops import logs
 logs.configure("info", "text")
 logs.configure("info", "json")  # configuring again replaces the first setup
 [handler] = logging.getLogger().handlers

@@ -14,7 +14,7 @@ import pytest
 # allocated after each round (as the server's other allocations do); print RSS growth in MB.
 PROBE = """
 import ctypes, sys
-from service.ops.memory import return_freed_memory
+from pooling_server.service.ops.memory import return_freed_memory
 if sys.argv[1] == "settings":
     assert return_freed_memory()
 def rss():

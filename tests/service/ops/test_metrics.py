@@ -7,7 +7,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from service.ops.metrics import LATENCY_BUCKETS, observe_many
+from pooling_server.service.ops.metrics import LATENCY_BUCKETS, observe_many
 
 
 def _samples(histogram: Histogram) -> dict[tuple[str, str], float]:

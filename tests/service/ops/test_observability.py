@@ -19,11 +19,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from engine.loader import ModelSpec
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from service.ops.config import ServerConfig
-from service.server import PoolingServer
+from pooling_server.engine.loader import ModelSpec
+from pooling_server.service.ops.config import ServerConfig
+from pooling_server.service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL
 from tests.metrics_endpoint import scrape
 from tests.server_process import ServerProcess, free_port, start_server

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.batch_queue import BatchConfig
-from engine.model_runner import ThreadShare
-from service.loading import batch_config_for, thread_share
-from service.ops import config
-from service.ops.config import ServerConfig
+from pooling_server.engine.batch_queue import BatchConfig
+from pooling_server.engine.model_runner import ThreadShare
+from pooling_server.service.loading import batch_config_for, thread_share
+from pooling_server.service.ops import config
+from pooling_server.service.ops.config import ServerConfig
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 

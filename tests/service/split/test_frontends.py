@@ -30,12 +30,12 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine.ipc import Cancel, EngineReady, Link, Submit, to_engine_decoder
-from engine.jobs import Job
-from engine.remote_client import RemoteEngineClient
-from engine.tokenization import TokenSequence
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
+from pooling_server.engine.ipc import Cancel, EngineReady, Link, Submit, to_engine_decoder
+from pooling_server.engine.jobs import Job
+from pooling_server.engine.remote_client import RemoteEngineClient
+from pooling_server.engine.tokenization import TokenSequence
 from tests.conftest import Served, server_args
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.responses import assert_same_response
@@ -212,7 +212,7 @@ class Delta:
 )
 def test_front_end_count_checks(args: list[str], message: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "service.launch", *args],
+        [sys.executable, "-m", "pooling_server.service.launch", *args],
         capture_output=True,
         text=True,
         timeout=WAIT_S,
@@ -235,7 +235,15 @@ def test_without_several_front_ends_a_taken_port_is_an_error(
         holder.listen()
         port = holder.getsockname()[1]
         sharer.bind(("127.0.0.1", port))  # what a server with SO_REUSEPORT would manage
-        command = [sys.executable, "-m", "service.launch", "--model", model, "--port", str(port)]
+        command = [
+            sys.executable,
+            "-m",
+            "pooling_server.service.launch",
+            "--model",
+            model,
+            "--port",
+            str(port),
+        ]
         started = {
             frontends: subprocess.Popen(
                 [*command, "--frontends", frontends],

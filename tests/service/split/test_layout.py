@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from service.split import layout
-from service.split.layout import Layout, resolve
+from pooling_server.service.split import layout
+from pooling_server.service.split.layout import Layout, resolve
 
 GIB = 1024**3
 
