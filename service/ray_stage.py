@@ -77,6 +77,14 @@ class StageOptions:
             raise ValueError("rows_per_request must be at least 1")
         object.__setattr__(self, "candidate_labels", tuple(self.candidate_labels))
 
+    def params(self) -> dict[str, Any]:
+        """The PoolingParams fields (the engine's and the client's alike)."""
+        return {
+            "use_activation": self.use_activation,
+            "dimensions": self.dimensions,
+            "truncate_prompt_tokens": self.truncate_prompt_tokens,
+        }
+
 
 @dataclass
 class Answers:
@@ -263,12 +271,7 @@ class EngineCaller:
     def _params(self) -> Any:
         from pooling_server.engine.params import PoolingParams
 
-        o = self.options
-        return PoolingParams(
-            use_activation=o.use_activation,
-            dimensions=o.dimensions,
-            truncate_prompt_tokens=o.truncate_prompt_tokens,
-        )
+        return PoolingParams(**self.options.params())
 
     async def run(self, inputs: list[Any]) -> list[Any]:
         """One request's outputs, in the common form; PoolingError if it is refused."""
@@ -356,12 +359,7 @@ class ClientCaller:
     def _params(self) -> Any:
         from pooling_client import PoolingParams
 
-        o = self.options
-        return PoolingParams(
-            use_activation=o.use_activation,
-            dimensions=o.dimensions,
-            truncate_prompt_tokens=o.truncate_prompt_tokens,
-        )
+        return PoolingParams(**self.options.params())
 
     async def run(self, inputs: list[Any]) -> list[Any]:
         o, client = self.options, self.client
