@@ -35,6 +35,8 @@ MAX_CLIENT_BATCH_SIZE = 64
 SLOWEST_FIRST = (
     "tests/reliability/test_soak.py",
     "tests/service/test_batch_job.py",
+    "tests/service/test_ray_batch.py",
+    "tests/service/test_ray_stage.py",
     "tests/reliability/test_drain_signals.py",
     "tests/engine/test_backends.py",
     "tests/reliability/test_load.py",
