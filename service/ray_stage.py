@@ -460,16 +460,17 @@ class PoolingStage:
 
     async def _width(self, answers: Answers) -> int | None:
         """The vectors' width, remembered from an answered row, or learnt from one probe text
-        when no row has been: every block of a dataset then has one Arrow type."""
+        when no row has been: every block of a dataset then has one Arrow type. None for
+        the tasks without vectors (score, rerank, embed_sparse)."""
+        if self.options.task in ("score", "rerank", "embed_sparse"):
+            return None
+        if self.width is None and not any(v is not None for v in answers.values):
+            answers = await self.answer(["width"])
         for value in answers.values:
-            for key in ("vector", "probs", "rows"):
-                if value is not None and key in value:
-                    self.width = int(np.shape(value[key])[-1])
-                    return self.width
-        if self.width is None and self.options.task not in ("score", "rerank"):
-            probe = await self.answer(["width"])
-            if probe.values[0] is not None:
-                return await self._width(probe)
+            if value is not None:
+                row = value.get("vector", value.get("probs", value.get("rows")))
+                self.width = int(np.shape(row)[-1])
+                break
         return self.width
 
     async def answer(self, inputs: list[Any]) -> Answers:

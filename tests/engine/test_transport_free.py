@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_engine_imports_neither_grpc_nor_protobuf() -> None:
-    modules = [f"engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)]
+    modules = [f"pooling_server.engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)]
     assert "pooling_server.engine.batch_queue" in modules
     script = (
         "import importlib, sys\n"

@@ -189,6 +189,7 @@ class RawHttp2:
 
     def __init__(self, port: int, timeout: float = 5.0, source: str | None = None) -> None:
         """`source`: the client address to connect from (any of 127/8 is loopback)."""
+        self.timeout = timeout
         self.sock = socket.create_connection(
             ("127.0.0.1", port), timeout=timeout, source_address=source and (source, 0)
         )
@@ -260,7 +261,8 @@ class RawHttp2:
     ) -> None:
         """`data` in DATA frames as large as flow control allows, or of `frame_bytes`."""
         view = memoryview(data)
-        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        # A window that stays shut this long is a hang; a slow reader on a busy host is not.
+        deadline = time.monotonic() + max(ANSWER_TIMEOUT_S, self.timeout)
         largest = frame_bytes or self.conn.max_outbound_frame_size
         while view and not self.calls[stream_id].done:
             window = min(self.conn.local_flow_control_window(stream_id), largest)
