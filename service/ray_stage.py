@@ -107,17 +107,24 @@ def _column(batch: pa.Table, name: str | None) -> list[Any] | None:
     return batch.column(name).to_pylist()
 
 
+def _pair_columns(
+    batch: pa.Table, task: str, first: str, second: str
+) -> tuple[list[Any], list[Any]]:
+    """The two columns a pair task reads; ValueError naming them where either is missing."""
+    a, b = _column(batch, first), _column(batch, second)
+    if a is None or b is None:
+        raise ValueError(f"{task} needs columns {first!r} and {second!r}")
+    return a, b
+
+
 def row_inputs(batch: pa.Table, options: StageOptions) -> list[Any]:
     """Each row's input: a text or image bytes, a (text_1, text_2) pair, or a (query,
     documents) rerank; a RowError where the row lacks it."""
     count = batch.num_rows
     if options.task == "score":
-        firsts = _column(batch, options.text_1_column)
-        seconds = _column(batch, options.text_2_column)
-        if firsts is None or seconds is None:
-            raise ValueError(
-                f"score needs columns {options.text_1_column!r} and {options.text_2_column!r}"
-            )
+        firsts, seconds = _pair_columns(
+            batch, "score", options.text_1_column, options.text_2_column
+        )
         return [
             (a, b)
             if isinstance(a, str) and isinstance(b, str)
@@ -125,12 +132,9 @@ def row_inputs(batch: pa.Table, options: StageOptions) -> list[Any]:
             for a, b in zip(firsts, seconds, strict=True)
         ]
     if options.task == "rerank":
-        queries = _column(batch, options.query_column)
-        documents = _column(batch, options.documents_column)
-        if queries is None or documents is None:
-            raise ValueError(
-                f"rerank needs columns {options.query_column!r} and {options.documents_column!r}"
-            )
+        queries, documents = _pair_columns(
+            batch, "rerank", options.query_column, options.documents_column
+        )
         return [
             (q, tuple(d)) if isinstance(q, str) and d else RowError("needs a query and documents")
             for q, d in zip(queries, documents, strict=True)
