@@ -45,8 +45,8 @@ def _load(kind: str, quantize: str, cache: Path, threads: int) -> Any:
         Quantize,
         RuntimeSettings,
     )
-    from pooling_server.engine.loader import load_model
-    from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
+    from pooling_server.engine.models.loader import load_model
+    from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
 
     options = BackendOptions(
         BackendKind(kind), quantize=Quantize.INT8 if quantize == "int8" else None

@@ -54,7 +54,7 @@ def _messages(
     the version measured. `clients` names cycle over the jobs (each its own queue in the
     engine).
     """
-    from pooling_server.engine.ipc import IDS, JobHeader, Submit, encoder
+    from pooling_server.engine.scheduling.ipc import IDS, JobHeader, Submit, encoder
 
     rng = random.Random(seed)
     messages = []
@@ -82,7 +82,7 @@ def _drive(
     """A driver process: keep every message's jobs outstanding; count the items answered."""
     import msgspec
 
-    from pooling_server.engine.ipc import Link, Results
+    from pooling_server.engine.scheduling.ipc import Link, Results
 
     results_decoder = msgspec.msgpack.Decoder(Results)
 
@@ -241,7 +241,7 @@ def _engine(argv: list[str]) -> int:
     import inspect
 
     from benchmarks import stand_in
-    from pooling_server.engine.model_runner import ModelRunner
+    from pooling_server.engine.models.model_runner import ModelRunner
     from pooling_server.service.launch import main as serve
 
     stand_in.install(stand_in.batch_seconds())

@@ -3,7 +3,7 @@ seconds and peak memory per mode, so a mode that is slow or costly shows against
 
 Each image (7000 x 7000 by default, a smooth random field with varying transparency, so
 compositing does real work) is encoded once here, then decoded (open_image) and made the
-CLIP processor's frame (engine/images.py) in a fresh process of its own: its peak resident
+CLIP processor's frame (engine/inputs/images.py) in a fresh process of its own: its peak resident
 memory (VmHWM, reset before decoding) grows from nothing freed before. Times are the best
 of --repeat runs in that process, the frame's wall and CPU seconds (CPU time is the steadier
 figure on a shared machine); "x RGB" divides a mode's frame CPU seconds by RGB's; the peak
@@ -31,8 +31,8 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 import psutil
-from pooling_server.engine.images import load_image_processor, open_image
-from pooling_server.engine.validation import Limits
+from pooling_server.engine.inputs.images import load_image_processor, open_image
+from pooling_server.engine.requests.validation import Limits
 
 class Encoded:
     def __init__(self, data):

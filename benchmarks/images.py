@@ -1,7 +1,7 @@
 """Image embedding throughput: the server against sentence-transformers in-process, side by
 side in one run, on a random-weight CLIP with ViT-B/32's image tower (12 layers, 768 wide,
 32-pixel patches, 224 pixels; a small text tower), and the front end's decode and preprocess
-cost per image (engine/images.py on the same JPEGs).
+cost per image (engine/inputs/images.py on the same JPEGs).
 
 The server is loaded as issue 38's target says: 224x224 JPEGs, 8 images per request, C=8
 requests in flight from the Python async client. sentence-transformers encodes the same
@@ -86,11 +86,11 @@ def jpegs(count: int, size: int = 224) -> list[bytes]:
 
 
 def front_end_cost(folder: Path, images: list[bytes], rounds: int = 3) -> dict[str, float]:
-    """Microseconds per image of the front end's work: decode (engine/images.py's
+    """Microseconds per image of the front end's work: decode (engine/inputs/images.py's
     decode_image) and preprocess (the model's processor, reproduced), on one thread."""
-    from pooling_server.engine.images import decode_image, load_image_processor
-    from pooling_server.engine.request import Image
-    from pooling_server.engine.validation import Limits
+    from pooling_server.engine.inputs.images import decode_image, load_image_processor
+    from pooling_server.engine.requests.request import Image
+    from pooling_server.engine.requests.validation import Limits
 
     processor = load_image_processor(folder)
     assert processor is not None

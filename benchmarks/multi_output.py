@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from benchmarks.servers import start_project_server
     from pooling_client import PoolingClient
-    from pooling_server.engine.loader import resolve_device, resolve_dtype
+    from pooling_server.engine.models.loader import resolve_device, resolve_dtype
 
     device = resolve_device("auto")
     dtype = resolve_dtype("auto", device)

@@ -33,7 +33,7 @@ def best_encode_rate(model: Any, texts: list[str], batches: tuple[int, ...]) -> 
 def run_reference(model_path: str) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
-    from pooling_server.engine.loader import resolve_device, resolve_dtype
+    from pooling_server.engine.models.loader import resolve_device, resolve_dtype
 
     device = resolve_device("auto")
     dtype = resolve_dtype("auto", device)

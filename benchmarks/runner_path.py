@@ -32,7 +32,7 @@ TEXT = "the quick brown fox jumps over the lazy dog near the river bank"
 
 async def measure(args: argparse.Namespace, folder: str) -> list[dict[str, float]]:
     from pooling_server.engine.backends import BackendKind, BackendOptions
-    from pooling_server.engine.model_spec import ModelSpec
+    from pooling_server.engine.models.model_spec import ModelSpec
     from pooling_server.service.grpc import convert
     from pooling_server.service.loading import load_engine
     from pooling_server.service.ops.config import ServerConfig

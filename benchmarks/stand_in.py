@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from pooling_server.engine.model_info import ModelInfo
-    from pooling_server.engine.model_runner import ModelRunner
-    from pooling_server.engine.tokenization import TokenSequence
+    from pooling_server.engine.inputs.tokenization import TokenSequence
+    from pooling_server.engine.models.model_info import ModelInfo
+    from pooling_server.engine.models.model_runner import ModelRunner
 
 ENV = "POOLING_STAND_IN_BATCH_MS"
 DEFAULT_BATCH_MS = 2.0
@@ -46,7 +46,7 @@ def outputs(
     info: ModelInfo, lengths: Sequence[int], keep_tokens: Sequence[bool]
 ) -> list[np.ndarray]:
     """Per sequence, what ModelRunner._forward returns for this head: zeros of its shape."""
-    from pooling_server.engine.model_info import HeadKind
+    from pooling_server.engine.models.model_info import HeadKind
 
     if info.head is HeadKind.SEQUENCE:
         logits = np.zeros((len(lengths), len(info.labels)), dtype=np.float32)
@@ -78,7 +78,7 @@ def runs_models(argv: Sequence[str]) -> bool:
 
 def install(seconds: float) -> None:
     """Patch ModelRunner._forward in this process (it imports torch)."""
-    from pooling_server.engine.model_runner import ModelRunner
+    from pooling_server.engine.models.model_runner import ModelRunner
 
     device = threading.Lock()  # one device: passes take turns on it
 

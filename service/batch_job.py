@@ -32,8 +32,8 @@ from typing import IO, Any
 
 import msgspec
 
-from pooling_server.engine.engine import Engine
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import FieldMap, http_error
 from pooling_server.service.http.door import MAX_RESPONSE_BYTES, budget
 from pooling_server.service.http.json_body import BodyError, malformed, parse_body

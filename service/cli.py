@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pooling_server.engine.backends import BackendKind, BackendOptions, Quantize
-from pooling_server.engine.batch_queue import BatchConfig, default_client_cap
-from pooling_server.engine.model_info import LongInput, PoolingType
-from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
-from pooling_server.engine.output_size import MIB, ResponseBudget
-from pooling_server.engine.remote_client import DEFAULT_STALL_S
-from pooling_server.engine.validation import Limits
+from pooling_server.engine.models.model_info import LongInput, PoolingType
+from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
+from pooling_server.engine.requests.output_size import MIB, ResponseBudget
+from pooling_server.engine.requests.validation import Limits
+from pooling_server.engine.scheduling.batch_queue import BatchConfig, default_client_cap
+from pooling_server.engine.scheduling.remote_client import DEFAULT_STALL_S
 from pooling_server.service.ops import event_loop
 from pooling_server.service.ops.config import (
     BatchJobOptions,

@@ -13,11 +13,16 @@ from pathlib import Path
 import torch
 
 from pooling_server.engine.backends import RuntimeSettings
-from pooling_server.engine.batch_queue import BatchConfig
-from pooling_server.engine.cuda_graphs import GraphSettings
-from pooling_server.engine.engine import Engine
-from pooling_server.engine.loader import LoadedModel, load_model, resolve_device, resolve_dtype
-from pooling_server.engine.model_runner import ThreadShare
+from pooling_server.engine.models.cuda_graphs import GraphSettings
+from pooling_server.engine.models.loader import (
+    LoadedModel,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
+from pooling_server.engine.models.model_runner import ThreadShare
+from pooling_server.engine.scheduling.batch_queue import BatchConfig
+from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.ops.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -60,7 +65,7 @@ def thread_share(
 
 def graph_settings(config: ServerConfig, batch: BatchConfig) -> GraphSettings | None:
     """--cuda-graphs: the shapes to capture follow the batcher's caps; None: off. Only a
-    CUDA device with the torch backend captures (engine/loader.py)."""
+    CUDA device with the torch backend captures (engine/models/loader.py)."""
     if not config.cuda_graphs:
         return None
     return GraphSettings(

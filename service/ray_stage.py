@@ -273,14 +273,14 @@ class EngineCaller:
             self._started = None
 
     def _params(self) -> Any:
-        from pooling_server.engine.params import PoolingParams
+        from pooling_server.engine.requests.params import PoolingParams
 
         return PoolingParams(**self.options.params())
 
     async def run(self, inputs: list[Any]) -> list[Any]:
         """One request's outputs, in the common form; PoolingError if it is refused."""
-        from pooling_server.engine.params import Task
-        from pooling_server.engine.request import Image, PoolRequest, RerankRequest
+        from pooling_server.engine.requests.params import Task
+        from pooling_server.engine.requests.request import Image, PoolRequest, RerankRequest
 
         o = self.options
         if o.task == "rerank":
@@ -316,7 +316,7 @@ class EngineCaller:
 
 
 def _engine_output(task: Any, output: Any) -> dict[str, Any]:
-    from pooling_server.engine.params import Task
+    from pooling_server.engine.requests.params import Task
 
     if task is Task.EMBED:
         return {"vector": output.values}

@@ -24,14 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
-from pooling_server.engine.engine import Engine, Timings, Tokenized, TokenizedText
 from pooling_server.engine.errors import ErrorKind, PoolingError, clip, internal_error
-from pooling_server.engine.model_info import ModelInfo
-from pooling_server.engine.output_size import ResponseBudget
-from pooling_server.engine.outputs import PoolResult, RerankResult
-from pooling_server.engine.request import PoolRequest, RerankRequest
-from pooling_server.engine.served import ServedModel
-from pooling_server.engine.validation import Limits
+from pooling_server.engine.models.model_info import ModelInfo
+from pooling_server.engine.models.served import ServedModel
+from pooling_server.engine.requests.output_size import ResponseBudget
+from pooling_server.engine.requests.outputs import PoolResult, RerankResult
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.validation import Limits
+from pooling_server.engine.scheduling.engine import Engine, Timings, Tokenized, TokenizedText
 from pooling_server.service.errors import status_label, unavailable
 from pooling_server.service.ops.memory import trimmer
 from pooling_server.service.ops.telemetry import RequestRecord, Telemetry

@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry import trace
 
-from pooling_server.engine.remote_client import RemoteEngineClient
+from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
 from pooling_server.service.grpc.handlers import add_pooling_service
 from pooling_server.service.grpc.health import HealthServicer
 from pooling_server.service.grpc.node_door import (

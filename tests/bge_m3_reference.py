@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from pooling_server.engine.params import OutputWeights
+from pooling_server.engine.requests.params import OutputWeights
 
 
 class Reference:

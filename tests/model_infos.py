@@ -3,8 +3,8 @@ rules, sizes and decoding that need a model's facts and nothing else."""
 
 from __future__ import annotations
 
-from pooling_server.engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
-from pooling_server.engine.params import Task
+from pooling_server.engine.models.model_info import Activation, HeadKind, ModelInfo, PoolingType
+from pooling_server.engine.requests.params import Task
 
 
 def embedder_info(**fields: object) -> ModelInfo:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pooling_server.engine.model_info import HeadKind
+from pooling_server.engine.models.model_info import HeadKind
 
 
 def output_name(head: HeadKind) -> str:

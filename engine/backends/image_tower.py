@@ -23,7 +23,7 @@ import torch
 from pooling_server.engine.backends import BackendKind, ByShare, RuntimeSettings, default_cache_dir
 from pooling_server.engine.backends.onnx_backend import OPSET
 from pooling_server.engine.backends.select import FP32_MIN_COSINE, hashed, model_key
-from pooling_server.engine.model_info import HeadKind
+from pooling_server.engine.models.model_info import HeadKind
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import torch
 
 from pooling_server.engine.backends import INPUT_NAMES, BackendKind, ByShare
 from pooling_server.engine.backends.export import ForwardOnly, output_name
-from pooling_server.engine.model_info import HeadKind
+from pooling_server.engine.models.model_info import HeadKind
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from pooling_server.engine.backends import (
     default_cache_dir,
     read_calibration,
 )
-from pooling_server.engine.model_info import HeadKind
+from pooling_server.engine.models.model_info import HeadKind
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Protobuf <-> engine types. No rules here: validation lives in engine/validation.py."""
+"""Protobuf <-> engine types. No rules here: validation lives in engine/requests/validation.py."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from pooling_server.engine.engine import Tokenized, TokenizedText
 from pooling_server.engine.errors import FieldViolation, PoolingError
-from pooling_server.engine.modality import Modality
-from pooling_server.engine.model_info import ModelInfo, PoolingType
-from pooling_server.engine.output_size import ResponseBudget
-from pooling_server.engine.outputs import (
+from pooling_server.engine.inputs.modality import Modality
+from pooling_server.engine.models.model_info import ModelInfo, PoolingType
+from pooling_server.engine.requests.output_size import ResponseBudget
+from pooling_server.engine.requests.outputs import (
     Classification,
     Embedding,
     LateChunks,
@@ -23,8 +22,14 @@ from pooling_server.engine.outputs import (
     TextOutputs,
     TokenRows,
 )
-from pooling_server.engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, Task
-from pooling_server.engine.request import (
+from pooling_server.engine.requests.params import (
+    Output,
+    OutputEncoding,
+    OutputWeights,
+    PoolingParams,
+    Task,
+)
+from pooling_server.engine.requests.request import (
     ChunkRule,
     Image,
     Item,
@@ -32,7 +37,8 @@ from pooling_server.engine.request import (
     PoolRequest,
     RerankRequest,
 )
-from pooling_server.engine.validation import output_too_large, unknown_value
+from pooling_server.engine.requests.validation import output_too_large, unknown_value
+from pooling_server.engine.scheduling.engine import Tokenized, TokenizedText
 from pooling_server.service.byte_layout import Layout, varint, varint_lengths
 from pooling_server.service.proto import pooling_pb2 as pb
 

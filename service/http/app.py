@@ -24,10 +24,10 @@ from typing import Any
 import msgspec
 from aiohttp import HttpVersion11, web
 
-from pooling_server.engine.engine import Engine
 from pooling_server.engine.errors import ErrorKind, PoolingError, internal_error
-from pooling_server.engine.output_size import ResponseBudget
-from pooling_server.engine.outputs import values_in
+from pooling_server.engine.requests.output_size import ResponseBudget
+from pooling_server.engine.requests.outputs import values_in
+from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import Family, FieldMap, from_http, http_error
 from pooling_server.service.http import door as http_doors
 from pooling_server.service.http import tei

@@ -4,7 +4,7 @@
 /v2/embed takes `texts` (or `inputs` of text content), `input_type` mapped onto one of
 the model's prompts (INPUT_TYPE_PROMPTS; --cohere-input-type-prompt adds or overrides),
 `embedding_types` (float, int8, uint8, binary, ubinary, base64: one engine run at float,
-then each type packed by engine/encodings.py exactly as the engine packs it),
+then each type packed by engine/requests/encodings.py exactly as the engine packs it),
 `truncate` (NONE, START, END: Cohere's default END cuts the end of a long input),
 `max_tokens` and `output_dimension`. /v2/rerank takes `query`, `documents`, `top_n`,
 `max_tokens_per_doc` and (this server's extension) an LLM reranker's `instruction`.
@@ -23,12 +23,12 @@ import msgspec
 import numpy as np
 from aiohttp import web
 
-from pooling_server.engine.encodings import quantize, ranges_array
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
-from pooling_server.engine.model_info import ModelInfo
-from pooling_server.engine.outputs import Embedding
-from pooling_server.engine.params import OutputEncoding, PoolingParams, Task
-from pooling_server.engine.request import Item, PoolRequest, RerankRequest
+from pooling_server.engine.models.model_info import ModelInfo
+from pooling_server.engine.requests.encodings import quantize, ranges_array
+from pooling_server.engine.requests.outputs import Embedding
+from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
+from pooling_server.engine.requests.request import Item, PoolRequest, RerankRequest
 from pooling_server.service.errors import FieldMap
 from pooling_server.service.http.door import (
     JSON_FLOAT_BYTES,

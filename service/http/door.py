@@ -24,10 +24,10 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, internal_error
-from pooling_server.engine.model_info import ModelInfo
-from pooling_server.engine.output_size import MIB, ResponseBudget
-from pooling_server.engine.outputs import OFF_LOOP_VALUES
-from pooling_server.engine.validation import output_too_large
+from pooling_server.engine.models.model_info import ModelInfo
+from pooling_server.engine.requests.output_size import MIB, ResponseBudget
+from pooling_server.engine.requests.outputs import OFF_LOOP_VALUES
+from pooling_server.engine.requests.validation import output_too_large
 from pooling_server.service.errors import Family, http_status
 from pooling_server.service.http import json_body
 from pooling_server.service.http.guard import body_parsed, body_read, client_problem
@@ -36,7 +36,7 @@ from pooling_server.service.runner import Call, RequestRunner
 # Answers of more float values than this are built and encoded off the event loop.
 OFF_LOOP_BODY = 1024 * 1024  # bodies larger than this are checked and decoded off the loop
 T = TypeVar("T")
-# What one output value costs in an answer's JSON, for its budget (engine/output_size.py):
+# What one output value costs in an answer's JSON, for its budget (engine/requests/output_size.py):
 # a float32 as the shortest double that reads back, with its comma; in base64, 5.33 bytes
 # (4 bytes, 4/3 of them).
 JSON_FLOAT_BYTES = 21

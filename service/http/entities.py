@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from pooling_server.engine.outputs import TokenRows
-from pooling_server.engine.tokenization import ModelTokenizer
+from pooling_server.engine.inputs.tokenization import ModelTokenizer
+from pooling_server.engine.requests.outputs import TokenRows
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
 DEFAULT_AGGREGATION = "simple"  # what Hugging Face's hosted token classification answers

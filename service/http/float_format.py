@@ -30,9 +30,9 @@ import ml_dtypes
 import msgspec
 import numpy as np
 
-from pooling_server.engine.encodings import to_bfloat16
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.validation import unknown_value
+from pooling_server.engine.requests.encodings import to_bfloat16
+from pooling_server.engine.requests.validation import unknown_value
 from pooling_server.service.http.door import (
     BASE64_FLOAT_BYTES,
     JSON_FLOAT_BYTES,

@@ -20,8 +20,8 @@ import msgspec
 import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
-from pooling_server.engine.request import Item
-from pooling_server.engine.validation import too_many_inputs
+from pooling_server.engine.requests.request import Item
+from pooling_server.engine.requests.validation import too_many_inputs
 from pooling_server.service.http.image_parts import (
     Message,
     Part,

@@ -20,8 +20,8 @@ import msgspec
 import numpy as np
 
 from pooling_server.engine.errors import FieldViolation, PoolingError
-from pooling_server.engine.output_size import ResponseBudget
-from pooling_server.engine.outputs import (
+from pooling_server.engine.requests.output_size import ResponseBudget
+from pooling_server.engine.requests.outputs import (
     Classification,
     Embedding,
     ItemOutput,
@@ -33,9 +33,15 @@ from pooling_server.engine.outputs import (
     TextOutputs,
     TokenRows,
 )
-from pooling_server.engine.params import Output, OutputWeights, PoolingParams, Task
-from pooling_server.engine.request import ChunkRule, Item, LateChunking, PoolRequest, RerankRequest
-from pooling_server.engine.validation import unknown_value
+from pooling_server.engine.requests.params import Output, OutputWeights, PoolingParams, Task
+from pooling_server.engine.requests.request import (
+    ChunkRule,
+    Item,
+    LateChunking,
+    PoolRequest,
+    RerankRequest,
+)
+from pooling_server.engine.requests.validation import unknown_value
 from pooling_server.service.errors import FieldMap
 from pooling_server.service.http.door import JSON_FLOAT_BYTES, output_of
 from pooling_server.service.http.float_format import (
@@ -301,7 +307,7 @@ SCORE_FIELDS = FieldMap(fields={"prompt": "instruction"})
 
 def instruction(body: Body) -> str | None:
     """An LLM reranker's instruction (its score template's {instruction}); None: absent,
-    the template's default. Another model refuses it (engine/validation.py)."""
+    the template's default. Another model refuses it (engine/requests/validation.py)."""
     return body.string("instruction", "") if body.has("instruction") else None
 
 

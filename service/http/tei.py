@@ -33,10 +33,17 @@ import numpy as np
 from aiohttp import web
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.heads import activate
-from pooling_server.engine.model_info import Activation, HeadKind, LongInput, ModelInfo, PoolingType
-from pooling_server.engine.output_size import entity_budget
-from pooling_server.engine.outputs import (
+from pooling_server.engine.inputs.tokenization import ModelTokenizer
+from pooling_server.engine.models.model_info import (
+    Activation,
+    HeadKind,
+    LongInput,
+    ModelInfo,
+    PoolingType,
+)
+from pooling_server.engine.requests.heads import activate
+from pooling_server.engine.requests.output_size import entity_budget
+from pooling_server.engine.requests.outputs import (
     Classification,
     Embedding,
     MultiVector,
@@ -44,9 +51,8 @@ from pooling_server.engine.outputs import (
     SparseEmbedding,
     TokenRows,
 )
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.request import PoolRequest, RerankRequest
-from pooling_server.engine.tokenization import ModelTokenizer
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest
 from pooling_server.service.errors import Family, FieldMap
 from pooling_server.service.http import json_body
 from pooling_server.service.http.door import (

@@ -12,10 +12,10 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from pooling_server.engine.engine import Tokenized, TokenizedText
-from pooling_server.engine.output_size import ResponseBudget
-from pooling_server.engine.tokenization import Vocabulary
-from pooling_server.engine.validation import output_too_large
+from pooling_server.engine.inputs.tokenization import Vocabulary
+from pooling_server.engine.requests.output_size import ResponseBudget
+from pooling_server.engine.requests.validation import output_too_large
+from pooling_server.engine.scheduling.engine import Tokenized, TokenizedText
 from pooling_server.service.byte_layout import Layout, json_escaped
 
 TOKEN_BLOCK = 16384  # tokens laid out at once: bounds the layout's arrays

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pooling_server.engine.batch_queue import BatchConfig
-from pooling_server.engine.model_spec import DEFAULT_MODEL, ModelSpec
-from pooling_server.engine.remote_client import DEFAULT_STALL_S
-from pooling_server.engine.validation import Limits
+from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
+from pooling_server.engine.requests.validation import Limits
+from pooling_server.engine.scheduling.batch_queue import BatchConfig
+from pooling_server.engine.scheduling.remote_client import DEFAULT_STALL_S
 
 if TYPE_CHECKING:
     import grpc
@@ -229,7 +229,7 @@ class ServerConfig:
     data_parallel: int = 1  # devices, each served by engines_per_device engine processes
     engines_per_device: int = 1
     engine_stall_s: float = (
-        DEFAULT_STALL_S  # a front end's stall check (engine/remote_client.py); 0: off
+        DEFAULT_STALL_S  # a front end's stall check (engine/scheduling/remote_client.py); 0: off
     )
 
 

@@ -14,8 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from pooling_server.engine.batch_queue import BatchConfig, BatchQueue, BatchRecord
-from pooling_server.engine.engine import Engine, Timings
+from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue, BatchRecord
+from pooling_server.engine.scheduling.engine import Engine, Timings
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -262,7 +262,7 @@ class Metrics:
         self.failed_batches = Counter(
             "pooling_failed_batches", "Batches whose forward pass failed", ["model"], registry=r
         )
-        # A split server's front ends each watch every engine (engine/remote_client.py).
+        # A split server's front ends each watch every engine (engine/scheduling/remote_client.py).
         self.engine_stalled = Gauge(*STALLED, ["engine"], multiprocess_mode="livemax", registry=r)
         self.engine_stalls = Gauge(*STALLS, ["engine"], multiprocess_mode="max", registry=r)
         self._requests: dict[tuple[str, str, str, str, str], Any] = {}

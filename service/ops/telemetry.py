@@ -12,8 +12,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from pooling_server.engine.engine import Timings
 from pooling_server.engine.errors import clip
+from pooling_server.engine.scheduling.engine import Timings
 from pooling_server.service.ops.logs import FIELDS_ATTR
 from pooling_server.service.ops.metrics import Metrics
 

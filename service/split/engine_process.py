@@ -2,7 +2,7 @@
 
 Started by the supervisor. It holds the write end of a pipe whose read ends the front ends
 watch: when this process dies for any reason the kernel closes it, and every call waiting
-here fails at once (engine/remote_client.py).
+here fails at once (engine/scheduling/remote_client.py).
 
 It ignores SIGTERM and SIGINT: systemd, `timeout`, `tini -g` and Ctrl-C signal the whole
 process group, and an engine that stopped then would fail every call the front ends are
@@ -20,9 +20,9 @@ import logging
 import os
 from dataclasses import replace
 
-from pooling_server.engine.core import EngineCore
-from pooling_server.engine.ipc import EngineReady
-from pooling_server.engine.served import ModelDescription
+from pooling_server.engine.models.served import ModelDescription
+from pooling_server.engine.scheduling.core import EngineCore
+from pooling_server.engine.scheduling.ipc import EngineReady
 from pooling_server.service.ops import logs
 from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.ops.metrics import EngineStats, Metrics

@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pooling_server.engine.engine import Engine
-from pooling_server.engine.remote_client import RemoteEngineClient
+from pooling_server.engine.scheduling.engine import Engine
+from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
 from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.split.run_dir import (
     frontend_ready,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from pooling_server.engine.ipc import EngineReady
+from pooling_server.engine.scheduling.ipc import EngineReady
 
 
 def engine_address(run_dir: str, index: int) -> str:

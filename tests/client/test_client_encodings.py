@@ -26,8 +26,8 @@ from pooling_client._chunking import ChunkedJob
 from pooling_client.outputs import embedding_request_outputs, pooling_request_outputs
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.encodings import encode
-from pooling_server.engine.params import OutputEncoding
+from pooling_server.engine.requests.encodings import encode
+from pooling_server.engine.requests.params import OutputEncoding
 from tests.client.in_process import serve_in_process
 
 RNG = np.random.default_rng(5)

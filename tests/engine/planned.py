@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from pooling_server.engine.loader import LoadedModel, load_model
-from pooling_server.engine.model_spec import ModelSpec
-from pooling_server.engine.outputs import ItemOutput
-from pooling_server.engine.plans import Plan, plan_request
-from pooling_server.engine.request import PoolRequest
-from pooling_server.engine.validation import Limits, validate_request
+from pooling_server.engine.models.loader import LoadedModel, load_model
+from pooling_server.engine.models.model_spec import ModelSpec
+from pooling_server.engine.requests.outputs import ItemOutput
+from pooling_server.engine.requests.plans import Plan, plan_request
+from pooling_server.engine.requests.request import PoolRequest
+from pooling_server.engine.requests.validation import Limits, validate_request
 
 
 def load(folder: Path, name: str | None = None, **options: object) -> LoadedModel:

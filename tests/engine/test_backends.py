@@ -20,10 +20,10 @@ import torch
 
 from pooling_server.engine.backends import BackendKind, BackendOptions, Quantize, RuntimeSettings
 from pooling_server.engine.backends.select import EVENTS
-from pooling_server.engine.loader import LoadedModel, load_model
-from pooling_server.engine.model_info import HeadKind, PoolingType
-from pooling_server.engine.model_runner import ThreadShare
-from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.models.loader import LoadedModel, load_model
+from pooling_server.engine.models.model_info import HeadKind, PoolingType
+from pooling_server.engine.models.model_runner import ThreadShare
+from pooling_server.engine.models.model_spec import ModelSpec
 from tests.fixture_models import MINILM, _bert_config, _save
 
 TEXTS = [
@@ -247,9 +247,9 @@ MISSING = """
 import sys, torch
 sys.modules["openvino"] = None  # as if the package were not installed
 from pooling_server.engine.backends import BackendKind, BackendOptions, RuntimeSettings
-from pooling_server.engine.loader import load_model
-from pooling_server.engine.model_runner import ThreadShare
-from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.models.loader import load_model
+from pooling_server.engine.models.model_runner import ThreadShare
+from pooling_server.engine.models.model_spec import ModelSpec
 def load(kind):
     spec = ModelSpec(sys.argv[1], name="tiny", backend=BackendOptions(kind))
     return load_model(spec, device=torch.device("cpu"), dtype=torch.float32,

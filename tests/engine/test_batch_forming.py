@@ -15,9 +15,9 @@ import types
 
 import pytest
 
-from pooling_server.engine.batch_queue import BatchConfig, BatchQueue, QueuedItem
-from pooling_server.engine.jobs import Job
-from pooling_server.engine.tokenization import TokenSequence
+from pooling_server.engine.inputs.tokenization import TokenSequence
+from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue, QueuedItem
+from pooling_server.engine.scheduling.jobs import Job
 
 
 def _reference_take(queue: BatchQueue) -> list[QueuedItem]:

@@ -22,15 +22,21 @@ import numpy as np
 import pytest
 import torch
 
-from pooling_server.engine.batch_queue import BatchConfig, BatchQueue, BatchRecord, Job
-from pooling_server.engine.engine import Engine, Timings
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.loader import LoadedModel, ModelSpec, load_model
-from pooling_server.engine.outputs import Classification, Embedding, PoolResult, Score, TokenRows
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import PoolRequest
-from pooling_server.engine.tokenization import TokenSequence
+from pooling_server.engine.inputs.tokenization import TokenSequence
+from pooling_server.engine.models.loader import LoadedModel, ModelSpec, load_model
+from pooling_server.engine.requests.outputs import (
+    Classification,
+    Embedding,
+    PoolResult,
+    Score,
+    TokenRows,
+)
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import PoolRequest
+from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue, BatchRecord, Job
+from pooling_server.engine.scheduling.engine import Engine, Timings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""int8/uint8 calibration ranges computed at load (engine/calibration.py) on real models:
+"""int8/uint8 calibration ranges computed at load (engine/models/calibration.py) on real models:
 equal to sentence-transformers' embeddings of the same calibration texts, min and max per
 dimension (default prompt and normalisation included), read from the cache on a second
 load without a forward pass, keyed by the texts, left alone where the folder ships ranges
@@ -17,14 +17,14 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util.quantization import quantize_embeddings
 
-import pooling_server.engine.calibration as calibration
+import pooling_server.engine.models.calibration as calibration
 from pooling_server.engine.backends import CALIBRATION_FILE, BackendOptions, RuntimeSettings
-from pooling_server.engine.encodings import encode, ranges_array
-from pooling_server.engine.loader import LoadedModel, load_model
-from pooling_server.engine.model_spec import ModelSpec
-from pooling_server.engine.params import OutputEncoding, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.models.loader import LoadedModel, load_model
+from pooling_server.engine.models.model_spec import ModelSpec
+from pooling_server.engine.requests.encodings import encode, ranges_array
+from pooling_server.engine.requests.params import OutputEncoding, Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import PoolRequest
 from tests.fixture_models import MINILM, short_vocabulary_bert
 
 CALIBRATION_TEXTS = [

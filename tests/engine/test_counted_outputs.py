@@ -12,15 +12,19 @@ from dataclasses import replace
 import pytest
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.late_chunking import sentence_count, sentence_spans, token_window_spans
-from pooling_server.engine.loader import LoadedModel
-from pooling_server.engine.output_size import ResponseBudget, late_chunk_count
-from pooling_server.engine.outputs import LateChunks, MultiVector, TextOutputs
-from pooling_server.engine.params import Output, OutputEncoding, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import ChunkRule, LateChunking, PoolRequest
-from pooling_server.engine.tokenization import ModelTokenizer
-from pooling_server.engine.validation import Limits, rows_bytes, validate_request
+from pooling_server.engine.inputs.tokenization import ModelTokenizer
+from pooling_server.engine.models.loader import LoadedModel
+from pooling_server.engine.requests.late_chunking import (
+    sentence_count,
+    sentence_spans,
+    token_window_spans,
+)
+from pooling_server.engine.requests.output_size import ResponseBudget, late_chunk_count
+from pooling_server.engine.requests.outputs import LateChunks, MultiVector, TextOutputs
+from pooling_server.engine.requests.params import Output, OutputEncoding, Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import ChunkRule, LateChunking, PoolRequest
+from pooling_server.engine.requests.validation import Limits, rows_bytes, validate_request
 from pooling_server.service.grpc import convert
 from tests.engine.planned import load
 from tests.fixture_models import MINILM, tiny_bge_m3, tiny_colbert
@@ -164,7 +168,7 @@ def test_late_chunk_estimates_are_the_answers_count(minilm: LoadedModel, rule: d
 def _real_bytes(result: list, task: Task) -> int:  # type: ignore[type-arg]
     """The outputs' bytes in the gRPC answer (its envelope, the request id and model name
     around them, is bounded apart from the estimate)."""
-    from pooling_server.engine.outputs import PoolResult
+    from pooling_server.engine.requests.outputs import PoolResult
 
     size = convert.response_to_proto(PoolResult("r", "m", task, 0, result)).ByteSize()
     return size - convert.response_to_proto(PoolResult("r", "m", task, 0, [])).ByteSize()
@@ -247,8 +251,8 @@ def test_entity_estimate_is_at_least_the_answer(ner: LoadedModel, aggregation: s
     can hold): at most what entity_budget lets token_rows_bytes count from the tokens."""
     import msgspec
 
-    from pooling_server.engine.output_size import entity_budget, token_rows_bytes
-    from pooling_server.engine.params import PoolingParams
+    from pooling_server.engine.requests.output_size import entity_budget, token_rows_bytes
+    from pooling_server.engine.requests.params import PoolingParams
     from pooling_server.service.http.entities import entities
 
     texts = ("Angela Merkel visited Paris, Éire and 東京 in 2019!", "x" * 300, "短い")

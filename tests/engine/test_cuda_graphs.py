@@ -1,4 +1,4 @@
-"""CUDA graphs for the forward pass (engine/cuda_graphs.py), without a GPU.
+"""CUDA graphs for the forward pass (engine/models/cuda_graphs.py), without a GPU.
 
 The bucket policy is pure Python. The copy-in, padding and slice-out around a replay run
 on the CPU through `eager_capture`, a stand-in graph whose replay runs the real
@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from pooling_server.engine.batch_queue import BatchConfig
-from pooling_server.engine.cuda_graphs import (
+from pooling_server.engine.models.cuda_graphs import (
     Buckets,
     GraphedForward,
     GraphSettings,
@@ -24,7 +23,8 @@ from pooling_server.engine.cuda_graphs import (
     select_shapes,
     why_eager,
 )
-from pooling_server.engine.loader import LoadedModel, ModelSpec, load_model
+from pooling_server.engine.models.loader import LoadedModel, ModelSpec, load_model
+from pooling_server.engine.scheduling.batch_queue import BatchConfig
 from pooling_server.service.cli import config_from_args, parse_args
 from pooling_server.service.loading import graph_settings
 
@@ -283,7 +283,7 @@ def test_the_loader_captures_the_buckets_of_the_batchers_caps(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    import pooling_server.engine.loader as loader
+    import pooling_server.engine.models.loader as loader
 
     model = _load(model_folders, "tiny-cross-encoder")
     runner = model.runner
@@ -295,7 +295,7 @@ def test_the_loader_captures_the_buckets_of_the_batchers_caps(
 
     monkeypatch.setattr(loader, "GraphedForward", on_cpu)
     _on_a_pretend_gpu(model)
-    caplog.set_level("INFO", logger="pooling_server.engine.loader")
+    caplog.set_level("INFO", logger="pooling_server.engine.models.loader")
     settings = GraphSettings(max_batch_size=4, max_batch_tokens=48, max_length=32)
     loader._attach_graphs(runner, settings, model.tokenizer.uses_token_type_ids)
     runner.device = CPU
@@ -318,7 +318,7 @@ def test_a_capture_that_fails_leaves_the_forward_eager(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    import pooling_server.engine.loader as loader
+    import pooling_server.engine.models.loader as loader
 
     model = _load(model_folders, "tiny-bert")
 
@@ -333,6 +333,6 @@ def test_a_capture_that_fails_leaves_the_forward_eager(
     assert "CUDA graph capture failed" in caplog.text
     # Off: no capture at all, said in the log.
     caplog.clear()
-    caplog.set_level("INFO", logger="pooling_server.engine.loader")
+    caplog.set_level("INFO", logger="pooling_server.engine.models.loader")
     loader._attach_graphs(model.runner, None, True)
     assert "no CUDA graphs (--cuda-graphs off)" in caplog.text

@@ -18,11 +18,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertModel
 
-from pooling_server.engine.loader import LoadedModel, load_model
-from pooling_server.engine.model_spec import ModelSpec
-from pooling_server.engine.params import Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import PoolRequest
+from pooling_server.engine.models.loader import LoadedModel, load_model
+from pooling_server.engine.models.model_spec import ModelSpec
+from pooling_server.engine.requests.params import Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import PoolRequest
 from pooling_server.service.cli import build_parser, model_specs
 from tests.fixture_models import MINILM, _bert_config, _save, _sentence_transformers_layout
 from tests.server_process import start_server
@@ -97,7 +97,7 @@ def embed(model: LoadedModel, texts: list[str]) -> np.ndarray:
 def test_custom_code_loads_with_trust_remote_code(
     custom_folder: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="pooling_server.engine.loader"):
+    with caplog.at_level(logging.WARNING, logger="pooling_server.engine.models.loader"):
         model = load(ModelSpec(str(custom_folder), name="custom", trust_remote_code=True))
     assert any("--trust-remote-code is on" in r.getMessage() for r in caplog.records)
     assert type(model.runner.module).__name__ == "TinyCustomModel"
@@ -132,7 +132,7 @@ def test_server_refuses_to_start_without_trust_remote_code(
 def test_revision_on_a_local_folder_is_ignored(
     model_folders: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="pooling_server.engine.loader"):
+    with caplog.at_level(logging.WARNING, logger="pooling_server.engine.models.loader"):
         model = load(ModelSpec(str(model_folders["tiny-bert"]), revision="v1.0"))
     assert model.info.revision == ""
     assert any("--revision v1.0 is ignored" in r.getMessage() for r in caplog.records)

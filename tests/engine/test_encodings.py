@@ -14,19 +14,19 @@ import torch
 from sentence_transformers.util.quantization import quantize_embeddings
 
 from pooling_client.v1 import pooling_pb2 as pb
-from pooling_server.engine.encodings import (
+from pooling_server.engine.errors import ErrorKind, PoolingError
+from pooling_server.engine.models.model_info import Activation, HeadKind, ModelInfo
+from pooling_server.engine.requests.encodings import (
     encode,
     encoded_size,
     quantize,
     read_calibration_ranges,
     to_bfloat16,
 )
-from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.model_info import Activation, HeadKind, ModelInfo
-from pooling_server.engine.outputs import Embedding, PoolResult, TokenRows
-from pooling_server.engine.params import OutputEncoding, PoolingParams, Task
-from pooling_server.engine.request import PoolRequest
-from pooling_server.engine.validation import Limits, validate_request
+from pooling_server.engine.requests.outputs import Embedding, PoolResult, TokenRows
+from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
+from pooling_server.engine.requests.request import PoolRequest
+from pooling_server.engine.requests.validation import Limits, validate_request
 from pooling_server.service.grpc import convert
 from tests.model_infos import embedder_info
 

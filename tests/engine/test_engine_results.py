@@ -1,4 +1,5 @@
-"""An engine process's results message (engine/core.py `_message`): outputs of any shape and
+"""An engine process's results message (engine/scheduling/core.py `_message`): outputs of any shape
+and
 dtype, and errors, come back to the front end as they went in."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ import asyncio
 import msgspec
 import numpy as np
 
-from pooling_server.engine.core import _message
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.ipc import OUTPUTS, Results, unpack_outputs
-from pooling_server.engine.jobs import Job
+from pooling_server.engine.scheduling.core import _message
+from pooling_server.engine.scheduling.ipc import OUTPUTS, Results, unpack_outputs
+from pooling_server.engine.scheduling.jobs import Job
 
 
 def test_outputs_and_errors_come_back_as_sent() -> None:

@@ -1,4 +1,4 @@
-"""engine/images.py: every format decodes, every bad image is refused with its reason and
+"""engine/inputs/images.py: every format decodes, every bad image is refused with its reason and
 field path (a decompression bomb from its header alone), awkward modes come out as RGB, and
 preprocessing equals transformers' own image processors on the same pictures."""
 
@@ -26,8 +26,8 @@ from transformers import (
 )
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.images import decode_image, load_image_processor, sniff
-from pooling_server.engine.validation import Limits
+from pooling_server.engine.inputs.images import decode_image, load_image_processor, sniff
+from pooling_server.engine.requests.validation import Limits
 
 PATH = "embed.items[2].image"
 LIMITS = Limits()
@@ -411,7 +411,7 @@ def test_every_mode_equals_transformers_strip_by_strip(
     is many), its channels resized together or (a very tall image's way) one at a time,
     equals transformers' processor on the whole picture, its own convert_to_rgb included:
     bit for bit."""
-    import pooling_server.engine.images as images
+    import pooling_server.engine.inputs.images as images
 
     monkeypatch.setattr(images, "STRIP_PIXELS", 97)
     if not joint:
@@ -431,7 +431,7 @@ def test_every_value_and_alpha_is_laid_on_white_as_transformers_lays_it(
     channels), where transformers' convert_to_rgb calls alpha_composite: the two round
     alike for all 65,536 (value, alpha) pairs, laid straight from an upright picture and
     from a turned strip. A size-preserving processor lets every pixel through unblurred."""
-    import pooling_server.engine.images as images
+    import pooling_server.engine.inputs.images as images
 
     monkeypatch.setattr(images, "STRIP_PIXELS", 256 * 37)  # strips that split the rows
     value, alpha = np.meshgrid(np.arange(256), np.arange(256))
@@ -452,7 +452,7 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
     """An EXIF turn applied a strip at a time (RGBA, RGB, LA and a palette with a
     transparent index) equals the processor on the picture that ImageOps.exif_transpose
     turns whole."""
-    import pooling_server.engine.images as images
+    import pooling_server.engine.inputs.images as images
 
     processor = CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32)
     ours = load_image_processor(clip_folder(tmp_path, processor))
@@ -473,7 +473,7 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
 def test_sixteen_bit_grey_a_strip_at_a_time_equals_the_whole(tmp_path: Path) -> None:
     """16-bit grey (scaled, not clipped: decode_image's semantics) made a strip at a time
     equals the processor on decode_image's whole RGB picture."""
-    import pooling_server.engine.images as images
+    import pooling_server.engine.inputs.images as images
 
     processor = CLIPImageProcessorPil()
     ours = load_image_processor(clip_folder(tmp_path, processor))
@@ -491,7 +491,7 @@ def test_an_extreme_aspect_ratio_is_refused_by_its_resize_target(tmp_path: Path)
     would become 2,240,000 x 224 (501 million pixels, 2 GB). The target counts against
     --max-image-pixels before a pixel is decoded: refused at once, naming the aspect ratio
     and the target; the same ratio that fits the limit is served."""
-    import pooling_server.engine.images as images
+    import pooling_server.engine.inputs.images as images
 
     ours = load_image_processor(clip_folder(tmp_path, CLIPImageProcessorPil()))
     assert ours is not None
@@ -518,8 +518,8 @@ MEASURE = r"""
 import io, json, sys
 from pathlib import Path
 import psutil
-from pooling_server.engine.images import load_image_processor, open_image
-from pooling_server.engine.validation import Limits
+from pooling_server.engine.inputs.images import load_image_processor, open_image
+from pooling_server.engine.requests.validation import Limits
 
 class Encoded:
     def __init__(self, data):

@@ -18,17 +18,17 @@ import torch
 from PIL import Image as PILImage
 from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-from pooling_server.engine.batch_queue import BatchConfig
-from pooling_server.engine.engine import Engine
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.loader import LoadedModel, load_model
-from pooling_server.engine.modality import Modality
-from pooling_server.engine.model_spec import ModelSpec
-from pooling_server.engine.outputs import Classification, Embedding, ItemOutput
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import Image, Item, PoolRequest, RerankRequest
-from pooling_server.engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.inputs.modality import Modality
+from pooling_server.engine.models.loader import LoadedModel, load_model
+from pooling_server.engine.models.model_spec import ModelSpec
+from pooling_server.engine.requests.outputs import Classification, Embedding, ItemOutput
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import Image, Item, PoolRequest, RerankRequest
+from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.scheduling.batch_queue import BatchConfig
+from pooling_server.engine.scheduling.engine import Engine
 from tests.engine.planned import load, run_all
 from tests.fixture_models import (
     MINILM,
@@ -205,7 +205,7 @@ def test_siglip2_mixed_sizes_in_one_batch(
     """Images of four aspect ratios in one forward pass, each its own patch grid padded to
     the batch's longest and masked: each equals get_image_features through SigLIP 2's
     processor (which pads to max_num_patches), and costs its own patch count."""
-    from pooling_server.engine.towers import prepare
+    from pooling_server.engine.families.towers.towers import prepare
 
     model, reference = models["siglip2"], references["siglip2"]
     grids = reference.pixels(MIXED_DECODED)["spatial_shapes"].tolist()
@@ -438,10 +438,10 @@ def test_images_through_an_engine_process_link(
     processor) sends pixel frames over the link as raw float32 beside the token ids, and
     gets the same vectors back as the in-process engine computes. SigLIP 2's frames (each
     its own patch grid) carry their grid in their shape."""
-    from pooling_server.engine.core import EngineCore
-    from pooling_server.engine.ipc import EngineReady
-    from pooling_server.engine.remote_client import RemoteEngineClient
-    from pooling_server.engine.served import ModelDescription
+    from pooling_server.engine.models.served import ModelDescription
+    from pooling_server.engine.scheduling.core import EngineCore
+    from pooling_server.engine.scheduling.ipc import EngineReady
+    from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
 
     model = models[name]
     images, decoded = (MIXED, MIXED_DECODED) if name == "siglip2" else (IMAGES, DECODED)
@@ -549,7 +549,7 @@ def test_image_tower_on_a_cpu_backend(
 def test_zero_shot_answers_are_bounded(models: dict[str, LoadedModel]) -> None:
     """A zero-shot answer holds one value per candidate label for every item: refused before
     any image is decoded when that would pass the door's limit."""
-    from pooling_server.engine.output_size import ResponseBudget
+    from pooling_server.engine.requests.output_size import ResponseBudget
 
     labels = tuple(f"label {k}" for k in range(1000))
     request = PoolRequest(Task.CLASSIFY, items=(IMAGES[0],) * 30, candidate_labels=labels)
@@ -562,7 +562,7 @@ def test_zero_shot_answers_are_bounded(models: dict[str, LoadedModel]) -> None:
 def test_batches_hold_one_tower(folders: dict[str, Path]) -> None:
     """Texts and images queued together form batches of one tower each, an image costing
     its patch count in the token budget."""
-    from pooling_server.engine.modality import is_image
+    from pooling_server.engine.inputs.modality import is_image
 
     model = load(folders["clip"])
     batches: list[list[bool]] = []

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from pooling_server.engine import ipc
-from pooling_server.engine.ipc import Link
+from pooling_server.engine.scheduling import ipc
+from pooling_server.engine.scheduling.ipc import Link
 
 
 def _pair() -> tuple[Link, Link]:

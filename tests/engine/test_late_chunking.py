@@ -1,4 +1,4 @@
-"""Late chunking (engine/late_chunking.py): each chunk's vector equals the mean of the
+"""Late chunking (engine/requests/late_chunking.py): each chunk's vector equals the mean of the
 chunk's token_embed rows over the same text, and plain transformers' on MiniLM; macro-
 windows on a text past a tiny BERT's 64 positions; mixed batches; every refusal."""
 
@@ -14,18 +14,18 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.late_chunking import (
+from pooling_server.engine.models.loader import LoadedModel
+from pooling_server.engine.requests.late_chunking import (
     macro_windows,
     owned,
     sentence_spans,
     token_window_spans,
 )
-from pooling_server.engine.loader import LoadedModel
-from pooling_server.engine.outputs import Embedding, ItemOutput, LateChunks, TokenRows
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import ChunkRule, LateChunking, PoolRequest
-from pooling_server.engine.validation import Limits, validate_request
+from pooling_server.engine.requests.outputs import Embedding, ItemOutput, LateChunks, TokenRows
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import ChunkRule, LateChunking, PoolRequest
+from pooling_server.engine.requests.validation import Limits, validate_request
 from tests.engine.planned import load, run_all
 from tests.fixture_models import MINILM, tiny_mean_bert
 
@@ -211,7 +211,7 @@ def test_answer_too_large_refused_before_the_forward_pass(minilm: LoadedModel) -
     """One vector per token of a long text, over a small response budget."""
     import dataclasses
 
-    from pooling_server.engine.output_size import ResponseBudget
+    from pooling_server.engine.requests.output_size import ResponseBudget
 
     request = dataclasses.replace(
         late([TEXT * 4], rule=ChunkRule.TOKENS, window=1),
@@ -235,7 +235,7 @@ def test_refusals_of_task_texts_and_truncation(minilm: LoadedModel) -> None:
 def test_refused_without_mean_pooling(tmp_path: Path, minilm: LoadedModel) -> None:
     import dataclasses
 
-    from pooling_server.engine.model_info import PoolingType
+    from pooling_server.engine.models.model_info import PoolingType
 
     cls = dataclasses.replace(minilm.info, pooling_type=PoolingType.CLS)
     limits = Limits()

@@ -15,14 +15,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.loader import LoadedModel, load_model
-from pooling_server.engine.model_info import HeadKind
-from pooling_server.engine.model_spec import ModelSpec
-from pooling_server.engine.outputs import Score
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import PoolRequest, RerankRequest
-from pooling_server.engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.models.loader import LoadedModel, load_model
+from pooling_server.engine.models.model_info import HeadKind
+from pooling_server.engine.models.model_spec import ModelSpec
+from pooling_server.engine.requests.outputs import Score
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load
 from tests.fixture_models import MINILM, tiny_qwen3_reranker
 
@@ -433,7 +433,7 @@ def test_prompt_names_are_still_refused_on_score(reranker: LoadedModel) -> None:
 def test_graphed_forward_scores_as_eager(reranker: LoadedModel) -> None:
     """The forward replayed from (stand-in) CUDA graphs of bucketed shapes: each batch is
     padded to its bucket's rows and length, and every pair still reads its own last token."""
-    from pooling_server.engine.cuda_graphs import Buckets, GraphedForward, eager_capture
+    from pooling_server.engine.models.cuda_graphs import Buckets, GraphedForward, eager_capture
 
     runner = reranker.runner
     assert runner.module is not None

@@ -21,10 +21,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.loader import LoadedModel
-from pooling_server.engine.request import RerankRequest
-from pooling_server.engine.tokenization import ModelTokenizer
-from pooling_server.engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.inputs.tokenization import ModelTokenizer
+from pooling_server.engine.models.loader import LoadedModel
+from pooling_server.engine.requests.request import RerankRequest
+from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load
 from tests.engine.test_llm_reranker import (
     CARD_PREFIX,

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from pooling_server.engine.loader import ModelSpec, load_model
-from pooling_server.engine.model_runner import ThreadShare
+from pooling_server.engine.models.loader import ModelSpec, load_model
+from pooling_server.engine.models.model_runner import ThreadShare
 
 
 def test_a_lone_pass_takes_every_core_and_one_beside_another_a_share(
@@ -49,8 +49,8 @@ def test_padded_arrays_are_the_rows_padded_one_by_one() -> None:
     are the tokenizer's lists or an engine process's numpy views, with and without types."""
     import numpy as np
 
-    from pooling_server.engine.model_runner import ModelRunner
-    from pooling_server.engine.tokenization import TokenSequence
+    from pooling_server.engine.inputs.tokenization import TokenSequence
+    from pooling_server.engine.models.model_runner import ModelRunner
 
     rng = np.random.default_rng(0)
     runner = ModelRunner.__new__(ModelRunner)

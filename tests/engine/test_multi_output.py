@@ -15,18 +15,29 @@ import pytest
 
 from pooling_server.engine.backends import BackendKind, BackendOptions
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.loader import LoadedModel
-from pooling_server.engine.outputs import (
+from pooling_server.engine.models.loader import LoadedModel
+from pooling_server.engine.requests.outputs import (
     Embedding,
     MultiVector,
     Score,
     SparseEmbedding,
     TextOutputs,
 )
-from pooling_server.engine.params import Output, OutputEncoding, OutputWeights, PoolingParams, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import ChunkRule, LateChunking, PoolRequest, RerankRequest
-from pooling_server.engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.params import (
+    Output,
+    OutputEncoding,
+    OutputWeights,
+    PoolingParams,
+    Task,
+)
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import (
+    ChunkRule,
+    LateChunking,
+    PoolRequest,
+    RerankRequest,
+)
+from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
 from tests.bge_m3_reference import Reference, expected_score
 from tests.engine.planned import load, run_all
 from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3, tiny_mean_bert

@@ -17,12 +17,12 @@ from sentence_transformers import MultiVectorEncoder
 
 from pooling_server.engine.backends import BackendKind, BackendOptions
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.loader import LoadedModel
-from pooling_server.engine.outputs import ItemOutput, MultiVector, Score
-from pooling_server.engine.params import OutputEncoding, PoolingParams, Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import PoolRequest, RerankRequest
-from pooling_server.engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.models.loader import LoadedModel
+from pooling_server.engine.requests.outputs import ItemOutput, MultiVector, Score
+from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
 from tests.engine.planned import load, run_all
 from tests.fixture_models import COLBERT_DIM, MINILM, tiny_colbert
 

@@ -1,4 +1,4 @@
-"""The answer-size estimates (engine/output_size.py) and the rules built on them: near the
+"""The answer-size estimates (engine/requests/output_size.py) and the rules built on them: near the
 real message size, and refusals with the estimate, the limit and the field path."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from functools import partial
 import numpy as np
 import pytest
 
-from pooling_server.engine.engine import Tokenized, TokenizedText
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.output_size import (
+from pooling_server.engine.inputs.tokenization import Vocabulary
+from pooling_server.engine.requests.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
     fewest_tokens,
@@ -19,17 +19,17 @@ from pooling_server.engine.output_size import (
     token_rows_bytes,
     tokenize_bytes,
 )
-from pooling_server.engine.outputs import Embedding, PoolResult, TokenRows
-from pooling_server.engine.params import OutputEncoding, PoolingParams, Task
-from pooling_server.engine.request import PoolRequest
-from pooling_server.engine.tokenization import Vocabulary
-from pooling_server.engine.validation import (
+from pooling_server.engine.requests.outputs import Embedding, PoolResult, TokenRows
+from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
+from pooling_server.engine.requests.request import PoolRequest
+from pooling_server.engine.requests.validation import (
     Limits,
     check_token_output,
     check_tokenize_output,
     validate_request,
     validate_tokenize,
 )
+from pooling_server.engine.scheduling.engine import Tokenized, TokenizedText
 from pooling_server.service.grpc import convert
 from pooling_server.service.http.token_json import tokenize_json
 from tests.model_infos import embedder_info

@@ -1,4 +1,4 @@
-"""engine/pooling.py: the numpy pooling of backends' outputs equals the torch pooling."""
+"""engine/models/pooling.py: the numpy pooling of backends' outputs equals the torch pooling."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pooling_server.engine.model_info import PoolingType
-from pooling_server.engine.pooling import pool, pool_array
+from pooling_server.engine.models.model_info import PoolingType
+from pooling_server.engine.models.pooling import pool, pool_array
 
 
 @pytest.mark.parametrize("method", [PoolingType.MEAN, PoolingType.CLS, PoolingType.LAST])

@@ -1,4 +1,5 @@
-"""The prompt rules of engine/validation.py, without a server: reasons, field paths, bounds."""
+"""The prompt rules of engine/requests/validation.py, without a server: reasons, field paths,
+bounds."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from functools import partial
 import pytest
 
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.model_info import HeadKind, LongInput, ModelInfo
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.request import PoolRequest
-from pooling_server.engine.validation import Limits, prompt_text, validate_request
+from pooling_server.engine.models.model_info import HeadKind, LongInput, ModelInfo
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.request import PoolRequest
+from pooling_server.engine.requests.validation import Limits, prompt_text, validate_request
 from tests.model_infos import embedder_info
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

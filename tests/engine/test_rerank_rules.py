@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from pooling_server.engine.engine import _ranking
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
-from pooling_server.engine.model_info import Activation, HeadKind, ModelInfo, PoolingType
-from pooling_server.engine.outputs import PoolResult, Score
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.request import RerankRequest
-from pooling_server.engine.validation import Limits, rerank_error, validate_rerank
+from pooling_server.engine.models.model_info import Activation, HeadKind, ModelInfo, PoolingType
+from pooling_server.engine.requests.outputs import PoolResult, Score
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.request import RerankRequest
+from pooling_server.engine.requests.validation import Limits, rerank_error, validate_rerank
+from pooling_server.engine.scheduling.engine import _ranking
 from tests.model_infos import embedder_info
 
 EMBEDDER = embedder_info(name="embedder", max_input_chars=20)

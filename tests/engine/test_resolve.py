@@ -1,4 +1,5 @@
-"""The resolved request of engine/validation.py, without a server: the prompt, the long-input
+"""The resolved request of engine/requests/validation.py, without a server: the prompt, the
+long-input
 policy and the truncation are decided once, by `resolve`, and every rule and the planner
 read that one decision."""
 
@@ -9,10 +10,10 @@ from functools import partial
 import pytest
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.model_info import HeadKind, LongInput
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.request import PoolRequest, RerankRequest
-from pooling_server.engine.validation import (
+from pooling_server.engine.models.model_info import HeadKind, LongInput
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.validation import (
     TOKENIZED_RULES,
     UNKNOWN_VALUES,
     Limits,

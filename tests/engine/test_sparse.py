@@ -26,9 +26,9 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertFo
 from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, PoolingParams
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.loader import load_model
-from pooling_server.engine.model_info import PoolingType
-from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.models.loader import load_model
+from pooling_server.engine.models.model_info import PoolingType
+from pooling_server.engine.models.model_spec import ModelSpec
 from tests.conftest import Served, server_args
 from tests.fixture_models import MINILM
 from tests.rpc_errors import decode_rpc_error

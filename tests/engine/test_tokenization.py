@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from pooling_server.engine.tokenization import ModelTokenizer, TokenizerSpec
+from pooling_server.engine.inputs.tokenization import ModelTokenizer, TokenizerSpec
 from pooling_server.service.proto import pooling_pb2, pooling_pb2_grpc
 from tests.fixture_models import MINILM
 

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_engine_imports_neither_grpc_nor_protobuf() -> None:
-    modules = [f"pooling_server.engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)]
-    assert "pooling_server.engine.batch_queue" in modules
+    modules = [m.name for m in pkgutil.walk_packages(engine.__path__, "pooling_server.engine.")]
+    assert "pooling_server.engine.scheduling.batch_queue" in modules
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"

@@ -27,8 +27,8 @@ from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, Pool
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from pooling_server.engine.backends import CALIBRATION_FILE
-from pooling_server.engine.loader import load_model
-from pooling_server.engine.model_spec import ModelSpec
+from pooling_server.engine.models.loader import load_model
+from pooling_server.engine.models.model_spec import ModelSpec
 from tests.client.test_node_client import NODE_DIR, TIMEOUT, _require_node, run_node
 from tests.conftest import Served, server_args
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status

@@ -18,14 +18,14 @@ import torch
 from pooling_client import ChunkedEmbeddingOutput, LateChunking, PoolingClient
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.loader import load_model
-from pooling_server.engine.model_spec import ModelSpec
-from pooling_server.engine.outputs import LateChunks
-from pooling_server.engine.params import Task
-from pooling_server.engine.plans import plan_request
-from pooling_server.engine.request import LateChunking as EngineChunking
-from pooling_server.engine.request import PoolRequest
-from pooling_server.engine.validation import Limits, validate_request
+from pooling_server.engine.models.loader import load_model
+from pooling_server.engine.models.model_spec import ModelSpec
+from pooling_server.engine.requests.outputs import LateChunks
+from pooling_server.engine.requests.params import Task
+from pooling_server.engine.requests.plans import plan_request
+from pooling_server.engine.requests.request import LateChunking as EngineChunking
+from pooling_server.engine.requests.request import PoolRequest
+from pooling_server.engine.requests.validation import Limits, validate_request
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import tiny_mean_bert
 from tests.rpc_errors import decode_rpc_error

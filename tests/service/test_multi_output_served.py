@@ -17,7 +17,7 @@ import pytest
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.params import OutputWeights
+from pooling_server.engine.requests.params import OutputWeights
 from tests.bge_m3_reference import Reference, expected_score
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3

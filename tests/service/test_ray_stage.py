@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image as PILImage
 
-from pooling_server.engine.params import Task
-from pooling_server.engine.request import Image, PoolRequest
+from pooling_server.engine.requests.params import Task
+from pooling_server.engine.requests.request import Image, PoolRequest
 from pooling_server.service.batch_job import LineRunner, answer_lines, new_runner
 from pooling_server.service.loading import load_engine
 from pooling_server.service.ray_stage import PoolingStage, pool_dataset, server_config

@@ -1,6 +1,6 @@
 """SigLIP as Google publishes it: `spiece.model` and SiglipTokenizer, no tokenizer.json
 (issue 43). The engine tokenizes with Rust `tokenizers`, so the slow SentencePiece
-tokenizer is converted at load (engine/model_folder.py's fast_tokenizer) and checked
+tokenizer is converted at load (engine/models/model_folder.py's fast_tokenizer) and checked
 against itself; the folder is served by a real server, its vectors equal to transformers'
 get_text_features / get_image_features, which tokenize with the slow tokenizer.
 
@@ -23,7 +23,7 @@ from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, Siglip
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.model_folder import PROBES, fast_tokenizer
+from pooling_server.engine.models.model_folder import PROBES, fast_tokenizer
 from tests.fixture_models import IMAGE_SIZE, SIGLIP_TEXT_LENGTH, _tower_configs
 from tests.service.http_calls import HttpServer, grpc_stub, serving_http
 from tests.service.test_images_served import DECODED, IMAGES, Towers, image_item, text_item
@@ -126,7 +126,7 @@ def test_a_conversion_that_disagrees_is_refused(
 ) -> None:
     """A fast form that tokenizes any probe otherwise is not served: the load fails naming
     the folder, the tokenizer and the text."""
-    import pooling_server.engine.model_folder as model_folder
+    import pooling_server.engine.models.model_folder as model_folder
 
     slow = SiglipTokenizer.from_pretrained(folder)
     real = model_folder._convert

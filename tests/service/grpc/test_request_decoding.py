@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.params import PoolingParams, Task
-from pooling_server.engine.request import PoolRequest, RerankRequest
-from pooling_server.engine.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.params import PoolingParams, Task
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
 from pooling_server.service.grpc.handlers import Malformed, tolerant
 from pooling_server.service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
 from pooling_server.service.http.json_body import (

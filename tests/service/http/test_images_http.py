@@ -27,7 +27,7 @@ from transformers import pipeline
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.request import Image, PoolRequest, RerankRequest
+from pooling_server.engine.requests.request import Image, PoolRequest, RerankRequest
 from pooling_server.service.http.json_body import parse_body
 from pooling_server.service.http.openai import ROUTES
 from tests.engine.test_image_decoding import png_claiming

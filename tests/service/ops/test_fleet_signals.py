@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.batch_queue import BatchConfig, BatchRecord
+from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchRecord
 from pooling_server.service.ops.metrics import UTILIZATION_WINDOW_S, BatchUtilization, batch_fill
 from tests.conftest import DEFAULT_MODEL
 from tests.deploy import fleet_files as fleet

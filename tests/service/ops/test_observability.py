@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.loader import ModelSpec
+from pooling_server.engine.models.loader import ModelSpec
 from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL

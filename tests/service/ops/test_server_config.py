@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from pooling_server.engine.batch_queue import BatchConfig
-from pooling_server.engine.model_runner import ThreadShare
+from pooling_server.engine.models.model_runner import ThreadShare
+from pooling_server.engine.scheduling.batch_queue import BatchConfig
 from pooling_server.service.loading import batch_config_for, thread_share
 from pooling_server.service.ops import config
 from pooling_server.service.ops.config import ServerConfig

@@ -35,7 +35,7 @@ from tests.service.split.test_frontends import (
 
 Stub = pooling_pb2_grpc.PoolingServiceStub
 STALL_S = 1.0
-KILLED_AFTER_S = 6 * STALL_S  # engine/remote_client.py's STALL_KILL_FACTOR
+KILLED_AFTER_S = 6 * STALL_S  # engine/scheduling/remote_client.py's STALL_KILL_FACTOR
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 MODELS = ("tiny-bert", "tiny-classifier", "tiny-cross-encoder", "tiny-ner")

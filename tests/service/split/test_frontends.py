@@ -32,10 +32,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from pooling_server.engine.ipc import Cancel, EngineReady, Link, Submit, to_engine_decoder
-from pooling_server.engine.jobs import Job
-from pooling_server.engine.remote_client import RemoteEngineClient
-from pooling_server.engine.tokenization import TokenSequence
+from pooling_server.engine.inputs.tokenization import TokenSequence
+from pooling_server.engine.scheduling.ipc import (
+    Cancel,
+    EngineReady,
+    Link,
+    Submit,
+    to_engine_decoder,
+)
+from pooling_server.engine.scheduling.jobs import Job
+from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
 from tests.conftest import Served, server_args
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.responses import assert_same_response

@@ -1,0 +1,1 @@
+"""bge-m3: dense, sparse and ColBERT outputs from one pass."""

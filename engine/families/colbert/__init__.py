@@ -1,0 +1,1 @@
+"""ColBERT (MultiVectorEncoder): one vector per token, scored by MaxSim."""

@@ -1,0 +1,1 @@
+"""LLM rerankers: a decoder LM scoring a pair through its score template."""

@@ -1,0 +1,1 @@
+"""Two towers (CLIP, SigLIP): texts and images into one space."""

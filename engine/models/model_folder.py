@@ -1,0 +1,217 @@
+"""What a model's folder says before its weights load (ModelFolder), read once by the
+loader and used by every loading step, the image towers' included; and the facts derived
+from it alone: the hub revision and the longest input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from transformers import PretrainedConfig
+
+from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
+from pooling_server.engine.families.llm_reranker.score_template import ScoreTemplate
+from pooling_server.engine.inputs.tokenization import ModelTokenizer
+from pooling_server.engine.models.model_info import (
+    HeadKind,
+    PoolingType,
+    SpladeActivation,
+    SpladeStrategy,
+)
+from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+FALLBACK_MAX_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class SentenceTransformersConfig:
+    pooling_type: PoolingType | None
+    normalize: bool
+    max_seq_length: int | None
+    include_prompt: bool = True  # the Pooling module's include_prompt
+    # SpladePooling's pooling_strategy and activation_function (a SparseEncoder folder).
+    splade: tuple[SpladeStrategy, SpladeActivation] | None = None
+    dense: tuple[Path, ...] = ()  # Dense module folders, applied in order after pooling
+
+
+@dataclass
+class ModelFolder:
+    """What a model's folder says before its weights load: read once, used by every step."""
+
+    path: Path
+    hub: dict[str, Any]  # trust_remote_code and revision, for every from_pretrained
+    config: PretrainedConfig  # with --hf-overrides applied
+    st: SentenceTransformersConfig | None
+    head: HeadKind
+    hf_tokenizer: Any
+    tokenizer: ModelTokenizer
+    prompts: dict[str, str]
+    default_prompt_name: str | None
+    template: ScoreTemplate | None = None  # LLM_SCORE: the pairs' template
+    # A ColBERT folder: its query/document settings and its token projection's folder.
+    multi_vector: MultiVectorSettings | None = None
+    multi_vector_dense: Path | None = None
+    # A bge-m3 folder: its sparse_linear.pt and colbert_linear.pt.
+    multi_output_heads: tuple[Path, Path] | None = None
+
+
+def loaded_revision(source: str, path: Path, revision: str | None) -> str:
+    """The hub revision a model came from: as asked, else the snapshot's commit; "" for a
+    local folder or the embedded default."""
+    if path == Path(source).expanduser() or (source == DEFAULT_MODEL and revision is None):
+        return ""
+    if revision:
+        return revision
+    return path.name if path.parent.name == "snapshots" else ""
+
+
+def served_fields(
+    spec: ModelSpec, folder: ModelFolder, module: torch.nn.Module, is_default: bool
+) -> dict[str, Any]:
+    """The ModelInfo fields every kind of model fills alike, from its spec, its folder and
+    its loaded weights (where they sit and in what dtype), so the loaders state only what
+    differs."""
+    weights = next(module.parameters())
+    return {
+        "name": spec.served_name,
+        "truncation_side": spec.truncation_side,
+        "max_input_chars": spec.max_input_chars,
+        "is_default": is_default,
+        "dtype": str(weights.dtype).removeprefix("torch."),
+        "device": str(weights.device),
+        "revision": loaded_revision(spec.source, folder.path, spec.revision),
+    }
+
+
+def max_input_tokens(config: PretrainedConfig, tokenizer: Any, st_max: int | None) -> int:
+    limits = [st_max, getattr(config, "max_position_embeddings", None)]
+    if tokenizer.model_max_length and tokenizer.model_max_length < 1_000_000:
+        limits.append(tokenizer.model_max_length)
+    known = [int(limit) for limit in limits if limit]
+    return min(known) if known else FALLBACK_MAX_TOKENS
+
+
+# ------------------------------------------------------------------ slow tokenizers
+
+# Texts a converted tokenizer must tokenize as the slow one does before it is served:
+# case, punctuation, runs of spaces, tabs and newlines, accents, CJK, digits, the
+# SentencePiece word mark, and nothing at all. Not special tokens written out in a text
+# ("a</s>b"): the slow SiglipTokenizer marks no word start after one, and appends no
+# "</s>" to a text that ends with one (a quirk not reproduced).
+PROBES = (
+    "a photo of a cat",
+    "  A  Photo, of THE cat!!  ",
+    "!!!",
+    "",
+    " leading and trailing ",
+    "tab\there\nnewline\r\nand\u3000ideographic space",
+    "Café Straße naïve ÅNGSTRÖM",
+    "東京の写真 and 서울",
+    "x\u2581y \u2581\u2581z",
+    "numbers 3.14, 1,000 and 42%",
+    'it\'s e-mail: (a) [b] {c} <d> "e" #f @g ~h',
+    "ﬁne ｆｕｌｌｗｉｄｔｈ ① ™",
+    "emoji 🙂 and\u00a0nbsp\u200bzero width",
+)
+
+
+def fast_tokenizer(tokenizer: Any, path: Path) -> Any:
+    """The folder's tokenizer with a Rust (`tokenizers`) backend, which the front ends
+    tokenize with: itself when it has one; else converted from the slow one, as publishers
+    ship SentencePiece models alone (SigLIP's `spiece.model` and SiglipTokenizer).
+
+    The conversion is checked against the slow tokenizer on PROBES, and the model refused
+    by name where any of them differs: a tokenizer that tokenizes otherwise than the model
+    was trained with is never served."""
+    if getattr(tokenizer, "backend_tokenizer", None) is not None:
+        return tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    kind = type(tokenizer).__name__
+    try:
+        backend = _convert(tokenizer)
+    except Exception as error:  # no converter for this class, or its model file unreadable
+        raise ValueError(
+            f"{path}: the tokenizer ({kind}) has no fast (Rust `tokenizers`) form and none "
+            f"could be made from it ({error}); save one with tokenizer.json"
+        ) from error
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        model_max_length=tokenizer.model_max_length,
+        model_input_names=list(tokenizer.model_input_names),
+        padding_side=tokenizer.padding_side,
+        truncation_side=tokenizer.truncation_side,
+        **{
+            name: str(value)
+            for name, value in tokenizer.special_tokens_map.items()
+            if isinstance(value, str)
+        },
+    )
+    for text in PROBES:
+        slow, quick = tokenizer(text)["input_ids"], fast(text)["input_ids"]
+        if slow != quick:
+            raise ValueError(
+                f"{path}: the tokenizer ({kind}) converted to a fast one tokenizes "
+                f"{text!r} as {quick}, not {slow}; save a tokenizer.json that agrees"
+            )
+    return fast
+
+
+def _convert(tokenizer: Any) -> Any:
+    """A `tokenizers.Tokenizer` equal to the slow `tokenizer`: transformers' converter for
+    its class, or SigLIP's below (transformers has none)."""
+    from transformers.convert_slow_tokenizer import SLOW_TO_FAST_CONVERTERS
+
+    kind = type(tokenizer).__name__
+    if kind == "SiglipTokenizer":
+        return _siglip_converter()(tokenizer).converted()
+    if kind not in SLOW_TO_FAST_CONVERTERS:
+        raise ValueError(f"transformers converts none of class {kind}")
+    return SLOW_TO_FAST_CONVERTERS[kind](tokenizer).converted()
+
+
+def _siglip_converter() -> type:
+    """SiglipTokenizer as a fast tokenizer: its SentencePiece model (Unigram), after the
+    canonicalisation SigLIP's slow tokenizer applies to every text (lower case when
+    do_lower_case, ASCII punctuation removed, each run of white space one space, the ends
+    stripped), each word marked with "▁", and "</s>" appended."""
+    import string
+
+    from tokenizers import Regex, normalizers, pre_tokenizers, processors
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    # Python's \s, which the slow tokenizer's re.sub(r"\s+", " ", text) matches.
+    spaces = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
+    space_class = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in spaces) + "]+"
+    punctuation = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in string.punctuation) + "]"
+
+    class SiglipConverter(SpmConverter):  # type: ignore[misc]
+        def normalizer(self, proto: Any) -> Any:
+            steps = [normalizers.Replace("\u2581", " ")]
+            if getattr(self.original_tokenizer, "do_lower_case", True):
+                steps.append(normalizers.Lowercase())
+            steps += [
+                normalizers.Replace(Regex(punctuation), ""),
+                normalizers.Replace(Regex(space_class), " "),
+                normalizers.Strip(),
+            ]
+            charsmap = proto.normalizer_spec.precompiled_charsmap
+            if charsmap:
+                steps.append(normalizers.Precompiled(charsmap))
+            return normalizers.Sequence(steps)
+
+        def pre_tokenizer(self, replacement: str, add_prefix_space: bool) -> Any:
+            return pre_tokenizers.Metaspace(replacement=replacement, prepend_scheme="always")
+
+        def post_processor(self) -> Any:
+            eos = str(self.original_tokenizer.eos_token)
+            eos_id = self.original_tokenizer.convert_tokens_to_ids(eos)
+            return processors.TemplateProcessing(
+                single=["$A", eos], pair=["$A", eos, "$B", eos], special_tokens=[(eos, eos_id)]
+            )
+
+    return SiglipConverter

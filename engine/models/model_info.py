@@ -1,0 +1,198 @@
+"""What a loaded model can do: the facts validation and ListModels rely on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pooling_server.engine.families.bge_m3.multi_output import OUTPUTS, MultiOutputSettings
+from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
+from pooling_server.engine.families.llm_reranker.score_template import ScoreTemplate
+from pooling_server.engine.requests.params import Task
+
+
+class PoolingType(StrEnum):
+    """How token states become one vector (the pooling *method*, separate from heads)."""
+
+    MEAN = "mean"
+    CLS = "cls"
+    LAST = "last"
+    ALL = "all"
+    SPLADE = "splade"  # max over tokens of log(1 + relu(MLM logits))
+
+
+class SpladeStrategy(StrEnum):
+    """How SPLADE pools token weights (sentence-transformers' SpladePooling.pooling_strategy)."""
+
+    MAX = "max"  # SPLADE v2 and later
+    SUM = "sum"  # the original SPLADE
+
+
+class SpladeActivation(StrEnum):
+    """SpladePooling.activation_function: relu, then log1p once (relu) or twice (log1p_relu)."""
+
+    RELU = "relu"
+    LOG1P_RELU = "log1p_relu"
+
+
+class HeadKind(StrEnum):
+    """What the loaded transformers module returns."""
+
+    HIDDEN = "hidden"  # AutoModel: token states; embed, token_embed, score by cosine
+    SEQUENCE = "sequence"  # AutoModelForSequenceClassification: one logit row per text
+    TOKEN = "token"  # AutoModelForTokenClassification: one logit row per token
+    SPARSE = "sparse"  # AutoModelForMaskedLM with SPLADE pooling: one vocabulary row per text
+    # AutoModelForCausalLM with a score template: logit(true) - logit(false) at the last
+    # position, from two rows of the LM head (engine/families/llm_reranker/score_template.py,
+    # engine/families/llm_reranker/llm_scorer.py)
+    LLM_SCORE = "llm_score"
+    # A two-tower image-text model (CLIPModel, SiglipModel): get_text_features for texts,
+    # get_image_features for images, both into one space (engine/families/towers/towers.py)
+    TOWERS = "towers"
+
+
+class Activation(StrEnum):
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+    IDENTITY = "identity"
+
+
+class LongInput(StrEnum):
+    REJECT = "reject"
+    CHUNK = "chunk"
+    TRUNCATE = "truncate"
+
+
+TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
+    HeadKind.HIDDEN: (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
+    HeadKind.SEQUENCE: (Task.CLASSIFY,),
+    HeadKind.TOKEN: (Task.TOKEN_CLASSIFY,),
+    HeadKind.SPARSE: (Task.EMBED_SPARSE,),
+    HeadKind.LLM_SCORE: (Task.SCORE,),
+    # classify: zero-shot over the request's candidate labels
+    HeadKind.TOWERS: (Task.EMBED, Task.SCORE, Task.CLASSIFY),
+}
+
+
+# Characters per token of the maximum length allowed in one text: English averages about
+# four, so these leave room for any real text while bounding what one text can cost.
+CHARS_PER_TOKEN = 64
+LONG_CHARS_PER_TOKEN = 1024
+
+
+@dataclass(frozen=True)
+class TowerSettings:
+    """A two-tower image-text model's settings, read from its folder at load.
+
+    Zero-shot logits are exp(logit_scale) * cosine (+ logit_bias, SigLIP's), turned into
+    probabilities by softmax over the labels (CLIP) or a sigmoid each (SigLIP)."""
+
+    family: str  # "clip" or "siglip" (SigLIP and SigLIP 2)
+    logit_scale: float  # the model's learned log temperature, before exp()
+    logit_bias: float | None  # SigLIP's; None for CLIP
+    image_size: tuple[int, int]  # (height, width) the processor resizes to
+    patches: int  # what one image costs in a batch's token budget
+    # Texts padded to this many tokens as the model was trained (SigLIP: max_length);
+    # 0: to the longest in the batch, with an attention mask (CLIP).
+    text_length: int = 0
+    text_mask: bool = True  # whether the model's tokenizer makes an attention mask
+    folder: str = ""  # where the image processor's config lives, for every front end
+    label_template: str = "a photo of a {label}."  # zero-shot's default (--label-template)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    architecture: str
+    head: HeadKind
+    tasks: tuple[Task, ...]
+    hidden_size: int
+    max_input_tokens: int
+    num_special_tokens: int
+    pooling_type: PoolingType
+    default_normalize: bool
+    activation: Activation
+    labels: tuple[str, ...] = ()
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
+    truncation_side: str = "right"
+    long_input: LongInput = LongInput.REJECT
+    max_input_chars: int | None = None  # None: derived, see char_limit
+    is_default: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)  # name -> text prepended
+    default_prompt_name: str | None = None
+    # Whether prompt tokens count in the pooling (sentence-transformers' include_prompt).
+    include_prompt: bool = True
+    dtype: str = ""
+    device: str = ""
+    revision: str = ""
+    # int8/uint8 encodings: per-dimension [minimums, maximums].
+    calibration_ranges: list[list[float]] | None = None
+    # Where they came from: "folder" (shipped with the model), "computed" (from the
+    # calibration texts at load, engine/models/calibration.py), or "" when the model has none.
+    calibration_source: str = ""
+    # embed_sparse (HeadKind.SPARSE): how token weights pool into one vocabulary vector.
+    splade_strategy: SpladeStrategy = SpladeStrategy.MAX
+    splade_activation: SpladeActivation = SpladeActivation.RELU
+    # What runs the transformer's forward (engine/backends): torch, onnx or openvino; its
+    # precision (float32, int8, or torch's dtype) and the export file ("" for torch).
+    backend: str = "torch"
+    precision: str = ""
+    backend_file: str = ""
+    engines_per_device: int = 1  # engine processes serving it on each device
+    # LLM_SCORE: the template each pair is read through, and where it came from.
+    score_template: ScoreTemplate | None = None
+    # A decoder LM folder served without a template: why score is refused (else "").
+    score_refusal: str = ""
+    # A ColBERT folder (PyLate or MultiVectorEncoder): its query/document settings; None
+    # for single-vector models.
+    multi_vector: MultiVectorSettings | None = None
+    # A bge-m3 folder (sparse_linear.pt and colbert_linear.pt beside the encoder): where
+    # its outputs lie in each token's row; None for other models.
+    multi_output: MultiOutputSettings | None = None
+    # Dense modules project the pooled vector (sentence-transformers' Dense): a late
+    # chunk's mean must be whole before it is projected (engine/requests/late_chunking.py).
+    projected: bool = False
+    # What inputs the model accepts (engine/inputs/modality.py's values); an image model's towers.
+    modalities: tuple[str, ...] = ("text",)
+    towers: TowerSettings | None = None
+
+    @property
+    def accepts_images(self) -> bool:
+        return self.towers is not None
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """Scores each pair in one pass (a classifier head, or an LLM reranker's template),
+        rather than by the cosine of two embeddings."""
+        return Task.SCORE in self.tasks and self.head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """A multi-output model's outputs (ModelCard.outputs); none for others."""
+        return OUTPUTS if self.multi_output is not None else ()
+
+    @property
+    def score_template_source(self) -> str:
+        return self.score_template.source if self.score_template is not None else ""
+
+    @property
+    def chunks_long_input(self) -> bool:
+        """Chunking needs per-token states or a vector to average; a classifier has neither."""
+        return self.long_input is LongInput.CHUNK and self.head not in (
+            HeadKind.SEQUENCE,
+            HeadKind.LLM_SCORE,
+            HeadKind.TOWERS,  # the text tower gives one projected vector, not token states
+        )
+
+    def char_limit(self, long: bool) -> int:
+        """The most characters of one text, checked before tokenizing, so that no text can
+        cost more than a bounded tokenization. `long`: the text may be truncated or chunked,
+        so it may rightly run past the maximum length."""
+        if self.max_input_chars is not None:
+            return self.max_input_chars
+        per_token = LONG_CHARS_PER_TOKEN if long else CHARS_PER_TOKEN
+        return per_token * self.max_input_tokens
+
+    def label(self, label_id: int) -> str:
+        return self.labels[label_id] if label_id < len(self.labels) else str(label_id)

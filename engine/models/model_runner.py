@@ -1,0 +1,320 @@
+"""One forward pass over a padded batch, returning each sequence's raw output on the CPU.
+
+The forward runs on torch or on a compiled backend (engine/backends: ONNX Runtime,
+OpenVINO); either way its output goes through the same pooling, projection and SPLADE
+code here, so the backend is invisible to the queue and to everything after it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pooling_server.engine.backends import Backend
+from pooling_server.engine.inputs.modality import PixelFrame, is_image
+from pooling_server.engine.inputs.tokenization import TokenSequence
+from pooling_server.engine.models.cuda_graphs import GraphedForward
+from pooling_server.engine.models.model_info import HeadKind, ModelInfo, TowerSettings
+from pooling_server.engine.models.pooling import pool, pool_array, splade
+from pooling_server.engine.models.served import ServedModel
+
+
+@dataclass(frozen=True)
+class ThreadShare:
+    """Intra-op threads for a forward pass: all the cores alone, a share beside another.
+
+    Torch keeps the thread count per calling thread, so each worker sets its own. Every
+    thread that runs a pass with more than one thread keeps an OpenMP pool, and once the
+    pools hold more threads than there are cores OpenMP stops spinning between parallel
+    regions, which slows every pass: with `shared` at 1 only one pool exists.
+    """
+
+    alone: int
+    shared: int
+
+
+class ModelRunner:
+    """Runs a transformers module; the queue's worker threads may call it at once.
+
+    Per sequence it returns: HIDDEN head, the pooled vector (or every token's state
+    when `keep_tokens`; or, where its keep value is a tuple of token ranges, late
+    chunking's mean state of each range, projected, as one row each); SEQUENCE head, the
+    logits; TOKEN head, the logits per token;
+    SPARSE head, the SPLADE-pooled vocabulary vector (see pooling.splade); LLM_SCORE head,
+    logit(true) - logit(false) at the last real token (engine/families/llm_reranker/llm_scorer.py).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module | None,
+        info: ModelInfo,
+        pad_token_id: int,
+        device: torch.device,
+        warm_up_batch: Sequence[TokenSequence] = (),
+        projection: torch.nn.Module | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        """`projection`: sentence-transformers' Dense modules, applied to pooled vectors.
+        `backend`: runs the transformer's forward instead of `module` (then None)."""
+        self.module = module
+        self.backend = backend
+        self.projection = projection
+        self.warm_up_batch = list(warm_up_batch)
+        self.info = info
+        self.pad_token_id = pad_token_id
+        self.device = device
+        # Decoders get no token_type_ids even when the tokenizer makes them.
+        self.accepts_token_type_ids = (
+            "token_type_ids" in backend.input_names
+            if backend is not None
+            else module is not None
+            and "token_type_ids" in inspect.signature(module.forward).parameters
+        )
+        self.threads: ThreadShare | None = None  # None: leave torch's setting alone
+        # The torch module's forward replayed from CUDA graphs where a batch's shape has one
+        # (engine/models/cuda_graphs.py); None: always eager.
+        self.graphs: GraphedForward | None = None
+        # A two-tower model's image tower exported to ONNX Runtime or OpenVINO
+        # (engine/backends/image_tower.py); None: torch.
+        self.image_backend: Any = None
+
+    def arrays(self, batch: Sequence[TokenSequence]) -> dict[str, np.ndarray]:
+        """Right-pad to the longest sequence, filled in numpy: a tensor per row costs more
+        than the forward pass of a small model. A backend whose graph takes token types
+        gets zeros where the tokenizer makes none, as the torch module defaults them.
+
+        Every row at once: the ids of all sequences joined, then scattered through the
+        mask, rather than a numpy assignment per row (~1.5 us a row, most of a batch's
+        host time in front of a fast device)."""
+        rows = [e.input_ids for e in batch]
+        lengths = np.fromiter(map(len, rows), dtype=np.intp, count=len(batch))
+        longest = int(lengths.max())
+        filled = np.arange(longest) < lengths[:, None]
+        ids = np.full((len(batch), longest), self.pad_token_id, dtype=np.int64)
+        ids[filled] = _joined(rows, int(lengths.sum()))
+        with_types = self.accepts_token_type_ids and all(
+            e.token_type_ids is not None for e in batch
+        )
+        zeros = self.backend is not None and self.accepts_token_type_ids
+        arrays = {"input_ids": ids, "attention_mask": filled.astype(np.int64)}
+        if with_types or zeros:
+            types = np.zeros((len(batch), longest), dtype=np.int64)
+            if with_types:
+                types[filled] = _joined(
+                    [e.token_type_ids for e in batch],  # type: ignore[misc]
+                    int(lengths.sum()),
+                )
+            arrays["token_type_ids"] = types
+        return arrays
+
+    def collate(self, batch: Sequence[TokenSequence]) -> dict[str, torch.Tensor]:
+        """The padded batch as tensors; pinned memory speeds the copy to a GPU."""
+        inputs = {k: torch.from_numpy(v) for k, v in self.arrays(batch).items()}
+        if self.device.type == "cuda":
+            return {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in inputs.items()}
+        return inputs
+
+    def forward(
+        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], alone: bool = True
+    ) -> list[np.ndarray]:
+        """`alone`: no other forward pass runs beside this one (see ThreadShare)."""
+        threads = None
+        if self.threads is not None:
+            threads = self.threads.alone if alone else self.threads.shared
+            torch.set_num_threads(threads)
+        return self._forward(batch, keep_tokens, threads)
+
+    def raw(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The torch module's output for a padded batch (the parity reference of backends)."""
+        assert self.module is not None
+        with torch.inference_mode():
+            tensors = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
+            return self._output(self.module(**tensors)).float().cpu().numpy()
+
+    def _output(self, output: object) -> torch.Tensor:
+        if self.info.head is HeadKind.HIDDEN:
+            return output.last_hidden_state  # type: ignore[attr-defined]
+        return output.logits  # type: ignore[attr-defined]
+
+    @torch.inference_mode()
+    def _forward(
+        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], threads: int | None
+    ) -> list[np.ndarray]:
+        """A backend's output stays in numpy through pooling (see pool_array); the torch
+        module's stays a tensor on its device until the pooled vectors come back."""
+        if self.info.towers is not None:
+            return self._towers(batch, self.info.towers, threads)
+        output: np.ndarray | torch.Tensor
+        mask: np.ndarray | torch.Tensor
+        if self.backend is not None:
+            arrays = self.arrays(batch)
+            feed = {name: arrays[name] for name in self.backend.input_names}
+            output, mask = self.backend.run(feed, threads), arrays["attention_mask"]
+        else:
+            assert self.module is not None
+            inputs = self.collate(batch)
+            graphed = self.graphs(inputs) if self.graphs is not None else None
+            output = self._output(self.module(**inputs)) if graphed is None else graphed
+            mask = inputs["attention_mask"]
+        lengths = [len(e) for e in batch]
+        head = self.info.head
+        if head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE):  # one row per sequence
+            logits = _host(output)
+            return [logits[i] for i in range(len(batch))]
+        if head is HeadKind.TOKEN:
+            logits = _host(output)
+            return [logits[i, :n] for i, n in enumerate(lengths)]
+        if head is HeadKind.SPARSE:
+            info = self.info
+            states, weights_mask = torch.as_tensor(output), torch.as_tensor(mask)
+            weights = splade(states, weights_mask, info.splade_strategy, info.splade_activation)
+            vocab = weights.cpu().numpy()
+            return [vocab[i] for i in range(len(batch))]
+        wanted = [not isinstance(k, tuple) and bool(k) for k in keep_tokens]  # tuple: late chunks
+        rows = any(wanted)
+        chunks: dict[int, np.ndarray] = {}
+        if isinstance(output, np.ndarray):
+            hidden = _host(output)
+            pooled = pool_array(hidden, mask, self.info.pooling_type)  # type: ignore[arg-type]
+            if self.projection is not None:
+                pooled = self.projection(torch.from_numpy(pooled)).numpy()
+            tokens = hidden if rows else None
+            for i, keep in enumerate(keep_tokens):
+                if isinstance(keep, tuple):
+                    means = torch.from_numpy(_span_means(hidden[i], keep))
+                    chunks[i] = (self.projection(means) if self.projection else means).numpy()
+        else:
+            states = output.float()
+            pooled_states = pool(states, mask, self.info.pooling_type)  # type: ignore[arg-type]
+            if self.projection is not None:
+                pooled_states = self.projection(pooled_states)
+            pooled = pooled_states.cpu().numpy()
+            tokens = states.cpu().numpy() if rows else None
+            for i, keep in enumerate(keep_tokens):
+                if isinstance(keep, tuple):
+                    means = _span_means(states[i], keep)
+                    chunks[i] = (self.projection(means) if self.projection else means).cpu().numpy()
+        outputs = [
+            tokens[i, :n] if keep and tokens is not None else pooled[i]
+            for i, (n, keep) in enumerate(zip(lengths, wanted, strict=True))
+        ]
+        for i, means in chunks.items():
+            outputs[i] = means
+        return outputs
+
+    def _towers(
+        self, batch: Sequence[Any], settings: TowerSettings, threads: int | None
+    ) -> list[np.ndarray]:
+        """A two-tower model: texts through get_text_features, images through
+        get_image_features (or its export, `image_backend`), each tower once for its part
+        of the batch (the queue forms batches of one tower; a mixed one, the warm-up's,
+        runs both). `threads`: the pass's share of the cores, for an exported tower."""
+        outputs: list[np.ndarray] = [None] * len(batch)  # type: ignore[list-item]
+        texts = [i for i, e in enumerate(batch) if not is_image(e)]
+        images = [i for i, e in enumerate(batch) if is_image(e)]
+        for positions, tower in ((texts, self._text_tower), (images, self._image_tower)):
+            if positions:
+                rows = tower([batch[i] for i in positions], threads)
+                for i, row in zip(positions, rows, strict=True):
+                    outputs[i] = row
+        return outputs
+
+    def _text_tower(self, batch: Sequence[TokenSequence], threads: int | None) -> np.ndarray:
+        """Padded as the model's processor pads (SigLIP: to its fixed length), with the
+        attention mask only where its tokenizer makes one."""
+        settings = self.info.towers
+        assert settings is not None
+        arrays = self.arrays(batch)
+        ids, mask = arrays["input_ids"], arrays["attention_mask"]
+        missing = settings.text_length - ids.shape[1]
+        if missing > 0:
+            ids = np.pad(ids, ((0, 0), (0, missing)), constant_values=self.pad_token_id)
+            mask = np.pad(mask, ((0, 0), (0, missing)))
+        inputs = {"input_ids": torch.from_numpy(ids).to(self.device)}
+        if settings.text_mask:
+            inputs["attention_mask"] = torch.from_numpy(mask).to(self.device)
+        assert self.module is not None
+        return _features(self.module.get_text_features(**inputs))
+
+    def _image_tower(self, batch: Sequence[PixelFrame], threads: int | None) -> np.ndarray:
+        if self.image_backend is not None:
+            return self.image_backend.run(np.stack([f.pixels for f in batch]), threads)
+        assert self.module is not None
+        dtype = next(self.module.parameters()).dtype
+        if self.module.config.model_type == "siglip2":  # NaFlex: [rows, cols, patch values]
+            return self._naflex_tower(batch, dtype)
+        pixels = torch.from_numpy(np.stack([frame.pixels for frame in batch]))
+        pixels = pixels.to(self.device, dtype=dtype, non_blocking=True)
+        return _features(self.module.get_image_features(pixel_values=pixels))
+
+    def _naflex_tower(self, batch: Sequence[PixelFrame], dtype: torch.dtype) -> np.ndarray:
+        """SigLIP 2's variable-resolution tower: each image's patches in a row, padded to
+        the batch's longest, with the mask over the real ones and each image's grid (the
+        processor pads to max_num_patches; the mask makes the padding's length moot)."""
+        longest = max(len(frame) for frame in batch)
+        width = batch[0].pixels.shape[-1]
+        pixels = np.zeros((len(batch), longest, width), np.float32)
+        mask = np.zeros((len(batch), longest), np.int64)
+        shapes = np.zeros((len(batch), 2), np.int64)
+        for i, frame in enumerate(batch):
+            rows, cols, _ = frame.pixels.shape
+            pixels[i, : rows * cols] = frame.pixels.reshape(rows * cols, width)
+            mask[i, : rows * cols] = 1
+            shapes[i] = (rows, cols)
+        assert self.module is not None
+        output = self.module.get_image_features(
+            pixel_values=torch.from_numpy(pixels).to(self.device, dtype=dtype),
+            pixel_attention_mask=torch.from_numpy(mask).to(self.device),
+            spatial_shapes=torch.from_numpy(shapes).to(self.device),
+        )
+        return _features(output)
+
+    def warm_up(self, alone: bool = True) -> None:
+        """Run once on the thread that will serve: torch's thread pools, and CUDA's handles,
+        belong to the calling thread, so warming anywhere else leaves the first request slow."""
+        if self.warm_up_batch:
+            self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)
+
+
+def _features(output: Any) -> np.ndarray:
+    """A tower's vectors as float32 rows: transformers 5 returns them as the output's
+    pooler_output, earlier releases as a bare tensor."""
+    tensor = output if isinstance(output, torch.Tensor) else output.pooler_output
+    return tensor.float().cpu().numpy()
+
+
+def _span_means(rows: Any, pools: tuple[int, ...]) -> Any:
+    """Late chunking: the mean state of each token range [a, b) of one sequence (pools
+    holds a0, b0, a1, b1, ...), on the states' own device: only these rows leave it."""
+    pairs = zip(pools[0::2], pools[1::2], strict=True)
+    if isinstance(rows, np.ndarray):
+        return np.stack([rows[a:b].mean(axis=0) for a, b in pairs])
+    return torch.stack([rows[a:b].mean(dim=0) for a, b in pairs])
+
+
+def _joined(rows: Sequence[Sequence[int] | np.ndarray], total: int) -> np.ndarray:
+    """Rows of ids end to end: numpy arrays (an engine process's views of one message) are
+    joined as arrays, Python lists (the tokenizer's) read as one stream of ints."""
+    if all(isinstance(row, np.ndarray) for row in rows):
+        return np.concatenate(rows)  # type: ignore[arg-type]
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
+
+
+def _host(output: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Float32 numpy on the host, from a backend's array or the module's tensor."""
+    if isinstance(output, np.ndarray):
+        return output.astype(np.float32, copy=False)
+    return output.float().cpu().numpy()
+
+
+@dataclass
+class LoadedModel(ServedModel):
+    """A served model with the runner that computes its forward (in the engine process)."""
+
+    runner: ModelRunner

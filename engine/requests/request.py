@@ -1,0 +1,141 @@
+"""A pooling request as the engine sees it, after the transport has decoded it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+
+from pooling_server.engine.requests.output_size import ResponseBudget
+from pooling_server.engine.requests.params import Output, OutputEncoding, PoolingParams, Task
+
+
+class ChunkRule(StrEnum):
+    """How late chunking cuts a text when the request gives no spans."""
+
+    SENTENCES = "sentences"
+    TOKENS = "tokens"  # fixed windows of `window` tokens, `overlap` shared by neighbours
+
+
+@dataclass(frozen=True)
+class LateChunking:
+    """Embed chunks of each text from one pass over the whole text
+    (engine/requests/late_chunking.py).
+
+    Either `spans`, character spans [start, end) of the request's one text (any order,
+    overlap allowed), or a `rule` applied to every text."""
+
+    spans: tuple[tuple[int, int], ...] = ()
+    rule: ChunkRule | None = None
+    window: int = 0  # ChunkRule.TOKENS: tokens per chunk
+    overlap: int = 0  # ChunkRule.TOKENS: tokens shared by consecutive chunks
+
+
+@dataclass(frozen=True)
+class Image:
+    """One encoded image as the door received it (PNG, JPEG, WebP, GIF...).
+
+    Kept encoded until the front end's intake thread decodes it (engine/inputs/images.py),
+    so a door never spends its event loop on pixels."""
+
+    data: bytes
+    mime_type: str = ""  # the client's claim, if any; the bytes decide the format
+
+
+Item = str | Image  # one input of an image model: a text or an image
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """One task over a batch of texts (or text pairs for score).
+
+    `task` comes from the input case and is None when no input was given;
+    `declared_task` is the optional task named in the params, which must agree.
+    """
+
+    task: Task | None
+    params: PoolingParams = field(default_factory=PoolingParams)
+    request_id: str = ""
+    model: str = ""
+    declared_task: Task | None = None
+    texts: tuple[str, ...] = ()
+    text_1: tuple[str, ...] = ()
+    text_2: tuple[str, ...] = ()
+    prompt_name: str | None = None  # a prompt of the model's, prepended to every text
+    prompt: str | None = None  # or a raw one (not both)
+    encoding: OutputEncoding = OutputEncoding.FLOAT  # embed and token_embed outputs
+    sparse_top_k: int = 0  # embed_sparse: keep the k largest weights (0: all non-zero)
+    sparse_tokens: bool = False  # embed_sparse: also return each index's token
+    # Which end truncation cuts ("left" or "right"); None: the model's --truncation-side.
+    truncation_side: str | None = None
+    # The door's bound on the answer (the HTTP API's); None: the engine's, Limits.response.
+    response_budget: ResponseBudget | None = None
+    # Refuse, never cut, a text of more tokens than this (Cohere's truncate NONE with
+    # max_tokens), at least the model's special tokens; None: the model's maximum alone.
+    max_tokens: int | None = None
+    # embed only: one vector per chunk of each text instead of one per text.
+    late_chunking: LateChunking | None = None
+    # embed_outputs: which of a multi-output (bge-m3) model's outputs each text gets
+    # (sparse_top_k and sparse_tokens shape its sparse one).
+    outputs: frozenset[Output] = frozenset()
+    # Image models: inputs that may be texts or images, in place of texts (embed,
+    # classify) or of text_1/text_2 (score). A request uses texts or items, never both.
+    items: tuple[Item, ...] = ()
+    items_1: tuple[Item, ...] = ()
+    items_2: tuple[Item, ...] = ()
+    # classify on an image model: zero-shot over these labels, each put in label_template
+    # ("{label}" replaced; None: the server's default, "a photo of a {label}.").
+    candidate_labels: tuple[str, ...] = ()
+    label_template: str | None = None
+
+    @property
+    def num_items(self) -> int:
+        """Texts (or items) for the text tasks, pairs for score (1:N counts N)."""
+        if self.task is Task.SCORE:
+            return max(len(self.text_1 or self.items_1), len(self.text_2 or self.items_2))
+        return len(self.texts or self.items)
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """Documents ranked against one query: computed as the 1:N score request `score`."""
+
+    query: str
+    documents: tuple[str, ...]
+    params: PoolingParams = field(default_factory=PoolingParams)
+    request_id: str = ""
+    model: str = ""
+    declared_task: Task | None = None
+    top_n: int = 0  # the best top_n results; 0 (or more than there are documents): all
+    truncation_side: str | None = None  # as PoolRequest's
+    # An LLM reranker's instruction (its score template's {instruction}), carried as the
+    # score request's prompt; None: the template's default.
+    instruction: str | None = None
+    # Image models: the documents as items (texts or images) in place of `documents`.
+    items: tuple[Item, ...] = ()
+
+    @cached_property
+    def score(self) -> PoolRequest:
+        """The score request whose scores rank the documents."""
+        return PoolRequest(
+            task=Task.SCORE,
+            params=self.params,
+            request_id=self.request_id,
+            model=self.model,
+            declared_task=self.declared_task,
+            text_1=() if self.items else (self.query,),
+            text_2=self.documents,
+            items_1=(self.query,) if self.items else (),
+            items_2=self.items,
+            truncation_side=self.truncation_side,
+            prompt=self.instruction,
+        )
+
+
+def has_images(request: PoolRequest) -> bool:
+    """Whether any input of the request is an image (a Rerank's documents included)."""
+    return any(
+        type(item) is Image
+        for items in (request.items, request.items_1, request.items_2)
+        for item in items
+    )

@@ -1,0 +1,452 @@
+"""The engine: served models, each with its tokenizer and batching queue.
+
+A request flows one way. On the event loop: resolve the model and validate. On a
+tokenizer thread: tokenize and queue the sequences. On a forward worker: run the batch and
+apply the heads of every request it completes. Back on the loop: one call per batch
+resolves the waiting futures. The loop never tokenizes and never touches an item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from queue import Empty, SimpleQueue
+
+import numpy as np
+
+from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
+from pooling_server.engine.inputs.modality import Modality
+from pooling_server.engine.inputs.tokenization import Vocabulary
+from pooling_server.engine.models.model_info import ModelInfo
+from pooling_server.engine.models.served import ServedModel
+from pooling_server.engine.requests.output_size import ResponseBudget
+from pooling_server.engine.requests.outputs import PoolResult, Ranked, RerankResult, Score
+from pooling_server.engine.requests.plans import Plan, plan_request
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest, has_images
+from pooling_server.engine.requests.validation import (
+    MAX_MODEL_NAME_CHARS,
+    Limits,
+    Resolved,
+    check_tokenize_output,
+    named_prompt,
+    rerank_error,
+    unknown_token_id,
+    validate_request,
+    validate_rerank,
+    validate_tokenize,
+)
+from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
+from pooling_server.engine.scheduling.engine_client import EngineClient, LocalEngineClient
+from pooling_server.engine.scheduling.jobs import Job, RequestTiming, settle
+
+# Requests one tokenizer thread takes at once: enough to queue a batch with one wake-up.
+INTAKE_BATCH = 64
+# A request whose texts (characters, plus this much per input) pass BULK_SIZE is tokenized
+# on the bulk thread: 1,024 documents of a ColBERT's 512 tokens took the one tokenizer
+# thread seconds, and every small call waited behind it (issue 43, row 8).
+BULK_PER_INPUT = 32
+BULK_SIZE = 1 << 16
+# Large requests tokenized and not yet answered, at most: each holds its token lists (a
+# 1,024-document rerank of 512 tokens each, ~130 MB of them) until answered, and three at
+# once grew a front end by 400 MB. The next one waits its turn on the bulk thread; the
+# engine is busy with the one in flight meanwhile, so little throughput is lost.
+BULK_IN_FLIGHT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedText:
+    """One text's tokens as arrays: a text of a million tokens is three arrays, not millions
+    of Python ints, strings and tuples. Token strings are the vocabulary's
+    (ModelTokenizer.vocabulary), looked up by id where an answer is built."""
+
+    token_ids: np.ndarray  # int64, one per token
+    offsets: np.ndarray  # int64, (tokens, 2): each token's [start, end) characters
+    special_mask: np.ndarray  # bool, True for special tokens
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Tokenize's result: the model's texts as tokens, with the vocabulary that names them."""
+
+    info: ModelInfo
+    inputs: Sequence[str]  # the texts as tokenized (a prompt prepended)
+    items: list[TokenizedText]
+    vocabulary: Vocabulary
+
+
+@dataclass
+class Timings:
+    """Where a request's time went, in seconds; `batches` holds the raw time.monotonic() marks.
+
+    Inference is the span from the first of the request's batches starting to the last
+    ending; queue is the wait before that. Each field has one writer, and is read only
+    once the request's future has resolved (which orders the writes before the reads):
+
+    - `tokenize_s`: the tokenizer thread, once the request is planned;
+    - `batches`: the batching queue (`enqueued` on submit, the span per batch on the
+      forward worker), or the engine process's marks copied once by the remote client;
+    - `queue_s`, `inference_s`: the engine, on the event loop, once from those marks;
+    - `total_s`: whoever observes the whole call (the request record, at its finish);
+      the engine leaves it alone.
+    """
+
+    tokenize_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    total_s: float = 0.0
+    batches: RequestTiming = field(default_factory=RequestTiming)
+
+
+class Engine:
+    def __init__(
+        self,
+        models: Sequence[ServedModel],
+        limits: Limits | None = None,
+        batch_config: BatchConfig | None = None,
+        tokenizer_threads: int = 1,
+        client: EngineClient | None = None,
+    ) -> None:
+        """`client`: where jobs are computed; by default here, which needs LoadedModels."""
+        if not models:
+            raise ValueError("at least one model is required")
+        self.limits = limits or Limits()
+        self.batch_config = batch_config or BatchConfig()
+        self._models = {model.info.name: model for model in models}
+        self._default = models[0].info.name
+        self.client = client or LocalEngineClient(models, self.batch_config)  # type: ignore[arg-type]
+        # Requests to tokenize and queue; each thread has its own tokenizer (ModelTokenizer).
+        self._intake: SimpleQueue[_Intake | None] = SimpleQueue()
+        self._tokenizers = [
+            threading.Thread(
+                target=self._tokenize_and_queue, args=(self._intake,), name=f"tokenize-{k}"
+            )
+            for k in range(max(1, tokenizer_threads))
+        ]
+        # Requests with images take turns on a thread of their own, one image decoded at a
+        # time: a decode of tens of megapixels neither holds up the texts behind it nor
+        # multiplies its memory by the requests that send one at once.
+        self._pictures: SimpleQueue[_Intake | None] = SimpleQueue()
+        if any(model.info.accepts_images for model in models):
+            self._tokenizers.append(
+                threading.Thread(
+                    target=self._tokenize_and_queue, args=(self._pictures,), name="images"
+                )
+            )
+        # Large requests take turns on a thread of their own, so that tokenizing one (seconds
+        # for a thousand long documents) never holds the small calls behind it; the GIL is
+        # shared, but the tokenizer's Rust releases it, and Python switches threads every 5 ms.
+        self._bulk: SimpleQueue[_Intake | None] = SimpleQueue()
+        self._bulk_slots = threading.Semaphore(BULK_IN_FLIGHT)
+        self._stopping = False
+        self._tokenizers.append(
+            threading.Thread(target=self._tokenize_and_queue, args=(self._bulk,), name="bulk")
+        )
+        for thread in self._tokenizers:
+            thread.daemon = True
+
+    @property
+    def model_infos(self) -> list[ModelInfo]:
+        return [model.info for model in self._models.values()]
+
+    @property
+    def tokenizer_threads(self) -> int:
+        """Threads tokenizing requests (--tokenizer-threads), as TEI's /info reports them."""
+        return sum(thread.name.startswith("tokenize") for thread in self._tokenizers)
+
+    @property
+    def queues(self) -> dict[str, BatchQueue]:
+        """The batching queues in this process (none when an engine process computes)."""
+        return self.client.queues
+
+    async def start(self) -> None:
+        await self.client.start()
+        for thread in self._tokenizers:
+            thread.start()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for thread in self._tokenizers:
+            self._lane(thread.name).put(None)
+        for thread in self._tokenizers:
+            if thread.is_alive():
+                await asyncio.to_thread(thread.join)
+        await self.client.stop()
+
+    def model_named(self, name: str) -> ServedModel:
+        """The served model a request names ("" for the default). A name is echoed in
+        errors, so one past MAX_MODEL_NAME_CHARS is refused before it is looked up."""
+        if len(name) > MAX_MODEL_NAME_CHARS:
+            description = (
+                f"the model name has {len(name)} characters, more than {MAX_MODEL_NAME_CHARS}"
+            )
+            violation = FieldViolation("model", description, "MODEL_NAME_TOO_LONG")
+            raise PoolingError.invalid([violation])
+        model = self._models.get(name or self._default)
+        if model is None:
+            served = ", ".join(f'"{s}"' for s in self._models)
+            reason = "MODEL_NOT_FOUND"
+            raise PoolingError(
+                ErrorKind.NOT_FOUND,
+                reason,
+                f'model "{clip(name)}" is not served; served models: {served}',
+                (FieldViolation("model", f"unknown model; use one of {served}", reason),),
+                metadata={"model": clip(name), "served_models": ",".join(self._models)},
+            )
+        return model
+
+    async def pool(
+        self,
+        request: PoolRequest,
+        *,
+        deadline: float | None = None,
+        timings: Timings | None = None,
+        client: str = "",
+        model: ServedModel | None = None,
+    ) -> PoolResult:
+        """Run a request; `deadline` is on time.monotonic()'s clock; `client` names who
+        asked (a connection or address), for the queue's per-client bound and turns;
+        `model`: request.model as the caller already resolved it (`model_named`)."""
+        started = time.monotonic()
+        model = model or self.model_named(request.model)
+        resolved = validate_request(request, model.info, self.limits)
+        return await self._run(resolved, model, deadline, timings, started, client)
+
+    async def rerank(
+        self,
+        request: RerankRequest,
+        *,
+        deadline: float | None = None,
+        timings: Timings | None = None,
+        client: str = "",
+        model: ServedModel | None = None,
+    ) -> RerankResult:
+        """Score every document against the query (score's 1:N path: pairs through a
+        cross-encoder, or cosine similarity of embeddings), then rank them, best first."""
+        started = time.monotonic()
+        model = model or self.model_named(request.model)
+        resolved = validate_rerank(request, model.info, self.limits)
+        try:
+            result = await self._run(resolved, model, deadline, timings, started, client)
+        except PoolingError as error:
+            raise rerank_error(error) from None
+        return _ranking(request, result)
+
+    async def _run(
+        self,
+        request: Resolved,
+        model: ServedModel,
+        deadline: float | None,
+        timings: Timings | None,
+        started: float,
+        client: str = "",
+    ) -> PoolResult:
+        """Tokenize, queue and compute a validated request."""
+        timings = timings if timings is not None else Timings()
+        future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
+        intake = _Intake(request, model, deadline, timings, future, started, client)
+        if model.info.accepts_images and has_images(request.request):
+            self._pictures.put(intake)
+        elif _size(request.request) > BULK_SIZE:
+            self._bulk.put(intake)
+        else:
+            self._intake.put(intake)
+        try:
+            result = await future  # a cancelled caller cancels the future: its items are dropped
+        except asyncio.CancelledError:
+            if intake.job is not None:
+                self.client.cancel(intake.job)
+            future = intake = None  # type: ignore[assignment]  # see below
+            raise
+        except BaseException:
+            # The future keeps the error it raised, and the error's traceback keeps this
+            # frame: forget the future here, or that cycle holds the request until a gc.
+            future = intake = None  # type: ignore[assignment]
+            raise
+        batches = timings.batches  # their writers are done: the future resolved
+        if batches.started is not None and batches.finished is not None:
+            timings.queue_s = batches.started - batches.enqueued
+            timings.inference_s = batches.finished - batches.started
+        return result
+
+    def _lane(self, thread: str) -> SimpleQueue[_Intake | None]:
+        """The intake a tokenizer thread (by its name) takes its requests from."""
+        if thread == "images":
+            return self._pictures
+        return self._bulk if thread == "bulk" else self._intake
+
+    def _tokenize_and_queue(self, intake: SimpleQueue[_Intake | None]) -> None:
+        """A tokenizer thread: take every request waiting, plan each (tokenize, check
+        lengths; decode images), then queue the jobs with one lock and one wake-up per model."""
+        bulk = intake is self._bulk
+        while True:
+            entries = _take_intake(intake, 1 if bulk else INTAKE_BATCH)
+            stopping = None in entries
+            self._plan_and_queue(entries, bulk)
+            # Not kept until the next request comes: each entry holds its job, and so its
+            # token lists (a large request's, 100 MB and more, held while the server idles).
+            entries = []
+            if stopping:
+                return
+
+    def _plan_and_queue(self, entries: list[_Intake | None], bulk: bool) -> None:
+        """Plan each request taken (tokenize, check lengths; decode images), then queue the
+        jobs with one lock and one wake-up per model; fail the ones refused."""
+        jobs: dict[str, list[Job]] = {}
+        failed: list[tuple[Job | _Intake, BaseException]] = []
+        for entry in entries:
+            if entry is None or entry.future.done():  # stopping, or the caller went away
+                continue
+            if bulk and not self._bulk_slot(entry):
+                continue
+            try:
+                request, model = entry.request, entry.model
+                plan = plan_request(request, model, self.limits)  # tokenized here
+                entry.timings.tokenize_s = time.monotonic() - entry.started
+                finish = _finisher(request, model, plan)
+                batches = entry.timings.batches
+                job = entry.job = Job(
+                    plan.work,
+                    finish,
+                    entry.future,
+                    entry.deadline,
+                    batches,
+                    client=entry.client,
+                    fold=plan.fold,
+                )
+                jobs.setdefault(model.info.name, []).append(job)
+            except PoolingError as exc:  # the request's own error: no traceback kept,
+                # which would hold this thread's frame, and `failed` with the error in it
+                failed.append((entry, exc.with_traceback(None)))
+            except Exception as exc:  # a bug: the caller hears it
+                failed.append((entry, exc))
+        for name, queued in jobs.items():
+            failed += self.client.submit(name, queued)
+        if failed:
+            loop = failed[0][0].future.get_loop()
+            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                loop.call_soon_threadsafe(settle, failed)
+
+    def _bulk_slot(self, entry: _Intake) -> bool:
+        """On the bulk thread: wait for a large request's turn (BULK_IN_FLIGHT), given back
+        when its future is done, however (answered, failed, cancelled); False if its caller
+        went away meanwhile (the turn is passed on)."""
+        while not self._bulk_slots.acquire(timeout=0.5):
+            if self._stopping or entry.future.done():
+                return False
+        future = entry.future
+        release = self._bulk_slots.release
+        try:
+            future.get_loop().call_soon_threadsafe(future.add_done_callback, lambda _: release())
+        except RuntimeError:  # the loop closed at shutdown
+            release()
+            return False
+        return not future.done()
+
+    def tokenize(
+        self,
+        model: ServedModel,
+        texts: Sequence[str],
+        add_special_tokens: bool = True,
+        budget: ResponseBudget | None = None,
+        prompt_name: str | None = None,
+    ) -> Tokenized:
+        """Tokenize's work, blocking: the runner calls it on a worker thread. `budget`: the
+        answer's door (its cap, its cost per token), bounded before tokenizing and again,
+        exactly as counted, before the answer is built. `prompt_name`: the model's prompt
+        put before each text (TEI's)."""
+        budget = budget or self.limits.response
+        if prompt_name is not None:
+            prompt = named_prompt(prompt_name, model.info)
+            texts = [prompt + text for text in texts]
+        validate_tokenize(texts, model.info, self.limits, budget)
+        tokenizer = model.tokenizer
+        items = [
+            TokenizedText(ids, offsets, mask)
+            for ids, offsets, mask in tokenizer.token_arrays(texts, add_special_tokens)
+        ]
+        lengths = [(len(item), len(text)) for item, text in zip(items, texts, strict=True)]
+        check_tokenize_output(lengths, self.limits, budget)
+        return Tokenized(model.info, texts, items, tokenizer.vocabulary())
+
+    def decode(
+        self, model: ServedModel, sequences: Sequence[Sequence[int]], skip_special_tokens: bool
+    ) -> list[str]:
+        """Token id sequences back to texts (TEI's /decode), blocking like `tokenize`; an id
+        outside the vocabulary is refused, naming its sequence."""
+        tokenizer = model.tokenizer
+        vocabulary = tokenizer.vocab_size
+        for n, sequence in enumerate(sequences):
+            bad = next((i for i in sequence if not 0 <= i < vocabulary), None)
+            if bad is not None:
+                raise unknown_token_id(f"ids[{n}]", bad, vocabulary)
+        return tokenizer.decode(sequences, skip_special_tokens)
+
+
+@dataclass(slots=True)
+class _Intake:
+    """A validated request on its way to a tokenizer thread, then its job once queued."""
+
+    request: Resolved
+    model: ServedModel
+    deadline: float | None
+    timings: Timings
+    future: asyncio.Future[PoolResult]
+    started: float
+    client: str
+    job: Job | None = None
+
+
+def _finisher(resolved: Resolved, model: ServedModel, plan: Plan) -> Callable[..., PoolResult]:
+    """Raw outputs to the request's result (heads included), run where the last batch ran."""
+    name, tokens, request = model.info.name, plan.prompt_tokens, resolved.request
+
+    def finish(raws: list[np.ndarray]) -> PoolResult:
+        return PoolResult(request.request_id, name, request.task, tokens, plan.finish(raws))
+
+    return finish
+
+
+def _modality(item: object) -> Modality:
+    return Modality.TEXT if isinstance(item, str) else Modality.IMAGE
+
+
+def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
+    """Documents by decreasing score, ties in input order; the best top_n (0: all)."""
+    scores = np.array([o.value for o in result.outputs if isinstance(o, Score)], dtype=np.float32)
+    order = np.argsort(-scores, kind="stable")[: request.top_n or None]
+    if request.items:  # an image model's documents: each says whether it was an image
+        items = request.items
+        ranking = [Ranked(int(i), float(scores[i]), _modality(items[int(i)])) for i in order]
+    else:
+        ranking = [Ranked(int(i), float(scores[i])) for i in order]
+    return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)
+
+
+def _size(request: PoolRequest) -> int:
+    """What tokenizing a request costs, roughly: its texts' characters, and a little per
+    input (a request of many short texts costs per text too)."""
+    size = 0
+    for texts in (request.texts, request.text_1, request.text_2, request.candidate_labels):
+        size += sum(map(len, texts)) + BULK_PER_INPUT * len(texts)
+    for items in (request.items, request.items_1, request.items_2):
+        size += sum(len(item) if isinstance(item, str) else 0 for item in items)
+        size += BULK_PER_INPUT * len(items)
+    return size
+
+
+def _take_intake(intake: SimpleQueue[_Intake | None], bound: int) -> list[_Intake | None]:
+    """Block for one request, then take the others already waiting (up to `bound`)."""
+    entries = [intake.get()]
+    while entries[-1] is not None and len(entries) < bound:
+        try:
+            entries.append(intake.get_nowait())
+        except Empty:
+            break
+    return entries

@@ -1,0 +1,69 @@
+"""Where a front end's jobs are computed: in this process, or in an engine process.
+
+The engine (tokenizing, planning, heads) talks to one of these, as vLLM's front ends talk
+to an EngineCoreClient. The local one owns the batching queues; the remote one
+(engine/scheduling/remote_client.py) sends the jobs to engine processes and gets raw outputs back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
+from pooling_server.engine.scheduling.jobs import Job
+
+if TYPE_CHECKING:
+    from pooling_server.engine.models.loader import LoadedModel
+
+
+class EngineClient(Protocol):
+    @property
+    def queues(self) -> dict[str, BatchQueue]:
+        """The batching queues held in this process, by model (none when remote)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def submit(self, model: str, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
+        """Queue jobs for `model`, from any thread; returns the jobs refused at once.
+
+        A job's future is resolved (on its event loop) with `job.finish(raws)`, or an error.
+        """
+        ...
+
+    def cancel(self, job: Job) -> None:
+        """Its caller went away: drop what is still queued. On the event loop's thread."""
+        ...
+
+
+class LocalEngineClient:
+    """The models run in this process, each behind its own batching queue."""
+
+    def __init__(self, models: Sequence[LoadedModel], config: BatchConfig) -> None:
+        self._models = models
+        self._config = config
+        self._queues: dict[str, BatchQueue] = {}
+
+    @property
+    def queues(self) -> dict[str, BatchQueue]:
+        return self._queues
+
+    async def start(self) -> None:
+        for model in self._models:
+            queue = BatchQueue(model.runner, self._config)
+            self._queues[model.info.name] = queue
+            await queue.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(queue.stop() for queue in self._queues.values()))
+
+    def submit(self, model: str, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
+        return self._queues[model].enqueue(jobs)
+
+    def cancel(self, job: Job) -> None:
+        """Nothing to send: the queue sees the cancelled future and drops the items."""
