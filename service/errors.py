@@ -80,6 +80,15 @@ TABLE: dict[tuple[ErrorKind, str], Row] = {
     (ErrorKind.INVALID_ARGUMENT, "EXPECTATION_FAILED"): Row(
         _G.INVALID_ARGUMENT, 417, (417, "Validation"), 417
     ),
+    # The gRPC door's refusals of a message's compression, before a handler sees it: gRPC's
+    # compression spec names INTERNAL for a Compressed-Flag without a grpc-encoding, and
+    # UNIMPLEMENTED for an encoding the server does not take (HTTP's 415).
+    (ErrorKind.INVALID_ARGUMENT, "COMPRESSED_WITHOUT_ENCODING"): Row(
+        _G.INTERNAL, 400, (422, "Validation"), 400
+    ),
+    (ErrorKind.INVALID_ARGUMENT, "ENCODING_UNSUPPORTED"): Row(
+        _G.UNIMPLEMENTED, 415, (415, "Validation"), 415
+    ),
     (ErrorKind.NOT_FOUND, ""): Row(_G.NOT_FOUND, 404, (422, "Validation"), 404),
     (ErrorKind.NOT_FOUND, "NOT_FOUND"): Row(_G.UNIMPLEMENTED, 404, (404, "Validation"), 404),
     (ErrorKind.FAILED_PRECONDITION, ""): Row(_G.FAILED_PRECONDITION, 412, (424, "Backend"), 400),
@@ -97,6 +106,8 @@ TABLE: dict[tuple[ErrorKind, str], Row] = {
     (ErrorKind.UNAUTHENTICATED, ""): Row(_G.UNAUTHENTICATED, 401, (401, "Validation"), 401),
     # TEI's Backend for anything the model failed at.
     (ErrorKind.INTERNAL, ""): Row(_G.INTERNAL, 500, (424, "Backend"), 500),
+    # A gRPC handler that raised: grpc.aio answers UNKNOWN, and the Node door does as it does.
+    (ErrorKind.INTERNAL, "HANDLER_FAILED"): Row(_G.UNKNOWN, 500, (424, "Backend"), 500),
 }
 # The reasons HTTP statuses stand for, as aiohttp raises them (web.HTTPException).
 HTTP_REASONS: dict[int, tuple[ErrorKind, str]] = {
@@ -121,6 +132,11 @@ def http_status(error: PoolingError, family: Family = Family.OPENAI) -> int:
 
 def grpc_code(error: PoolingError) -> grpc.StatusCode:
     return row(error).grpc
+
+
+def grpc_code_of(kind: ErrorKind, reason: str = "") -> grpc.StatusCode:
+    """The gRPC code of a reason a door answers with no PoolingError behind it."""
+    return (TABLE.get((kind, reason)) or TABLE[(kind, "")]).grpc
 
 
 def from_http(status: int, phrase: str, message: str) -> PoolingError:

@@ -17,6 +17,7 @@
 // with SO_REUSEPORT) and the link.
 
 import crypto from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import fs from 'node:fs';
 import http2 from 'node:http2';
 import { createRequire } from 'node:module';
@@ -30,6 +31,88 @@ const inflate = promisify(zlib.inflate);
 const gzip = promisify(zlib.gzip);
 const grpc = require('@grpc/grpc-js');
 const { BaseServerInterceptingCall } = require('@grpc/grpc-js/build/src/server-interceptors.js');
+const grpcJsVersion = require('@grpc/grpc-js/package.json').version;
+
+// ---- the grpc-js internals the door relies on ----------------------------------------------
+//
+// Private members of grpc-js that the door wraps, replaces or reads (docs/grpc-door.md says
+// why each), with the shape it relies on. The pinned version was read for them; this check
+// names the member that changed rather than letting a call misbehave. The door runs it
+// before it starts; `node node_door.mjs --check-internals` runs only it and prints what it
+// found (tests/service/grpc/test_grpc_js_internals.py).
+function internalsProblems() {
+  const problems = [];
+  const want = (name, ok, shape) => { if (!ok) problems.push(`${name}: expected ${shape}`); };
+  const method = (owner, ownerName, name, arity) => {
+    const value = owner?.[name];
+    want(`${ownerName}.${name}`, typeof value === 'function' && value.length === arity,
+      `a method taking ${arity} argument${arity === 1 ? '' : 's'}`);
+  };
+  const callName = 'BaseServerInterceptingCall.prototype';
+  want('server-interceptors.js BaseServerInterceptingCall',
+    typeof BaseServerInterceptingCall === 'function', 'a class');
+  const proto = BaseServerInterceptingCall?.prototype;
+  // Wrapped or replaced.
+  method(proto, callName, 'handleTimeoutHeader', 1);
+  method(proto, callName, 'handleEndEvent', 0);
+  method(proto, callName, 'serializeMessage', 1);
+  method(proto, callName, 'handleDataFrame', 1);
+  method(proto, callName, 'decompressMessage', 2);
+  // The caller of decompressMessage: it awaits it and sends what it throws as the status.
+  method(proto, callName, 'decompressAndMaybePush', 1);
+  const serverName = 'Server.prototype';
+  method(grpc.Server.prototype, serverName, 'createHttp2Server', 1);
+  method(grpc.Server.prototype, serverName, 'createConnectionInjector', 1);
+  if (problems.length) return problems;
+  // The fields read, on a call built as grpc-js builds one (a stream with no socket).
+  const stream = Object.assign(new EventEmitter(), { pause() {}, resume() {} });
+  let call;
+  try {
+    call = new BaseServerInterceptingCall(stream, { 'grpc-timeout': '5S' }, null,
+      { path: '/check/Internals' }, {});
+  } catch (error) {
+    return [`BaseServerInterceptingCall's constructor: ${error?.message}`];
+  }
+  const field = (name, ok, shape) => want(`BaseServerInterceptingCall#${name}`, ok, shape);
+  field('stream', call.stream === stream, 'the HTTP/2 stream it was built on');
+  field('incomingEncoding', call.incomingEncoding === 'identity', "'identity' by default");
+  field('cancelled', call.cancelled === false, 'a boolean, false while the call is open');
+  field('metadataSent', call.metadataSent === false, 'a boolean, false until headers are sent');
+  field('deadline', Number.isFinite(call.deadline),
+    'the grpc-timeout header read through handleTimeoutHeader');
+  clearTimeout(call.deadlineTimer);
+  const decoder = call.decoder;
+  field('decoder', typeof decoder?.write === 'function', 'a StreamDecoder with write(data)');
+  if (typeof decoder?.write !== 'function') return problems;
+  field('decoder.readState', decoder.readState === 0, '0 (NO_DATA) before any byte');
+  decoder.write(Buffer.from([1, 0, 0, 0, 9, 7])); // a compressed 9-byte message's first byte
+  field('decoder.readState', decoder.readState === 2, '2 (READING_MESSAGE) inside a message');
+  field('decoder.readMessageSize', decoder.readMessageSize === 9,
+    "the length from the message's prefix");
+  field('decoder.readCompressFlag', decoder.readCompressFlag?.[0] === 1,
+    "a Buffer holding the message's Compressed-Flag");
+  let server;
+  try {
+    server = new grpc.Server({ 'grpc.enable_channelz': 0,
+      'grpc-node.max_session_memory': 7, 'grpc.max_concurrent_streams': 5 });
+  } catch (error) {
+    return [...problems, `Server's constructor: ${error?.message}`];
+  }
+  const common = server.commonServerOptions;
+  want('Server#commonServerOptions', common?.maxSessionMemory === 7
+    && common?.settings?.maxConcurrentStreams === 5,
+    "the options its HTTP/2 servers are created with, their SETTINGS in 'settings'");
+  const injector = server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+  method(injector, 'ConnectionInjector', 'injectConnection', 1);
+  method(injector, 'ConnectionInjector', 'drain', 1);
+  return problems;
+}
+
+if (process.argv[2] === '--check-internals') {
+  const problems = internalsProblems();
+  process.stdout.write(`${JSON.stringify({ version: grpcJsVersion, problems })}\n`);
+  process.exit(problems.length ? 1 : 0);
+}
 
 const settings = JSON.parse(process.argv[2]);
 // A signal to the server's process group (systemd, `timeout`, Ctrl-C) reaches this process
@@ -51,7 +134,13 @@ const KEYS = 11; // P->N, first: the API keys (u16 count, then u32 length and by
 const NO_TIMEOUT = 0xffffffff;
 const MAX_TIMER_MS = 2 ** 31 - 1; // setTimeout's range: a longer delay fires at once
 
-const Status = grpc.status;
+// The door's own refusals, by reason: each reason's gRPC code is the errors table's
+// (service/errors.py), sent by Python at start, so no status is written here.
+function refusal(reason, details) {
+  const code = settings.refusals[reason];
+  if (code === undefined) throw new Error(`grpc door (node): no code for ${reason}`);
+  return { code, details };
+}
 // Request headers that are HTTP/2's or gRPC's own, not the call's metadata.
 const RESERVED = new Set(['content-type', 'te', 'grpc-timeout', 'grpc-encoding',
   'grpc-accept-encoding', 'accept-encoding', 'content-length', 'user-agent']);
@@ -69,11 +158,16 @@ const whole = new Set(settings.unary_paths);
 // --gzip-responses work: grpc-js's server never compresses what it sends, so the door gzips
 // a response itself (off the loop, in zlib's threads) and has the frame's flag set.
 const PINNED = '1.14.7';
-const found = require('@grpc/grpc-js/package.json').version;
-if (found !== PINNED) {
+if (grpcJsVersion !== PINNED) {
   const folder = new URL('.', import.meta.url).pathname;
-  process.stderr.write(`grpc door (node): @grpc/grpc-js ${found} is installed, the door is `
-    + `written for ${PINNED}: run \`npm ci --omit=dev\` in ${folder}\n`);
+  process.stderr.write(`grpc door (node): @grpc/grpc-js ${grpcJsVersion} is installed, the `
+    + `door is written for ${PINNED}: run \`npm ci --omit=dev\` in ${folder}\n`);
+  process.exit(1);
+}
+const changed = internalsProblems();
+if (changed.length) {
+  process.stderr.write(`grpc door (node): grpc-js ${grpcJsVersion} is not as the door `
+    + `expects: ${changed.join('; ')}\n`);
   process.exit(1);
 }
 const Base = BaseServerInterceptingCall.prototype;
@@ -93,8 +187,7 @@ const originalEnd = Base.handleEndEvent;
 Base.handleEndEvent = function handleEndEvent() {
   flushTiny(this);
   if (this.decoder.readState !== 0) {
-    const details = 'the stream ended inside a message';
-    this.sendStatus({ code: Status.INVALID_ARGUMENT, details });
+    this.sendStatus(refusal('MESSAGE_CUT_SHORT', 'the stream ended inside a message'));
     return;
   }
   originalEnd.call(this);
@@ -171,20 +264,20 @@ Base.decompressMessage = async function decompressMessage(framed, encoding) {
   this.turnTaken = false;
   if (cost > 0) {
     this.doorCall?.arrived(true);
-    if (!(await reading.take(this, cost))) throw { code: Status.CANCELLED, details: 'Cancelled' };
+    if (!(await reading.take(this, cost))) throw refusal('CANCELLED', 'Cancelled');
   }
   if (encoding === 'identity') {
     // gRPC's compression spec (test case 6): a Compressed-Flag with no grpc-encoding, or
     // identity, MUST fail INTERNAL, the one INTERNAL it names for a client's mistake.
     if (framed[0] === 0) return body;
     reading.give(this);
-    throw { code: Status.INTERNAL,
-      details: 'Compressed-Flag set on a message without a grpc-encoding to decompress it' };
+    throw refusal('COMPRESSED_WITHOUT_ENCODING',
+      'Compressed-Flag set on a message without a grpc-encoding to decompress it');
   }
   if (encoding !== 'gzip' && encoding !== 'deflate') {
     reading.give(this);
-    throw { code: Status.UNIMPLEMENTED,
-      details: `Received message compressed with unsupported encoding "${encoding}"` };
+    throw refusal('ENCODING_UNSUPPORTED',
+      `Received message compressed with unsupported encoding "${encoding}"`);
   }
   const options = {
     maxOutputLength: settings.max_message_bytes,
@@ -196,11 +289,11 @@ Base.decompressMessage = async function decompressMessage(framed, encoding) {
   } catch (error) {
     reading.give(this);
     if (error?.code === 'ERR_BUFFER_TOO_LARGE') {
-      throw { code: Status.RESOURCE_EXHAUSTED, details: 'Received message that decompresses '
-        + `to a size larger than ${settings.max_message_bytes}` };
+      throw refusal('REQUEST_ENTITY_TOO_LARGE', 'Received message that decompresses '
+        + `to a size larger than ${settings.max_message_bytes}`);
     }
-    throw { code: Status.INVALID_ARGUMENT,
-      details: `Failed to decompress the message (${encoding}): ${error?.message}` };
+    throw refusal('COMPRESSION_CORRUPT',
+      `Failed to decompress the message (${encoding}): ${error?.message}`);
   } finally {
     this.inflating = false;
     if (this.giveWhenInflated) {
@@ -359,7 +452,7 @@ link.on('error', quit);
 
 function quit() {
   drain();
-  for (const call of calls.values()) refuse(call, Status.UNAVAILABLE, 'the server stopped');
+  for (const call of calls.values()) refuse(call, 'SERVER_STOPPED', 'the server stopped');
   const exit = () => { if (sessions.size === 0) process.exit(0); };
   setInterval(exit, 20);
   setTimeout(() => process.exit(0), 2000);
@@ -461,10 +554,10 @@ function arrivalTimeout(call) {
   // opened and left), or waiting for a turn behind other large requests.
   const limit = settings.handshake_timeout_s;
   if (call.waitingTurn) {
-    refuse(call, Status.RESOURCE_EXHAUSTED, `the request waited ${limit} s for its turn to be `
+    refuse(call, 'READ_TURN_TIMEOUT', `the request waited ${limit} s for its turn to be `
       + 'read: the server is reading other large requests; retry later');
   } else {
-    refuse(call, Status.DEADLINE_EXCEEDED, `the request did not arrive within ${limit} s`);
+    refuse(call, 'BODY_TIMEOUT', `the request did not arrive within ${limit} s`);
   }
 }
 
@@ -473,23 +566,21 @@ function admit(call, stream) {
   const base = call.base;
   const session = call.session;
   if (base.malformedTimeout !== undefined) {
-    return { code: Status.INVALID_ARGUMENT,
-      details: `malformed grpc-timeout: ${base.malformedTimeout}` };
+    return refusal('TIMEOUT_MALFORMED', `malformed grpc-timeout: ${base.malformedTimeout}`);
   }
   const caps = settings.open_calls;
   if (caps.total && calls.size >= caps.total) {
-    return { code: Status.RESOURCE_EXHAUSTED, details: `too many calls open (${caps.total})` };
+    return refusal('TOO_MANY_CALLS', `too many calls open (${caps.total})`);
   }
   if (caps.per_connection && session.calls >= caps.per_connection) {
-    return { code: Status.RESOURCE_EXHAUSTED,
-      details: `too many calls open on this connection (${caps.per_connection})` };
+    return refusal('TOO_MANY_CALLS',
+      `too many calls open on this connection (${caps.per_connection})`);
   }
   if (caps.per_client && (clients.get(session.address) ?? 0) >= caps.per_client) {
-    return { code: Status.RESOURCE_EXHAUSTED,
-      details: `too many calls open from this client (${caps.per_client})` };
+    return refusal('TOO_MANY_CALLS', `too many calls open from this client (${caps.per_client})`);
   }
   if (!keyed(call.path, stream.rawHeaders)) {
-    return { code: Status.UNAUTHENTICATED, details: 'missing or invalid credentials' };
+    return refusal('UNAUTHENTICATED', 'missing or invalid credentials');
   }
   return null;
 }
@@ -546,13 +637,13 @@ function ended(call) {
   if (draining && calls.size === 0) drained();
 }
 
-function refuse(call, code, details) {
+function refuse(call, reason, details) {
   // A status from this side (a limit, a timeout, the server stopping).
   if (call.done) return;
   call.done = true;
   giveTurn(call);
   if (call.opened) sendEmpty(CANCEL, call.id);
-  call.base.sendStatus({ code, details });
+  call.base.sendStatus(refusal(reason, details));
 }
 
 // Response bytes handed to HTTP/2 and not yet sent, over every connection.
@@ -566,7 +657,7 @@ function respond(call, message, written) {
   const session = call.session;
   const size = message.length;
   if (session.unsent > 0 && session.unsent + size > settings.max_unsent_bytes) {
-    refuse(call, Status.RESOURCE_EXHAUSTED, `the client has not read ${session.unsent} bytes `
+    refuse(call, 'ANSWERS_UNREAD', `the client has not read ${session.unsent} bytes `
       + 'of earlier answers on this connection');
     if (size >= settings.large_message_bytes) collectSoon();
     return;
@@ -574,7 +665,7 @@ function respond(call, message, written) {
   const total = settings.max_unsent_total_bytes;
   const room = size < settings.large_message_bytes ? total + (total >> 2) : total;
   if (unsentTotal > 0 && unsentTotal + size > room) {
-    refuse(call, Status.RESOURCE_EXHAUSTED, `clients have not read ${unsentTotal} bytes of `
+    refuse(call, 'ANSWERS_UNREAD', `clients have not read ${unsentTotal} bytes of `
       + 'earlier answers from this server; retry later');
     if (size >= settings.large_message_bytes) collectSoon();
     return;

@@ -33,6 +33,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from pooling_server.engine.errors import ErrorKind
+from pooling_server.service.errors import grpc_code_of
 from pooling_server.service.grpc.stream_limit import unsent_per_connection
 from pooling_server.service.ops.auth import PROTECTED_PREFIX, BearerKeys
 from pooling_server.service.ops.config import LARGE_MESSAGE_BYTES, ServerConfig
@@ -67,6 +69,34 @@ MIN_CONNECTION_CALLS = 256  # a connection's share is never below this (or the c
 # message buffers come from the heap and stay in Node's RSS once freed (a flood of them grew
 # it ~100 MB); a fixed threshold keeps each in its own mapping, returned when freed.
 _NODE_ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(256 * 1024)}
+
+# The door's own answers, by reason (node_door.mjs's and this module's): each code is the
+# errors table's, so neither half writes a status; Node is sent them at start.
+REFUSALS: dict[str, ErrorKind] = {
+    # Node's, before a handler sees the call or its message.
+    "TIMEOUT_MALFORMED": ErrorKind.INVALID_ARGUMENT,
+    "MESSAGE_CUT_SHORT": ErrorKind.INVALID_ARGUMENT,
+    "COMPRESSION_CORRUPT": ErrorKind.INVALID_ARGUMENT,
+    "COMPRESSED_WITHOUT_ENCODING": ErrorKind.INVALID_ARGUMENT,
+    "ENCODING_UNSUPPORTED": ErrorKind.INVALID_ARGUMENT,
+    "REQUEST_ENTITY_TOO_LARGE": ErrorKind.RESOURCE_EXHAUSTED,
+    "TOO_MANY_CALLS": ErrorKind.RESOURCE_EXHAUSTED,
+    "READ_TURN_TIMEOUT": ErrorKind.RESOURCE_EXHAUSTED,
+    "ANSWERS_UNREAD": ErrorKind.RESOURCE_EXHAUSTED,
+    "BODY_TIMEOUT": ErrorKind.DEADLINE_EXCEEDED,
+    "SERVER_STOPPED": ErrorKind.UNAVAILABLE,
+    # Both halves'.
+    "UNAUTHENTICATED": ErrorKind.UNAUTHENTICATED,
+    "CANCELLED": ErrorKind.CANCELLED,
+    # This module's, as grpc.aio answers them.
+    "NOT_FOUND": ErrorKind.NOT_FOUND,
+    "MALFORMED_REQUEST": ErrorKind.INVALID_ARGUMENT,
+    "ONE_MESSAGE_EXPECTED": ErrorKind.INVALID_ARGUMENT,
+    "HANDLER_FAILED": ErrorKind.INTERNAL,
+}
+CODES: dict[str, grpc.StatusCode] = {
+    reason: grpc_code_of(kind, reason) for reason, kind in REFUSALS.items()
+}
 
 
 class HandlerSet:
@@ -218,7 +248,7 @@ class _Call:
             return self.deserialize(self.messages.popleft())
         except DecodeError as exc:  # health's or reflection's (Pool's parse is its own)
             details = f"the request does not parse: {exc}"
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, details, ()) from None
+            raise _Abort(CODES["MALFORMED_REQUEST"], details, ()) from None
 
     async def write(self, message: Any) -> None:
         """Send a response message; returns once Node's HTTP/2 stream has taken it, so a
@@ -352,13 +382,12 @@ class _Link(asyncio.Protocol):
         call = _Call(self, call_id, deadline, peer, tuple(metadata), messages, bool(whole))
         handler = self.handlers.lookup(path)
         if handler is None:
-            self.finish(call_id, grpc.StatusCode.UNIMPLEMENTED, None, "Method not found!", ())
+            self.finish(call_id, CODES["NOT_FOUND"], None, "Method not found!", ())
             return
         keys = self.keys
         if keys and path.startswith(PROTECTED_PREFIX) and not keys.allow_metadata(metadata):
-            self.finish(
-                call_id, grpc.StatusCode.UNAUTHENTICATED, None, "missing or invalid credentials", ()
-            )
+            details = "missing or invalid credentials"
+            self.finish(call_id, CODES["UNAUTHENTICATED"], None, details, ())
             return
         call.deserialize = handler.request_deserializer or _identity
         self.calls[call_id] = call
@@ -375,7 +404,7 @@ class _Link(asyncio.Protocol):
         if not self.calls:
             self.idle.set()
         if task.cancelled() and not call.gone:  # stopped by the drain before it began
-            self.finish(call.id, grpc.StatusCode.CANCELLED, None, "Cancelled", ())
+            self.finish(call.id, CODES["CANCELLED"], None, "Cancelled", ())
 
     def _cancel(self, call: _Call) -> None:
         if call.task is not None and not call.task.done():
@@ -411,10 +440,10 @@ class _Link(asyncio.Protocol):
         except asyncio.CancelledError:
             if call.gone:
                 return  # Node has answered (deadline) or the stream is gone
-            code, message, details = grpc.StatusCode.CANCELLED, None, "Cancelled"
+            code, message, details = CODES["CANCELLED"], None, "Cancelled"
         except Exception as exc:
             log.exception("gRPC call %s failed", call.id)
-            code, message = grpc.StatusCode.UNKNOWN, None
+            code, message = CODES["HANDLER_FAILED"], None
             details = f"Unexpected {type(exc)}: {exc}"
         if not call.gone:
             self.finish(call.id, code, message, details, call.trailing)
@@ -477,9 +506,9 @@ async def _one(call: _Call) -> Any:
     """The one request message of a method that takes one (health's)."""
     request = await call.read()
     if request is grpc.aio.EOF:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request", ())
+        raise _Abort(CODES["ONE_MESSAGE_EXPECTED"], "the call ended without its request", ())
     if await call.read() is not grpc.aio.EOF:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried more than one request", ())
+        raise _Abort(CODES["ONE_MESSAGE_EXPECTED"], "the call carried more than one request", ())
     return request
 
 
@@ -538,6 +567,7 @@ class NodeDoor:
             "handshake_timeout_s": transport.handshake_timeout_s,
             "gzip_responses": transport.gzip_responses,
             "tls": None if tls is None else dataclasses.asdict(tls),
+            "refusals": {reason: code.value[0] for reason, code in CODES.items()},
         }
 
     async def start(self) -> int:

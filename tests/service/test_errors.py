@@ -95,6 +95,20 @@ EXPECTED: dict[tuple[ErrorKind, str], tuple[grpc.StatusCode, int, int, str, int]
         "Validation",
         417,
     ),
+    (ErrorKind.INVALID_ARGUMENT, "COMPRESSED_WITHOUT_ENCODING"): (
+        G.INTERNAL,
+        400,
+        422,
+        "Validation",
+        400,
+    ),
+    (ErrorKind.INVALID_ARGUMENT, "ENCODING_UNSUPPORTED"): (
+        G.UNIMPLEMENTED,
+        415,
+        415,
+        "Validation",
+        415,
+    ),
     (ErrorKind.NOT_FOUND, ""): (G.NOT_FOUND, 404, 422, "Validation", 404),
     (ErrorKind.NOT_FOUND, "NOT_FOUND"): (G.UNIMPLEMENTED, 404, 404, "Validation", 404),
     (ErrorKind.FAILED_PRECONDITION, ""): (G.FAILED_PRECONDITION, 412, 424, "Backend", 400),
@@ -118,6 +132,7 @@ EXPECTED: dict[tuple[ErrorKind, str], tuple[grpc.StatusCode, int, int, str, int]
     (ErrorKind.UNAVAILABLE, ""): (G.UNAVAILABLE, 503, 503, "Unhealthy", 503),
     (ErrorKind.UNAUTHENTICATED, ""): (G.UNAUTHENTICATED, 401, 401, "Validation", 401),
     (ErrorKind.INTERNAL, ""): (G.INTERNAL, 500, 424, "Backend", 500),
+    (ErrorKind.INTERNAL, "HANDLER_FAILED"): (G.UNKNOWN, 500, 424, "Backend", 500),
 }
 # TEI's ErrorType (docs/openapi.json of text-embeddings-inference).
 TEI_TYPES = {"Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"}
