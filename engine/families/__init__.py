@@ -1,1 +1,104 @@
-"""One room per model family: each owns its detection, loading, facts, rules, plan and outputs."""
+"""One room per model family: each owns its detection, loading, facts, rules, plan and outputs.
+
+A family is a package here whose `__init__` defines `FAMILY`, a `Family`: what the generic
+path asks of it once a model is loaded (its rows of the validation table and its planner).
+That side is torch-free, since front ends validate and plan. Its torch side, `loading`, is
+a module the loader imports only where models load: `read` says whether a folder is of the
+family (and what the family reads from it), `load` turns it into a served model.
+
+A new family is one package and one name in ORDER; the generic modules name no family.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pooling_server.engine.errors import FieldViolation
+    from pooling_server.engine.models.model_folder import ModelFolder
+    from pooling_server.engine.models.model_info import ModelInfo
+    from pooling_server.engine.models.model_runner import LoadedModel
+    from pooling_server.engine.models.model_spec import ModelSpec
+    from pooling_server.engine.models.served import ServedModel
+    from pooling_server.engine.requests.plan_parts import Plan
+    from pooling_server.engine.requests.validation import Limits, Resolved
+
+    Check = Callable[[Resolved, Limits], Iterator[FieldViolation]]
+    Planner = Callable[[Resolved, ServedModel, Limits], Plan]
+
+# Detection order: the first family whose loading reads a folder as its own serves it. The
+# specific layouts come first; the plain encoder takes any folder no other family claims.
+ORDER = (
+    "towers",
+    "llm_reranker",
+    "colbert",
+    "bge_m3",
+    "splade",
+    "token_classifier",
+    "cross_encoder",
+    "encoder",
+)
+
+
+@dataclass(frozen=True)
+class FamilyRules:
+    """A family's rows of the validation table, each run in the stage it joins (see
+    requests/validation.py's RULES): `shape` with the request's own shape
+    (INVALID_ARGUMENT), `model` with what the model can do (FAILED_PRECONDITION),
+    `params` with the parameters read on this model (INVALID_ARGUMENT)."""
+
+    shape: tuple[Check, ...] = ()
+    model: tuple[Check, ...] = ()
+    params: tuple[Check, ...] = ()
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # ModelInfo.family
+    plan: Planner  # a validated request into the sequences to compute and their finishing
+    loading: str  # the module (a FamilyLoading) imported where models load
+    rules: FamilyRules = FamilyRules()
+
+
+@dataclass(frozen=True)
+class LoadContext:
+    """Where and how a model loads: the same for every family (torch types, kept as Any so
+    that this module stays torch-free)."""
+
+    spec: ModelSpec
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+    attn_implementation: str | None = None
+    is_default: bool = False
+    runtime: Any = None  # backends.RuntimeSettings | None
+    threads: int = 1
+    cuda_graphs: Any = None  # models.cuda_graphs.GraphSettings | None
+
+
+class FamilyLoading(Protocol):
+    def read(self, folder: ModelFolder) -> object | None:
+        """What this family reads from the folder beyond the generic reading, or None
+        where the folder is not of this family."""
+
+    def load(self, folder: ModelFolder, reading: object, context: LoadContext) -> LoadedModel:
+        """The model loaded on the context's device, with its facts (ModelInfo.family set
+        to this family's name) and its forward."""
+
+
+@cache
+def family(name: str) -> Family:
+    """The family by its name (ModelInfo.family), imported on first use."""
+    return importlib.import_module(f"{__name__}.{name}").FAMILY
+
+
+def family_of(info: ModelInfo) -> Family:
+    return family(info.family)
+
+
+def loading(name: str) -> FamilyLoading:
+    """A family's torch side: imported only on the loading path."""
+    return importlib.import_module(family(name).loading)  # type: ignore[return-value]
