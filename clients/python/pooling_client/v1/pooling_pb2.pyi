@@ -25,6 +25,7 @@ class Modality(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODALITY_UNSPECIFIED: _ClassVar[Modality]
     MODALITY_TEXT: _ClassVar[Modality]
     MODALITY_IMAGE: _ClassVar[Modality]
+    MODALITY_AUDIO: _ClassVar[Modality]
 
 class PoolingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -63,6 +64,7 @@ POOLING_TASK_EMBED_OUTPUTS: PoolingTask
 MODALITY_UNSPECIFIED: Modality
 MODALITY_TEXT: Modality
 MODALITY_IMAGE: Modality
+MODALITY_AUDIO: Modality
 POOLING_TYPE_UNSPECIFIED: PoolingType
 POOLING_TYPE_MEAN: PoolingType
 POOLING_TYPE_CLS: PoolingType
@@ -113,13 +115,23 @@ class ImageInput(_message.Message):
     mime_type: str
     def __init__(self, data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
+class AudioInput(_message.Message):
+    __slots__ = ("data", "mime_type")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    mime_type: str
+    def __init__(self, data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
+
 class Item(_message.Message):
-    __slots__ = ("text", "image")
+    __slots__ = ("text", "image", "audio")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
     text: str
     image: ImageInput
-    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[ImageInput, _Mapping]] = ...) -> None: ...
+    audio: AudioInput
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[ImageInput, _Mapping]] = ..., audio: _Optional[_Union[AudioInput, _Mapping]] = ...) -> None: ...
 
 class TextInput(_message.Message):
     __slots__ = ("texts", "items", "candidate_labels", "label_template")
