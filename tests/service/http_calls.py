@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.server_process import ServerProcess, free_port, start_server
@@ -77,6 +78,25 @@ def grpc_stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]
     `yield from grpc_stub(http)`."""
     with grpc.insecure_channel(http.process.address) as channel:
         yield pooling_pb2_grpc.PoolingServiceStub(channel)
+
+
+def serve_models(
+    factory: pytest.TempPathFactory, name: str, models: dict[str, object], *flags: str
+) -> Iterator[HttpServer]:
+    """A module's own server, as its `http` fixture yields it (`yield from serve_models(...)`):
+    each of `models` (served name to folder or hub id), float32, then `flags`; its log in a
+    folder of `name`."""
+    args = [arg for model, folder in models.items() for arg in ("--model", f"{model}={folder}")]
+    args += ["--dtype", "float32", *flags]
+    with serving_http(args, factory.mktemp(f"{name}-logs"), name) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http_stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
+    """A stub on the gRPC port of the module's own `http` server: a module that serves its
+    own models takes it as its `stub` (`stub = http_stub`), over the shared server's."""
+    yield from grpc_stub(http)
 
 
 def batch_line(custom_id: str, url: str, body: dict[str, Any]) -> dict[str, Any]:

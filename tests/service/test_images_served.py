@@ -22,7 +22,7 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import tiny_clip, tiny_siglip, tiny_siglip2
 from tests.rpc_errors import decode_rpc_error, decode_status
-from tests.service.http_calls import HttpServer, grpc_stub, serving_http
+from tests.service.http_calls import HttpServer, http_stub, serve_models
 
 ATOL = 2e-4
 TEXTS = ["a photo of a cat", "a red car on a road"]
@@ -63,15 +63,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def http(
     folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HttpServer]:
-    args = [arg for name in folders for arg in ("--model", f"{name}={folders[name]}")]
-    args += ["--model", f"minilm={MINILM_ID}", "--dtype", "float32"]
-    with serving_http(args, tmp_path_factory.mktemp("images-logs"), "images") as server:
-        yield server
+    yield from serve_models(tmp_path_factory, "images", {**folders, "minilm": MINILM_ID})
 
 
-@pytest.fixture(scope="module")
-def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    yield from grpc_stub(http)
+stub = http_stub
 
 
 class Towers:

@@ -32,9 +32,9 @@ from tests.rpc_errors import decode_rpc_error
 from tests.service.http_calls import (
     HttpServer,
     batch_line,
-    grpc_stub,
+    http_stub,
     run_batch,
-    serving_http,
+    serve_models,
 )
 
 TEXT = "Berlin is the capital of Germany. It has 3.8 million people!  The Spree runs through it."
@@ -50,15 +50,10 @@ def short(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def http(short: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    args = ["--model", f"minilm={MINILM_ID}", "--model", f"short={short}"]
-    args += ["--dtype", "float32"]
-    with serving_http(args, tmp_path_factory.mktemp("late-logs"), "late") as server:
-        yield server
+    yield from serve_models(tmp_path_factory, "late", {"minilm": MINILM_ID, "short": short})
 
 
-@pytest.fixture(scope="module")
-def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    yield from grpc_stub(http)
+stub = http_stub
 
 
 def spans_request(text: str, spans: list[tuple[int, int]], model: str = "minilm") -> pb.PoolRequest:

@@ -24,9 +24,9 @@ from tests.rpc_errors import decode_rpc_error
 from tests.service.http_calls import (
     HttpServer,
     batch_line,
-    grpc_stub,
+    http_stub,
     run_batch,
-    serving_http,
+    serve_models,
 )
 
 ATOL = 1e-5
@@ -65,20 +65,16 @@ def http(
     """`rr` (the folder's score_template.json, the default model), `rr-flags` (the same
     weights without a file, given --score-template and --score-tokens), `bare` (no
     template) and `minilm` (an embedding model)."""
-    args = ["--model", f"rr={folders['reranker']}", "--model", f"rr-flags={folders['bare']}"]
-    args += ["--model", f"bare={folders['bare']}", "--model", f"minilm={MINILM_ID}"]
-    args += ["--score-template", "", "--score-template", str(folders["template"])]
-    args += ["--score-template", "", "--score-template", ""]
-    args += ["--score-tokens", "", "--score-tokens", "yes,no"]
-    args += ["--score-tokens", "", "--score-tokens", ""]
-    args += ["--dtype", "float32"]
-    with serving_http(args, tmp_path_factory.mktemp("llm-reranker"), "llm-reranker") as server:
-        yield server
+    bare = folders["bare"]
+    models = {"rr": folders["reranker"], "rr-flags": bare, "bare": bare, "minilm": MINILM_ID}
+    flags = ["--score-template", "", "--score-template", str(folders["template"])]
+    flags += ["--score-template", "", "--score-template", ""]
+    flags += ["--score-tokens", "", "--score-tokens", "yes,no"]
+    flags += ["--score-tokens", "", "--score-tokens", ""]
+    yield from serve_models(tmp_path_factory, "llm-reranker", models, *flags)
 
 
-@pytest.fixture(scope="module")
-def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    yield from grpc_stub(http)
+stub = http_stub
 
 
 @pytest.fixture(scope="module")

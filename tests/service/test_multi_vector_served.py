@@ -26,9 +26,9 @@ from tests.rpc_errors import decode_rpc_error
 from tests.service.http_calls import (
     HttpServer,
     batch_line,
-    grpc_stub,
+    http_stub,
     run_batch,
-    serving_http,
+    serve_models,
 )
 
 ATOL = 1e-4
@@ -47,15 +47,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    args = ["--model", f"colbert={folder}", "--model", f"minilm={MINILM_ID}"]
-    args += ["--dtype", "float32"]
-    with serving_http(args, tmp_path_factory.mktemp("colbert-logs"), "colbert") as server:
-        yield server
+    yield from serve_models(tmp_path_factory, "colbert", {"colbert": folder, "minilm": MINILM_ID})
 
 
-@pytest.fixture(scope="module")
-def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    yield from grpc_stub(http)
+stub = http_stub
 
 
 @pytest.fixture(scope="module")

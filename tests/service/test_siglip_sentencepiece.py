@@ -25,7 +25,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from pooling_server.engine.models.model_folder import PROBES, fast_tokenizer
 from tests.fixture_models import IMAGE_SIZE, SIGLIP_TEXT_LENGTH, _tower_configs
-from tests.service.http_calls import HttpServer, grpc_stub, serving_http
+from tests.service.http_calls import HttpServer, http_stub, serve_models
 from tests.service.test_images_served import DECODED, IMAGES, Towers, image_item, text_item
 
 ATOL = 2e-4
@@ -95,14 +95,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def http(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
-    args = ["--model", f"{MODEL}={folder}", "--dtype", "float32"]
-    with serving_http(args, tmp_path_factory.mktemp("siglip-spm-logs"), "siglip-spm") as server:
-        yield server
+    yield from serve_models(tmp_path_factory, "siglip-spm", {MODEL: folder})
 
 
-@pytest.fixture(scope="module")
-def stub(http: HttpServer) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    yield from grpc_stub(http)
+stub = http_stub
 
 
 def test_the_converted_tokenizer_equals_the_slow_one(folder: Path) -> None:
