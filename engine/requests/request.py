@@ -41,8 +41,22 @@ class Image:
     data: bytes
     mime_type: str = ""  # the client's claim, if any; the bytes decide the format
 
+    modality = "image"  # engine/inputs/modality.py's value: what a model must accept
 
-Item = str | Image  # one input of an image model: a text or an image
+
+@dataclass(frozen=True)
+class Audio:
+    """One encoded audio clip as the door received it (WAV, FLAC, OGG), kept encoded until
+    the front end's intake thread decodes it (engine/families/clap/audio.py)."""
+
+    data: bytes
+    mime_type: str = ""  # the client's claim, if any; the bytes decide the format
+
+    modality = "audio"
+
+
+Media = Image | Audio  # an input that is not a text: decoded into a Frame on intake
+Item = str | Media  # one input of a two-tower model: a text, an image or an audio clip
 
 
 @dataclass(frozen=True)
@@ -132,10 +146,11 @@ class RerankRequest:
         )
 
 
-def has_images(request: PoolRequest) -> bool:
-    """Whether any input of the request is an image (a Rerank's documents included)."""
+def has_media(request: PoolRequest) -> bool:
+    """Whether any input of the request is not a text: an image or an audio clip (a
+    Rerank's documents included)."""
     return any(
-        type(item) is Image
+        type(item) is not str
         for items in (request.items, request.items_1, request.items_2)
         for item in items
     )

@@ -1,16 +1,19 @@
-"""Plans on a two-tower image-text model (CLIP, SigLIP, SigLIP 2): embed, score and
-zero-shot classify over items, each a text or an image.
+"""Plans on a two-tower model, image-text (CLIP, SigLIP, SigLIP 2) or audio-text (CLAP,
+engine/families/clap): embed, score and zero-shot classify over items, each a text or an
+input of the model's other modality.
 
 Runs on the front end's intake threads, like tokenizing: texts become token sequences,
-images are decoded (within the request's bounds) and preprocessed by the model's image
-processor into PixelFrames. Each tower's vectors come back from the queue; the finish
-here compares them (cosine, logits over the candidate labels) where the last batch ran.
+images (audio clips) are decoded within the request's bounds and preprocessed into Frames,
+by the model's image processor or by its family's preprocessor (a FrameMaker). Each
+tower's vectors come back from the queue; the finish here compares them (cosine, logits
+over the candidate labels) where the last batch ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -22,10 +25,20 @@ from pooling_server.engine.requests.heads import activate, cosine, normalize
 from pooling_server.engine.requests.outputs import Classification, Embedding, ItemOutput, Score
 from pooling_server.engine.requests.params import Task
 from pooling_server.engine.requests.plan_parts import Plan, finish_vector, use_activation
-from pooling_server.engine.requests.request import Image, Item, PoolRequest
+from pooling_server.engine.requests.request import Image, Item, Media, PoolRequest
 from pooling_server.engine.requests.validation import Limits, Resolved, check_tokenized
 
 Unit = TokenSequence | PixelFrame  # one input as a tower computes it
+
+
+@runtime_checkable
+class FrameMaker(Protocol):
+    """A family's preprocessing of its non-text inputs (Family.preprocessor): each decoded
+    within the limits, refused at its own path (`embed.items[2].audio`), into a Frame."""
+
+    def frames(
+        self, items: list[tuple[int, Media]], limits: Limits, path: str
+    ) -> list[PixelFrame]: ...
 
 
 def plan_towers(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
@@ -50,8 +63,8 @@ def prepare(
     resolved: Resolved, model: ServedModel, limits: Limits, items: Sequence[Item], path: str
 ) -> list[Unit]:
     """Texts tokenized as the request resolved them (prompt, truncation, side) and checked
-    by the tokenized rules; images decoded and preprocessed, each refused at its own path
-    (`embed.items[2].image`)."""
+    by the tokenized rules; images (audio clips) decoded and preprocessed, each refused at
+    its own path (`embed.items[2].image`)."""
     texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
     units: list[Unit] = [None] * len(items)  # type: ignore[list-item]
     if texts:
@@ -64,10 +77,14 @@ def prepare(
             counts[i] = len(sequence)
             units[i] = sequence
         check_tokenized(resolved, limits, path, counts)
-    images = [(i, item) for i, item in enumerate(items) if isinstance(item, Image)]
-    if images:
-        frames = _frames(model, limits, images, path)
-        for (i, _), frame in zip(images, frames, strict=True):
+    media = [(i, item) for i, item in enumerate(items) if not isinstance(item, str)]
+    if media:
+        maker = model.images
+        if isinstance(maker, FrameMaker):
+            frames = maker.frames(media, limits, path)
+        else:
+            frames = _frames(model, limits, media, path)  # type: ignore[arg-type]
+        for (i, _), frame in zip(media, frames, strict=True):
             units[i] = frame
     return units
 
@@ -94,14 +111,15 @@ def _frames(
     return frames
 
 
-def _modality(unit: Unit) -> Modality:
-    return Modality.IMAGE if type(unit) is PixelFrame else Modality.TEXT
+def _modality(info: ModelInfo, unit: Unit) -> Modality:
+    """A text, or the one other modality the model takes (its frames')."""
+    return Modality(info.modalities[-1]) if type(unit) is PixelFrame else Modality.TEXT
 
 
 def _embedding(request: PoolRequest, info: ModelInfo, unit: Unit, raw: np.ndarray) -> Embedding:
     """As embed finishes a text's vector (dimensions, normalisation, encoding), with the
     item's modality."""
-    return replace(finish_vector(request, info, raw), modality=_modality(unit))
+    return replace(finish_vector(request, info, raw), modality=_modality(info, unit))
 
 
 def _plan_score(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
@@ -137,7 +155,7 @@ def _plan_zero_shot(
 ) -> Plan:
     """Each candidate label in its template through the text tower, then per item the
     model's own logits over them: exp(logit_scale) * cosine (+ logit_bias), softmaxed for
-    CLIP, each sigmoid'd for SigLIP (use_activation false: the logits)."""
+    CLIP and CLAP, each sigmoid'd for SigLIP (use_activation false: the logits)."""
     request, info = resolved.request, model.info
     towers = info.towers
     assert towers is not None
@@ -148,7 +166,7 @@ def _plan_zero_shot(
     check_tokenized(resolved, limits, "classify.candidate_labels", [len(e) for e in sequences])
     scale = float(np.exp(towers.logit_scale))
     bias = towers.logit_bias or 0.0
-    softmax = towers.family == "clip"
+    softmax = towers.family != "siglip"
     activation = Activation.IDENTITY
     if use_activation(request, True):
         activation = Activation.SOFTMAX if softmax else Activation.SIGMOID
@@ -161,7 +179,7 @@ def _plan_zero_shot(
         for unit, row in zip(units, logits, strict=True):
             probs = activate(row, activation)
             best = int(np.argmax(probs))
-            outputs.append(Classification(probs, best, labels[best], _modality(unit)))
+            outputs.append(Classification(probs, best, labels[best], _modality(info, unit)))
         return outputs
 
     work = [(unit, False) for unit in [*units, *sequences]]

@@ -1,0 +1,66 @@
+"""CLAP: texts and audio clips into one space (transformers' ClapModel: a RoBERTa text
+tower, an HTSAT audio tower). A second two-tower family: its plans are the towers' (embed,
+score and rerank by cosine, zero-shot classify over candidate labels), over audio clips
+where CLIP has images; what is its own is here: its audio decoding within bounds
+(audio.py, torch-free, run by every front end), its rule on clips per request, and its
+loading (loading.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pooling_server.engine.families import Family, FamilyRules, deferred
+
+if TYPE_CHECKING:
+    from pooling_server.engine.errors import FieldViolation
+    from pooling_server.engine.models.model_info import ModelInfo
+    from pooling_server.engine.requests.validation import Limits, Resolved
+
+LABEL_TEMPLATE = "This is a sound of {label}."  # the zero-shot-audio-classification pipeline's
+
+
+def _clips_per_request(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
+    """No more audio clips in one request than --max-audio-clips-per-request: each costs a
+    decode, a resampling and a pass of the audio tower."""
+    from pooling_server.engine.errors import FieldViolation
+    from pooling_server.engine.requests.validation import item_lists
+
+    request = r.request
+    if not (request.items or request.items_1 or request.items_2):
+        return
+    given = list(item_lists(request))
+    clips = sum(getattr(item, "modality", "") == "audio" for _, items in given for item in items)
+    if clips > limits.max_audio_clips_per_request:
+        yield FieldViolation(
+            given[-1][0],
+            f"{clips} audio clips exceed the limit of {limits.max_audio_clips_per_request} per "
+            "request (--max-audio-clips-per-request); split the request",
+            "TOO_MANY_AUDIO_CLIPS",
+        )
+
+
+def _preprocessor(info: ModelInfo) -> Any:
+    """The clips' decoding for this model, read from its folder's feature extractor."""
+    from pooling_server.engine.families.clap.audio import AudioFrames, read_settings
+
+    assert info.towers is not None
+    settings = read_settings(Path(info.towers.folder))
+    if settings is None:
+        raise ValueError(
+            f"model {info.name}: its folder {info.towers.folder} has no feature extractor "
+            "config (preprocessor_config.json or processor_config.json)"
+        )
+    return AudioFrames(settings, info.towers.patches)
+
+
+FAMILY = Family(
+    name="clap",
+    plan=deferred("pooling_server.engine.families.towers.towers", "plan_towers"),
+    loading=f"{__name__}.loading",
+    rules=FamilyRules(shape=(_clips_per_request,)),
+    backends=("torch",),
+    title="CLAP",
+    preprocessor=_preprocessor,
+)
