@@ -1,13 +1,16 @@
-"""Inference backends beside torch: ONNX Runtime and OpenVINO, fp32 or int8, chosen per model.
+"""Inference backends: torch, ONNX Runtime and OpenVINO, one interface, chosen per model.
 
-Only the transformer's forward moves to a backend: input ids, attention mask and token
-types in, the last hidden state (or the logits of a classifier, a token classifier or a
-masked-LM head) out. Pooling, Dense modules, activations and everything after them stay
-on the runner's torch code, fed by the backend's output, so every task behaves the same
-whichever backend runs the forward.
+Every backend implements `Backend` (select.py's REGISTRY maps each BackendKind to its
+class): the transformer's forward (input ids, attention mask and token types in; the last
+hidden state, or the logits of a classifier, a token classifier or a masked-LM head, out)
+and an image model's image tower (pixel values in, the projected vectors out). Pooling,
+Dense modules, activations and everything after them stay on the runner's code, fed by the
+backend's output, so every task behaves the same whichever backend runs the forward.
 
-The backend packages are optional: torch alone serves every model, and asking for a
-backend whose package is missing fails the load with a message naming the flag.
+torch runs the loaded module itself and is the reference the others are checked against;
+ONNX Runtime and OpenVINO run an export of it (float32 or int8, on the CPU). Their packages
+are optional: asking for a backend whose package is missing fails the load with a message
+naming the flag.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,17 +42,30 @@ INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class Backend(Protocol):
-    """A compiled forward; the queue's worker threads may call `run` at once."""
+    """A forward (the transformer's, or an image tower's); the queue's worker threads may
+    call `run` at once. The runner pads a batch into numpy arrays, `feed` turns them into
+    what `run` takes (torch: tensors on the device; an export: the arrays its graph names)."""
 
     kind: BackendKind
-    precision: str  # "float32", "bfloat16" (OpenVINO) or "int8"
-    file: Path  # the file it runs
-    input_names: tuple[str, ...]  # a subset of INPUT_NAMES, in the graph's order
+    precision: str  # "float32", "bfloat16", "float16" or "int8"
+    file: Path | None  # the file it runs; None: the loaded module (torch)
+    input_names: tuple[str, ...]  # the inputs it takes, in the graph's order
+    # An export's graph takes every input it names (token types as zeros where the
+    # tokenizer makes none); torch's module defaults the ones it is not given.
+    fills_inputs: bool
 
-    def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
-        """(batch, tokens, width) states or logits, or (batch, labels) logits; float32,
-        writable, owned by the caller. `threads`: the pass's share of the cores, when other
-        passes run beside it (see ThreadShare); None: all of them."""
+    def feed(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]: ...
+
+    def run(self, inputs: dict[str, Any], threads: int | None = None) -> Any:
+        """The output: (batch, tokens, width) states or logits, or (batch, labels) logits,
+        or an image tower's (batch, width) vectors. An export's is float32 numpy, writable,
+        owned by the caller; torch's a tensor on its device. `threads`: the pass's share of
+        the cores, when other passes run beside it (see ThreadShare); None: all of them."""
+        ...
+
+    def nearer(self) -> Backend | None:
+        """The same file run nearer torch's precision, where this one fails the parity
+        check (OpenVINO's bfloat16 inference: its float32); None where there is none."""
         ...
 
 

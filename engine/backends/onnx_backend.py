@@ -1,18 +1,20 @@
 """ONNX Runtime: export with torch.onnx (dynamic batch and length), int8 by dynamic
 quantization, and sessions on ONNX Runtime's own CPU thread pools: one with every thread
-for a lone pass, one with a worker's share for passes side by side."""
+for a lone pass, one with a worker's share for passes side by side. An image model's image
+tower runs the same way, from engine/backends/image_tower.py's export."""
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pooling_server.engine.backends import INPUT_NAMES, BackendKind, ByShare
-from pooling_server.engine.backends.export import ForwardOnly, output_name
+from pooling_server.engine.backends import INPUT_NAMES, BackendKind, BackendOptions, ByShare
+from pooling_server.engine.backends.export import Exported, ForwardOnly, ModelSource, output_name
 from pooling_server.engine.models.model_info import HeadKind
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ def version() -> str:
     return onnxruntime.__version__
 
 
-def export(
+def export_graph(
     module: torch.nn.Module, head: HeadKind, example: dict[str, np.ndarray], path: Path
 ) -> None:
     """The traced forward (TorchScript exporter: no onnxscript needed), every input and the
@@ -68,7 +70,20 @@ def is_quantized(path: Path) -> bool:
     return any(node.op_type in INT8_OPS for node in graph.node)
 
 
-class OnnxBackend:
+def session(path: Path, threads: int) -> Any:
+    """A CPU session whose intra-op pool has `threads` threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class OnnxBackend(Exported):
     """A session with an intra-op pool of every thread for a lone pass, and one with a pool
     of a worker's share for passes side by side (made at warm-up, where the second worker
     runs with its share), which the workers call at once: ONNX Runtime's run is thread-safe
@@ -81,10 +96,37 @@ class OnnxBackend:
     weights, as OpenVINO's second compilation does."""
 
     kind = BackendKind.ONNX
+    package = "onnxruntime"
+    suffix = ".onnx"
+    files = ("model.onnx", "model_qint8.onnx")
+
+    version = staticmethod(version)
+
+    @classmethod
+    def export(
+        cls,
+        source: ModelSource,
+        example: dict[str, np.ndarray],
+        options: BackendOptions,
+        folder: Path,
+        name: str,
+    ) -> None:
+        fp32 = folder / cls.files[0]
+        export_graph(source.module, source.head, example, fp32)
+        if name != fp32.name:  # int8: quantized from the float32 graph
+            quantize(fp32, folder / name)
+
+    @classmethod
+    def open(cls, path: Path, head: HeadKind, threads: int, auto: bool = False) -> OnnxBackend:
+        return cls(path, head, threads)
+
+    @classmethod
+    def open_image_tower(cls, path: Path, threads: int) -> OnnxImageTower:
+        return OnnxImageTower(path, threads)
 
     def __init__(self, path: Path, head: HeadKind, threads: int) -> None:
         self.file = path
-        self.by_share = ByShare(threads, self._open)
+        self.by_share = ByShare(threads, partial(session, path))
         inputs = [i.name for i in self.by_share.whole.get_inputs()]
         unknown = [name for name in inputs if name not in INPUT_NAMES]
         if unknown or "input_ids" not in inputs:
@@ -98,19 +140,47 @@ class OnnxBackend:
         self.output = wanted if wanted in outputs else outputs[0]
         self.precision = "int8" if is_quantized(path) else "float32"
 
-    def _open(self, threads: int) -> Any:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        return ort.InferenceSession(str(self.file), options, providers=["CPUExecutionProvider"])
-
     def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
         """`threads`: this pass's share of the cores (None: all of them)."""
         session = self.by_share.get(self.by_share.share(threads))
         (result,) = session.run([self.output], inputs)
         return np.asarray(result, dtype=np.float32)
+
+
+class OnnxImageTower:
+    """An image tower's export (pixel values in, the projected vectors out), a session per
+    share of the cores as the text forward's."""
+
+    kind = BackendKind.ONNX
+    precision = "float32"
+    fills_inputs = True
+    input_names = ("pixel_values",)
+    OUTPUT = "image_embeds"
+
+    def __init__(self, path: Path, threads: int) -> None:
+        self.file = path
+        self.by_share = ByShare(threads, partial(_tower_session, path))
+
+    def feed(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"pixel_values": np.ascontiguousarray(arrays["pixel_values"], dtype=np.float32)}
+
+    def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
+        """float32 [n, 3, H, W] -> float32 [n, width]."""
+        made = self.by_share.get(self.by_share.share(threads))
+        (result,) = made.run([self.OUTPUT], inputs)
+        return np.asarray(result, dtype=np.float32)
+
+    def nearer(self) -> None:
+        return None
+
+
+def _tower_session(path: Path, threads: int) -> Any:
+    """As the image tower's sessions have always been made: ONNX Runtime's default
+    execution mode and graph optimizations."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

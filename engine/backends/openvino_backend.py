@@ -8,10 +8,13 @@ side (the queue's second worker busy too) run on a second compilation with a str
 share of the threads, so that they split the cores instead of waiting for the one stream.
 On 2 cores, in alternating rounds: THROUGHPUT alone served 1.13x the calls at C=64 and cost
 lone calls 16%; the two compilations together 1.06x at C=64 and no loss at C=1
-(benchmarks/results/cpu-2core-alternate-openvino-*streams.json)."""
+(benchmarks/results/cpu-2core-alternate-openvino-*streams.json).
+
+An image model's image tower compiles engine/backends/image_tower.py's ONNX export."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from pathlib import Path
@@ -20,8 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from pooling_server.engine.backends import INPUT_NAMES, BackendKind, ByShare
-from pooling_server.engine.backends.export import ForwardOnly, output_name
+from pooling_server.engine.backends import (
+    INPUT_NAMES,
+    BackendKind,
+    BackendOptions,
+    BackendUnavailable,
+    ByShare,
+    read_calibration,
+)
+from pooling_server.engine.backends.export import Exported, ForwardOnly, ModelSource, output_name
 from pooling_server.engine.models.model_info import HeadKind
 
 log = logging.getLogger(__name__)
@@ -87,10 +97,61 @@ def is_quantized(model: Any) -> bool:
     return any(op.get_type_name() in INT8_OPS for op in model.get_ordered_ops())
 
 
-class OpenVinoBackend:
+class OpenVinoBackend(Exported):
     """A compiled model on the CPU; each calling thread gets its own infer request."""
 
     kind = BackendKind.OPENVINO
+    package = "openvino"
+    suffix = ".xml"
+    files = ("openvino_model.xml", "openvino_model_qint8.xml")
+
+    version = staticmethod(version)
+
+    @classmethod
+    def export(
+        cls,
+        source: ModelSource,
+        example: dict[str, np.ndarray],
+        options: BackendOptions,
+        folder: Path,
+        name: str,
+    ) -> None:
+        model = convert(source.module, source.head, example)
+        if options.quantize:
+            try:
+                import nncf  # noqa: F401
+            except ImportError as exc:
+                raise BackendUnavailable(
+                    f"model {source.name}: --quantize int8 on openvino needs the nncf "
+                    f"package, which does not import here ({exc}); install it, or use "
+                    "--backend onnx"
+                ) from None
+            texts = read_calibration(options.calibration_file, source.name)
+            model = quantize(model, [source.inputs([text]) for text in texts])
+        save(model, folder / name)
+
+    @classmethod
+    def key_settings(cls, source: ModelSource, options: BackendOptions) -> dict[str, Any]:
+        """int8: nncf's version and the calibration texts shape the export too."""
+        if not options.quantize:
+            return {}
+        import nncf
+
+        texts = read_calibration(options.calibration_file, source.name)
+        return {
+            "nncf": nncf.__version__,
+            "calibration": hashlib.sha256("\n".join(texts).encode()).hexdigest(),
+        }
+
+    @classmethod
+    def open(cls, path: Path, head: HeadKind, threads: int, auto: bool = False) -> OpenVinoBackend:
+        """`auto`: a float32 export infers in bfloat16 where the CPU computes it itself (see
+        select.py's choice: the parity check holds it to float32's bar)."""
+        return cls(path, head, threads, bf16=auto and bf16_native())
+
+    @classmethod
+    def open_image_tower(cls, path: Path, threads: int) -> OpenVinoImageTower:
+        return OpenVinoImageTower(path, threads)
 
     def __init__(self, path: Path, head: HeadKind, threads: int, bf16: bool = False) -> None:
         """`bf16`: infer in bfloat16 (OpenVINO's precision hint), weights as they are."""
@@ -158,6 +219,50 @@ class OpenVinoBackend:
             "INFERENCE_PRECISION_HINT": self._hint,
         }
 
-    def in_float32(self) -> OpenVinoBackend:
+    def nearer(self) -> OpenVinoBackend | None:
         """The same file compiled to infer in float32: where bfloat16 fails the check."""
+        if self.precision != "bfloat16":
+            return None
         return OpenVinoBackend(self.file, self._head, self.threads)
+
+
+class OpenVinoImageTower:
+    """An image tower's ONNX export compiled for the CPU in float32, a compilation per share
+    of the cores; each calling thread gets its own infer request on each."""
+
+    kind = BackendKind.OPENVINO
+    precision = "float32"
+    fills_inputs = True
+    input_names = ("pixel_values",)
+
+    def __init__(self, path: Path, threads: int) -> None:
+        self.file = path
+        self._local = threading.local()
+        self.by_share = ByShare(threads, self._compile)
+
+    def _compile(self, threads: int) -> Any:
+        import openvino as ov
+
+        config = {
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": "f32",
+        }
+        return ov.Core().compile_model(str(self.file), "CPU", config)
+
+    def feed(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"pixel_values": np.ascontiguousarray(arrays["pixel_values"], dtype=np.float32)}
+
+    def run(self, inputs: dict[str, np.ndarray], threads: int | None = None) -> np.ndarray:
+        """float32 [n, 3, H, W] -> float32 [n, width]."""
+        made = self.by_share.get(self.by_share.share(threads))
+        requests: dict[int, Any] = getattr(self._local, "requests", None) or {}
+        self._local.requests = requests
+        request = requests.get(id(made))
+        if request is None:
+            request = requests[id(made)] = made.create_infer_request()
+        request.infer({0: inputs["pixel_values"]})
+        return np.array(request.get_output_tensor(0).data, dtype=np.float32)
+
+    def nearer(self) -> None:
+        return None

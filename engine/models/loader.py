@@ -366,7 +366,7 @@ def load_model(
         tokenizer.tokenize(["warm up"]),
         torch.nn.Sequential(*projection) if projection else None,
     )
-    del module  # the runner holds it; a backend that replaces the runner lets it go
+    del module  # the runner holds it; an export that replaces it lets it go
     if (
         folder.head is HeadKind.LLM_SCORE
         or folder.multi_vector is not None
@@ -374,7 +374,7 @@ def load_model(
     ):
         runner.info = _torch_only(spec, runner.info, dtype)
     else:
-        runner = _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
+        _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
     runner.info = _computed_ranges(spec, folder, runner, attn_implementation, runtime)
     _attach_graphs(runner, cuda_graphs, tokenizer.uses_token_type_ids)
     return LoadedModel(runner.info, tokenizer, runner)
@@ -388,7 +388,7 @@ def _attach_graphs(
     eager, with a warning, rather than stopping the server. The graphs take token types
     where the eager forward gets them: the module takes them and the tokenizer makes them."""
     module, name = runner.module, runner.info.name
-    torch_forward = runner.backend is None and module is not None
+    torch_forward = module is not None  # None: an export runs the forward
     attention = attention_of(module) if module is not None else None
     reason = why_eager(settings, runner.device, torch_forward, attention)
     if reason is not None:
@@ -839,40 +839,29 @@ def _choose_forward(
     runtime: RuntimeSettings | None,
     dtype: torch.dtype,
     threads: int,
-) -> ModelRunner:
+) -> None:
     """Pick what runs the transformer's forward (--backend: torch, or an ONNX Runtime or
-    OpenVINO export checked against `runner`'s torch one) and return the runner that uses
-    it, its info saying which; logged."""
-    tokenizer, module = folder.tokenizer, runner.module
-    assert module is not None  # the runner given runs torch
+    OpenVINO export checked against `runner`'s torch forward) and run `runner` on it, its
+    info saying which; logged."""
+    tokenizer = folder.tokenizer
     source = ModelSource(
         name=spec.served_name,
         folder=folder.path,
         head=folder.head,
-        module=module,
+        torch=runner.backend,  # type: ignore[arg-type]
+        dtype=dtype,
         inputs=lambda texts: runner.arrays(tokenizer.tokenize(texts)),
-        reference=runner.raw,
         key_extra=_key_extra(spec, attn_implementation),
     )
     chosen = choose_backend(
         source, spec.backend, runtime or RuntimeSettings(), runner.device, dtype, threads
     )
+    del source  # an export holds its own weights
+    runner.use(chosen.backend)
     info = replace(
         runner.info, backend=str(chosen.kind), precision=chosen.precision, backend_file=chosen.file
     )
-    if chosen.backend is not None:
-        del source, module  # the backend holds its own weights
-        runner = ModelRunner(
-            None,
-            info,
-            tokenizer.pad_token_id,
-            runner.device,
-            runner.warm_up_batch,
-            runner.projection,
-            backend=chosen.backend,
-        )
-    else:
-        runner.info = info
+    runner.info = info
     log.info(
         "model %s: forward on %s %s%s (%s)",
         info.name,
@@ -881,4 +870,3 @@ def _choose_forward(
         f", file {info.backend_file}" if info.backend_file else "",
         chosen.how,
     )
-    return runner

@@ -1,15 +1,14 @@
 """One forward pass over a padded batch, returning each sequence's raw output on the CPU.
 
-The forward runs on torch or on a compiled backend (engine/backends: ONNX Runtime,
-OpenVINO); either way its output goes through the same pooling, projection and SPLADE
-code here, so the backend is invisible to the queue and to everything after it.
+The forward runs on a backend (engine/backends: torch, ONNX Runtime, OpenVINO), all behind
+one interface; its output goes through the same pooling, projection and SPLADE code here,
+so the backend is invisible to the queue and to everything after it.
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from pooling_server.engine.backends import Backend
+from pooling_server.engine.backends.torch_backend import TorchBackend, features
 from pooling_server.engine.inputs.modality import PixelFrame, is_image
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.models.cuda_graphs import GraphedForward
@@ -61,28 +61,48 @@ class ModelRunner:
         backend: Backend | None = None,
     ) -> None:
         """`projection`: sentence-transformers' Dense modules, applied to pooled vectors.
-        `backend`: runs the transformer's forward instead of `module` (then None)."""
-        self.module = module
-        self.backend = backend
+        `backend`: what runs the forward; None: torch, on `module`."""
         self.projection = projection
         self.warm_up_batch = list(warm_up_batch)
         self.info = info
         self.pad_token_id = pad_token_id
         self.device = device
-        # Decoders get no token_type_ids even when the tokenizer makes them.
-        self.accepts_token_type_ids = (
-            "token_type_ids" in backend.input_names
-            if backend is not None
-            else module is not None
-            and "token_type_ids" in inspect.signature(module.forward).parameters
-        )
         self.threads: ThreadShare | None = None  # None: leave torch's setting alone
-        # The torch module's forward replayed from CUDA graphs where a batch's shape has one
-        # (engine/models/cuda_graphs.py); None: always eager.
-        self.graphs: GraphedForward | None = None
-        # A two-tower model's image tower exported to ONNX Runtime or OpenVINO
-        # (engine/backends/image_tower.py); None: torch.
-        self.image_backend: Any = None
+        self.use(backend or TorchBackend(module, info.head, device))  # type: ignore[arg-type]
+        # A two-tower model's image tower (engine/backends/image_tower.py): torch's
+        # get_image_features, or its export; set where such a model loads.
+        self.image_backend: Backend | None = None
+        # A two-tower family's own tower for its frames (CLAP's audio tower): the frames in,
+        # one vector per frame out; None: the image tower above.
+        self.frame_tower: Callable[[Sequence[PixelFrame], int | None], np.ndarray] | None = None
+
+    def use(self, backend: Backend) -> None:
+        """Run the forward on `backend` from now on (the loader's choice, after the torch
+        one it was checked against): the runner lets go of whatever ran it before."""
+        self.backend = backend
+        self.accepts_token_type_ids = "token_type_ids" in backend.input_names
+        # An export's graph takes token types wherever it names them: zeros where the
+        # tokenizer makes none, as the torch module defaults them.
+        self.fills_token_types = backend.fills_inputs and self.accepts_token_type_ids
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The torch module that runs the forward; None on an export."""
+        return self.backend.module  # type: ignore[attr-defined,no-any-return]
+
+    @module.setter
+    def module(self, module: torch.nn.Module) -> None:
+        self.backend.module = module  # type: ignore[attr-defined]
+
+    @property
+    def graphs(self) -> GraphedForward | None:
+        """The torch forward replayed from CUDA graphs where a batch's shape has one
+        (engine/models/cuda_graphs.py); None: always eager."""
+        return self.backend.graphs  # type: ignore[attr-defined,no-any-return]
+
+    @graphs.setter
+    def graphs(self, graphs: GraphedForward | None) -> None:
+        self.backend.graphs = graphs  # type: ignore[attr-defined]
 
     def arrays(self, batch: Sequence[TokenSequence]) -> dict[str, np.ndarray]:
         """Right-pad to the longest sequence, filled in numpy: a tensor per row costs more
@@ -101,9 +121,8 @@ class ModelRunner:
         with_types = self.accepts_token_type_ids and all(
             e.token_type_ids is not None for e in batch
         )
-        zeros = self.backend is not None and self.accepts_token_type_ids
         arrays = {"input_ids": ids, "attention_mask": filled.astype(np.int64)}
-        if with_types or zeros:
+        if with_types or self.fills_token_types:
             types = np.zeros((len(batch), longest), dtype=np.int64)
             if with_types:
                 types[filled] = _joined(
@@ -113,12 +132,9 @@ class ModelRunner:
             arrays["token_type_ids"] = types
         return arrays
 
-    def collate(self, batch: Sequence[TokenSequence]) -> dict[str, torch.Tensor]:
-        """The padded batch as tensors; pinned memory speeds the copy to a GPU."""
-        inputs = {k: torch.from_numpy(v) for k, v in self.arrays(batch).items()}
-        if self.device.type == "cuda":
-            return {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in inputs.items()}
-        return inputs
+    def collate(self, batch: Sequence[TokenSequence]) -> dict[str, Any]:
+        """The padded batch as the backend takes it (torch: tensors on the device)."""
+        return self.backend.feed(self.arrays(batch))
 
     def forward(
         self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], alone: bool = True
@@ -130,17 +146,9 @@ class ModelRunner:
             torch.set_num_threads(threads)
         return self._forward(batch, keep_tokens, threads)
 
-    def raw(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """The torch module's output for a padded batch (the parity reference of backends)."""
-        assert self.module is not None
-        with torch.inference_mode():
-            tensors = {k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()}
-            return self._output(self.module(**tensors)).float().cpu().numpy()
-
     def _output(self, output: object) -> torch.Tensor:
-        if self.info.head is HeadKind.HIDDEN:
-            return output.last_hidden_state  # type: ignore[attr-defined]
-        return output.logits  # type: ignore[attr-defined]
+        """The tensor of the torch module's output the runner reads (GraphedForward's)."""
+        return self.backend.output(output)  # type: ignore[attr-defined,no-any-return]
 
     @torch.inference_mode()
     def _forward(
@@ -150,18 +158,12 @@ class ModelRunner:
         module's stays a tensor on its device until the pooled vectors come back."""
         if self.info.towers is not None:
             return self._towers(batch, self.info.towers, threads)
-        output: np.ndarray | torch.Tensor
-        mask: np.ndarray | torch.Tensor
-        if self.backend is not None:
-            arrays = self.arrays(batch)
-            feed = {name: arrays[name] for name in self.backend.input_names}
-            output, mask = self.backend.run(feed, threads), arrays["attention_mask"]
-        else:
-            assert self.module is not None
-            inputs = self.collate(batch)
-            graphed = self.graphs(inputs) if self.graphs is not None else None
-            output = self._output(self.module(**inputs)) if graphed is None else graphed
-            mask = inputs["attention_mask"]
+        arrays = self.arrays(batch)
+        inputs = self.backend.feed(arrays)
+        output: np.ndarray | torch.Tensor = self.backend.run(inputs, threads)
+        # The mask where the output is: the host's arrays, or torch's tensor on its device.
+        on_host = isinstance(output, np.ndarray)
+        mask = arrays["attention_mask"] if on_host else inputs["attention_mask"]
         lengths = [len(e) for e in batch]
         head = self.info.head
         if head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE):  # one row per sequence
@@ -218,7 +220,8 @@ class ModelRunner:
         outputs: list[np.ndarray] = [None] * len(batch)  # type: ignore[list-item]
         texts = [i for i, e in enumerate(batch) if not is_image(e)]
         images = [i for i, e in enumerate(batch) if is_image(e)]
-        for positions, tower in ((texts, self._text_tower), (images, self._image_tower)):
+        frame_tower = self.frame_tower or self._image_tower
+        for positions, tower in ((texts, self._text_tower), (images, frame_tower)):
             if positions:
                 rows = tower([batch[i] for i in positions], threads)
                 for i, row in zip(positions, rows, strict=True):
@@ -240,40 +243,18 @@ class ModelRunner:
         if settings.text_mask:
             inputs["attention_mask"] = torch.from_numpy(mask).to(self.device)
         assert self.module is not None
-        return _features(self.module.get_text_features(**inputs))
+        return features(self.module.get_text_features(**inputs))
 
     def _image_tower(self, batch: Sequence[PixelFrame], threads: int | None) -> np.ndarray:
-        if self.image_backend is not None:
-            return self.image_backend.run(np.stack([f.pixels for f in batch]), threads)
-        assert self.module is not None
-        dtype = next(self.module.parameters()).dtype
+        """The image backend on the frames' arrays: fixed-size pixels stacked, or SigLIP 2's
+        patches (each frame [rows, cols, patch values])."""
+        assert self.module is not None and self.image_backend is not None
         if self.module.config.model_type == "siglip2":  # NaFlex: [rows, cols, patch values]
-            return self._naflex_tower(batch, dtype)
-        pixels = torch.from_numpy(np.stack([frame.pixels for frame in batch]))
-        pixels = pixels.to(self.device, dtype=dtype, non_blocking=True)
-        return _features(self.module.get_image_features(pixel_values=pixels))
-
-    def _naflex_tower(self, batch: Sequence[PixelFrame], dtype: torch.dtype) -> np.ndarray:
-        """SigLIP 2's variable-resolution tower: each image's patches in a row, padded to
-        the batch's longest, with the mask over the real ones and each image's grid (the
-        processor pads to max_num_patches; the mask makes the padding's length moot)."""
-        longest = max(len(frame) for frame in batch)
-        width = batch[0].pixels.shape[-1]
-        pixels = np.zeros((len(batch), longest, width), np.float32)
-        mask = np.zeros((len(batch), longest), np.int64)
-        shapes = np.zeros((len(batch), 2), np.int64)
-        for i, frame in enumerate(batch):
-            rows, cols, _ = frame.pixels.shape
-            pixels[i, : rows * cols] = frame.pixels.reshape(rows * cols, width)
-            mask[i, : rows * cols] = 1
-            shapes[i] = (rows, cols)
-        assert self.module is not None
-        output = self.module.get_image_features(
-            pixel_values=torch.from_numpy(pixels).to(self.device, dtype=dtype),
-            pixel_attention_mask=torch.from_numpy(mask).to(self.device),
-            spatial_shapes=torch.from_numpy(shapes).to(self.device),
-        )
-        return _features(output)
+            arrays = _naflex_arrays(batch)
+        else:
+            arrays = {"pixel_values": np.stack([frame.pixels for frame in batch])}
+        tower = self.image_backend
+        return tower.run(tower.feed(arrays), threads)  # type: ignore[no-any-return]
 
     def warm_up(self, alone: bool = True) -> None:
         """Run once on the thread that will serve: torch's thread pools, and CUDA's handles,
@@ -282,11 +263,21 @@ class ModelRunner:
             self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)
 
 
-def _features(output: Any) -> np.ndarray:
-    """A tower's vectors as float32 rows: transformers 5 returns them as the output's
-    pooler_output, earlier releases as a bare tensor."""
-    tensor = output if isinstance(output, torch.Tensor) else output.pooler_output
-    return tensor.float().cpu().numpy()
+def _naflex_arrays(batch: Sequence[PixelFrame]) -> dict[str, np.ndarray]:
+    """SigLIP 2's variable-resolution tower: each image's patches in a row, padded to the
+    batch's longest, with the mask over the real ones and each image's grid (the processor
+    pads to max_num_patches; the mask makes the padding's length moot)."""
+    longest = max(len(frame) for frame in batch)
+    width = batch[0].pixels.shape[-1]
+    pixels = np.zeros((len(batch), longest, width), np.float32)
+    mask = np.zeros((len(batch), longest), np.int64)
+    shapes = np.zeros((len(batch), 2), np.int64)
+    for i, frame in enumerate(batch):
+        rows, cols, _ = frame.pixels.shape
+        pixels[i, : rows * cols] = frame.pixels.reshape(rows * cols, width)
+        mask[i, : rows * cols] = 1
+        shapes[i] = (rows, cols)
+    return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
 
 
 def _span_means(rows: Any, pools: tuple[int, ...]) -> Any:

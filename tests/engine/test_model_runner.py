@@ -54,7 +54,7 @@ def test_padded_arrays_are_the_rows_padded_one_by_one() -> None:
 
     rng = np.random.default_rng(0)
     runner = ModelRunner.__new__(ModelRunner)
-    runner.pad_token_id, runner.backend = 7, None
+    runner.pad_token_id, runner.fills_token_types = 7, False
     for with_types in (False, True):
         runner.accepts_token_type_ids = with_types
         for as_array in (False, True):

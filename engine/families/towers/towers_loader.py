@@ -1,8 +1,9 @@
 """Loading a two-tower image-text model: CLIP, SigLIP or SigLIP 2, from a transformers
 folder or sentence-transformers' CLIP layout.
 
-Both towers run on torch (text through get_text_features, images through
-get_image_features); the image processor named by the folder runs in the front ends.
+The text tower runs on torch (get_text_features), the image tower on the backend asked for
+(engine/backends/image_tower.py: torch's get_image_features, or its export); the image
+processor named by the folder runs in the front ends.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 from transformers import AutoModel
 
 from pooling_server.engine.backends import BackendKind, RuntimeSettings
+from pooling_server.engine.backends.export import TowerSource
 from pooling_server.engine.backends.image_tower import load_image_tower
+from pooling_server.engine.backends.registry import REGISTRY
 from pooling_server.engine.inputs.modality import Modality
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_folder import ModelFolder, max_input_tokens, served_fields
@@ -35,6 +38,9 @@ from pooling_server.engine.requests.encodings import read_calibration_ranges
 
 log = logging.getLogger(__name__)
 
+# --backend auto keeps both towers on torch: it exports no image tower.
+AUTO_TOWER = {BackendKind.AUTO: BackendKind.TORCH}
+
 
 def load_towers(
     spec: ModelSpec,
@@ -47,11 +53,11 @@ def load_towers(
 ) -> LoadedModel:
     """The model on the device with both towers warm; its info lists both modalities.
     `runtime` and `threads`: an exported image tower's cache and cores."""
-    exported = _image_backend_kind(spec, device, dtype)
+    kind = _image_backend_kind(spec, device, dtype)
     config = folder.config
-    if exported is not None and config.model_type == "siglip2":
+    if REGISTRY[kind].exported and config.model_type == "siglip2":
         raise ValueError(
-            f"model {spec.served_name}: --backend {exported} exports a fixed-size image "
+            f"model {spec.served_name}: --backend {kind} exports a fixed-size image "
             "tower; SigLIP 2's NaFlex towers (Siglip2Model, variable resolution) run on "
             "torch: pass --backend torch"
         )
@@ -115,11 +121,10 @@ def load_towers(
     warm_up: list[Any] = list(tokenizer.tokenize(["warm up"]))
     warm_up.append(processor.blank())
     runner = ModelRunner(module, _replace(info, towers=settings), tokenizer.pad_token_id, device)
-    if exported is not None:
-        runner.image_backend = load_image_tower(
-            exported, spec.served_name, folder.path, module, settings.image_size, runtime, threads
-        )
-        info = _replace(info, backend=str(exported), backend_file=str(runner.image_backend.file))
+    tower = TowerSource(spec.served_name, folder.path, module, device, settings.image_size)
+    runner.image_backend = load_image_tower(kind, tower, runtime, threads)
+    file = runner.image_backend.file
+    info = _replace(info, backend=str(kind), backend_file=str(file) if file else "")
     width = int(runner.forward(warm_up[:1], [False])[0].shape[-1])
     ranges = read_calibration_ranges(Path(folder.path), width)
     info = _replace(info, towers=settings, hidden_size=width, calibration_ranges=ranges)
@@ -148,12 +153,10 @@ def _replace(value: Any, **changes: Any) -> Any:
     return replace(value, **changes)
 
 
-def _image_backend_kind(
-    spec: ModelSpec, device: torch.device, dtype: torch.dtype
-) -> BackendKind | None:
-    """Where the image tower runs besides torch: --backend onnx or openvino moves it to an
-    export of its own (CPU, float32); auto and torch keep both towers on torch. A shipped
-    --backend-file (one forward: a text model's) and --quantize are refused."""
+def _image_backend_kind(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> BackendKind:
+    """Where the image tower runs: --backend onnx or openvino moves it to an export of its
+    own (CPU, float32); auto and torch keep both towers on torch. A shipped --backend-file
+    (one forward: a text model's) and --quantize are refused."""
     options = spec.backend
     name = spec.served_name
     if options.file:
@@ -165,12 +168,11 @@ def _image_backend_kind(
         raise ValueError(
             f"model {name}: --quantize does not apply to an image model (CLIP, SigLIP)"
         )
-    if options.kind in (BackendKind.AUTO, BackendKind.TORCH):
-        return None
-    if device.type != "cpu" or dtype != torch.float32:
+    kind = AUTO_TOWER.get(options.kind, options.kind)
+    if not REGISTRY[kind].runs_here(device, dtype):
         raise ValueError(
             f"model {name}: --backend {options.kind} runs the image tower in float32 on the "
             f"CPU, not {str(dtype).removeprefix('torch.')} on {device}; pass --device cpu or "
             "--backend torch"
         )
-    return options.kind
+    return kind
