@@ -11,6 +11,7 @@ def embedder_info(**fields: object) -> ModelInfo:
     """A small BERT embedder (hidden 32, 128 tokens, mean pooling); `fields` override."""
     base: dict[str, object] = {
         "name": "m",
+        "family": "encoder",
         "architecture": "BertModel",
         "head": HeadKind.HIDDEN,
         "tasks": (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),

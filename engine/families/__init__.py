@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 # specific layouts come first; the plain encoder takes any folder no other family claims.
 ORDER = (
     "towers",
+    "clap",
     "llm_reranker",
     "colbert",
     "bge_m3",
@@ -62,6 +63,15 @@ class Family:
     plan: Planner  # a validated request into the sequences to compute and their finishing
     loading: str  # the module (a FamilyLoading) imported where models load
     rules: FamilyRules = FamilyRules()
+    # The backends its forward runs on (engine/backends' BackendKind values), and how
+    # messages name a model of it where that is not all of them: a module no export
+    # follows (a scorer reading two logits, heads of its own) runs on torch only.
+    backends: tuple[str, ...] = ("torch", "onnx", "openvino")
+    title: str = ""
+    # A two-tower family's preprocessing of its inputs that are not texts (a FrameMaker:
+    # decoding within bounds into Frames), built from the model's facts in every process
+    # that plans, torch-free; None: the family takes texts only.
+    preprocessor: Callable[[ModelInfo], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,19 @@ class FamilyLoading(Protocol):
     def load(self, folder: ModelFolder, reading: object, context: LoadContext) -> LoadedModel:
         """The model loaded on the context's device, with its facts (ModelInfo.family set
         to this family's name) and its forward."""
+
+
+def deferred(module: str, name: str) -> Planner:
+    """A planner found on its first call: for a family whose own modules the generic ones
+    still import, so that its package cannot import them back while they load."""
+    found: list[Planner] = []
+
+    def plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+        if not found:
+            found.append(getattr(importlib.import_module(module), name))
+        return found[0](resolved, model, limits)
+
+    return plan
 
 
 @cache

@@ -34,6 +34,8 @@ from transformers.models.auto.modeling_auto import (
 
 from pooling_server.engine.backends import BackendKind, RuntimeSettings, read_calibration
 from pooling_server.engine.backends.select import ModelSource, choose_backend, model_key
+from pooling_server.engine.families import ORDER, LoadContext, loading
+from pooling_server.engine.families import family as family_facts
 from pooling_server.engine.families.bge_m3.multi_output import (
     MultiOutputSettings,
     check_first_token,
@@ -55,7 +57,6 @@ from pooling_server.engine.families.llm_reranker.score_template import (
     bind_template,
     find_template,
 )
-from pooling_server.engine.families.towers.towers_loader import load_towers
 from pooling_server.engine.inputs.tokenization import ModelTokenizer, TokenizerSpec, TokenSequence
 from pooling_server.engine.models.calibration import COMPUTED, FOLDER, Forward, computed_ranges
 from pooling_server.engine.models.cuda_graphs import (
@@ -347,14 +348,30 @@ def load_model(
     threads: int = 1,
     cuda_graphs: GraphSettings | None = None,
 ) -> LoadedModel:
-    """`runtime` and `threads`: the backends' cache and the cores their forward may use.
-    `cuda_graphs`: capture the torch forward as CUDA graphs (on CUDA only); None: eager."""
+    """The folder read once, then loaded by the first family (in ORDER) whose loading reads
+    it as its own. `runtime` and `threads`: the backends' cache and the cores their forward
+    may use. `cuda_graphs`: capture the torch forward as CUDA graphs (on CUDA only); None:
+    eager."""
     folder = _read_folder(spec)
-    if folder.head is HeadKind.TOWERS:
-        return load_towers(spec, folder, device, dtype, is_default, runtime, threads)
+    context = LoadContext(
+        spec, device, dtype, attn_implementation, is_default, runtime, threads, cuda_graphs
+    )
+    for name in ORDER:
+        family_loading = loading(name)
+        reading = family_loading.read(folder)
+        if reading is not None:
+            return family_loading.load(folder, reading, context)
+    raise ValueError(f"{folder.path}: no model family serves this folder")
+
+
+def load_transformer(folder: ModelFolder, context: LoadContext, family: str) -> LoadedModel:
+    """A transformers module over token sequences, its facts as `family` serves it, and the
+    forward chosen (torch, or an export), with its int8 ranges and CUDA graphs."""
+    spec, device, dtype = context.spec, context.device, context.dtype
+    attn_implementation, runtime = context.attn_implementation, context.runtime
     projection = _load_projection(folder, device)
     module = _load_module(folder, device, dtype, attn_implementation)
-    info = _model_info(spec, folder, module, projection, is_default)
+    info = _model_info(spec, folder, module, projection, context.is_default, family)
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
         log.warning("model %s: --long-input chunk does not apply to classifiers", info.name)
     tokenizer = folder.tokenizer
@@ -367,16 +384,9 @@ def load_model(
         torch.nn.Sequential(*projection) if projection else None,
     )
     del module  # the runner holds it; an export that replaces it lets it go
-    if (
-        folder.head is HeadKind.LLM_SCORE
-        or folder.multi_vector is not None
-        or folder.multi_output_heads is not None
-    ):
-        runner.info = _torch_only(spec, runner.info, dtype)
-    else:
-        _choose_forward(spec, folder, runner, attn_implementation, runtime, dtype, threads)
+    _choose_forward(folder, runner, context, family)
     runner.info = _computed_ranges(spec, folder, runner, attn_implementation, runtime)
-    _attach_graphs(runner, cuda_graphs, tokenizer.uses_token_type_ids)
+    _attach_graphs(runner, context.cuda_graphs, tokenizer.uses_token_type_ids)
     return LoadedModel(runner.info, tokenizer, runner)
 
 
@@ -570,6 +580,7 @@ def _model_info(
     module: torch.nn.Module,
     projection: Sequence[DenseLayer],
     is_default: bool,
+    family: str,
 ) -> ModelInfo:
     """The model's facts as served (tasks, pooling, labels, sizes, prompts, where it runs):
     what validation, planning and ListModels read."""
@@ -601,6 +612,7 @@ def _model_info(
     ranges = _calibration_ranges(folder.path, tasks, int(config.hidden_size))
     return ModelInfo(
         **served_fields(spec, folder, module, is_default),
+        family=family,
         architecture=(config.architectures or [type(module).__name__])[0],
         head=head,
         tasks=tasks,
@@ -661,6 +673,7 @@ def _llm_score_info(
         log.warning("model %s: --long-input chunk does not apply to LLM rerankers", spec.name)
     return ModelInfo(
         **served_fields(spec, folder, module, is_default),
+        family="llm_reranker",
         architecture=(config.architectures or [type(module).__name__])[0],
         head=HeadKind.LLM_SCORE,
         tasks=TASKS_BY_HEAD[HeadKind.LLM_SCORE],
@@ -685,6 +698,7 @@ def _multi_vector_info(
     assert settings is not None
     return ModelInfo(
         **served_fields(spec, folder, module, is_default),
+        family="colbert",
         architecture=(config.architectures or ["BertModel"])[0],
         head=HeadKind.HIDDEN,
         tasks=(Task.EMBED_MULTI, Task.SCORE),
@@ -720,6 +734,7 @@ def _multi_output_info(
         long_input = LongInput.REJECT
     return ModelInfo(
         **served_fields(spec, folder, module, is_default),
+        family="bge_m3",
         architecture=(config.architectures or [type(module.body).__name__])[0],
         head=HeadKind.HIDDEN,
         tasks=(Task.EMBED, Task.EMBED_SPARSE, Task.EMBED_MULTI, Task.EMBED_OUTPUTS, Task.SCORE),
@@ -809,52 +824,31 @@ def _one_thread(
         torch.set_num_threads(previous)
 
 
-def _torch_only(spec: ModelSpec, info: ModelInfo, dtype: torch.dtype) -> ModelInfo:
-    """LLM rerankers run on torch: the exported backends hand back full logits, where the
-    scorer reads two rows of the head at one position. Multi-vector models too: the exports
-    know nothing of their projection and expansion mask."""
-    options = spec.backend
-    kind = "an LLM reranker (score template)"
-    if info.multi_vector is not None:
-        kind = "a multi-vector model"
-    elif info.multi_output is not None:
-        kind = "a multi-output (bge-m3) model"
-    if options.kind not in (BackendKind.AUTO, BackendKind.TORCH) or options.file:
-        raise ValueError(
-            f"model {info.name}: {kind} runs on --backend torch "
-            f"only, not {options.kind}{' with --backend-file' if options.file else ''}"
-        )
-    if options.quantize:
-        raise ValueError(f"model {info.name}: --quantize does not apply to {kind}")
-    precision = str(dtype).removeprefix("torch.")
-    log.info("model %s: forward on torch %s (%s)", info.name, precision, kind)
-    return replace(info, backend=str(BackendKind.TORCH), precision=precision)
-
-
 def _choose_forward(
-    spec: ModelSpec,
-    folder: ModelFolder,
-    runner: ModelRunner,
-    attn_implementation: str | None,
-    runtime: RuntimeSettings | None,
-    dtype: torch.dtype,
-    threads: int,
+    folder: ModelFolder, runner: ModelRunner, context: LoadContext, family: str
 ) -> None:
-    """Pick what runs the transformer's forward (--backend: torch, or an ONNX Runtime or
-    OpenVINO export checked against `runner`'s torch forward) and run `runner` on it, its
-    info saying which; logged."""
-    tokenizer = folder.tokenizer
+    """Pick what runs the transformer's forward (--backend, among the backends `family`
+    runs on: torch, or an ONNX Runtime or OpenVINO export checked against `runner`'s torch
+    forward) and run `runner` on it, its info saying which; logged."""
+    spec, tokenizer, facts = context.spec, folder.tokenizer, family_facts(family)
     source = ModelSource(
         name=spec.served_name,
         folder=folder.path,
         head=folder.head,
         torch=runner.backend,  # type: ignore[arg-type]
-        dtype=dtype,
+        dtype=context.dtype,
         inputs=lambda texts: runner.arrays(tokenizer.tokenize(texts)),
-        key_extra=_key_extra(spec, attn_implementation),
+        key_extra=_key_extra(spec, context.attn_implementation),
     )
     chosen = choose_backend(
-        source, spec.backend, runtime or RuntimeSettings(), runner.device, dtype, threads
+        source,
+        spec.backend,
+        context.runtime or RuntimeSettings(),
+        runner.device,
+        context.dtype,
+        context.threads,
+        tuple(map(BackendKind, facts.backends)),
+        facts.title,
     )
     del source  # an export holds its own weights
     runner.use(chosen.backend)

@@ -103,6 +103,9 @@ class TowerSettings:
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
+    # The family that loaded it (engine/families: "encoder", "cross_encoder", ...): whose
+    # rules and plan its requests go through.
+    family: str
     architecture: str
     head: HeadKind
     tasks: tuple[Task, ...]
@@ -153,13 +156,19 @@ class ModelInfo:
     # Dense modules project the pooled vector (sentence-transformers' Dense): a late
     # chunk's mean must be whole before it is projected (engine/requests/late_chunking.py).
     projected: bool = False
-    # What inputs the model accepts (engine/inputs/modality.py's values); an image model's towers.
+    # What inputs the model accepts (engine/inputs/modality.py's values), and a two-tower
+    # model's settings (image-text: CLIP, SigLIP; audio-text: CLAP).
     modalities: tuple[str, ...] = ("text",)
     towers: TowerSettings | None = None
 
     @property
     def accepts_images(self) -> bool:
-        return self.towers is not None
+        return "image" in self.modalities
+
+    @property
+    def accepts_media(self) -> bool:
+        """Whether it takes inputs other than texts: images (CLIP, SigLIP), audio (CLAP)."""
+        return len(self.modalities) > 1
 
     @property
     def is_cross_encoder(self) -> bool:

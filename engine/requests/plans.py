@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.families import family_of
 from pooling_server.engine.families.bge_m3.multi_output import (
     colbert,
     colbert_score,
@@ -23,11 +24,9 @@ from pooling_server.engine.families.bge_m3.multi_output import (
     weighted_outputs,
 )
 from pooling_server.engine.families.colbert.multi_vector import QUERY, MultiVectorSettings, maxsim
-from pooling_server.engine.families.towers.towers import plan_towers
 from pooling_server.engine.inputs.tokenization import TokenSequence, special_edges
 from pooling_server.engine.models.model_info import (
     Activation,
-    HeadKind,
     ModelInfo,
     PoolingType,
     SpladeStrategy,
@@ -85,19 +84,35 @@ def plan_request(
 
 
 def _plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
-    request = resolved.request
-    if (
-        model.info.towers is not None
-    ):  # an image model: texts and images (engine/families/towers/towers.py)
-        return plan_towers(resolved, model, limits)
-    if request.task is Task.SCORE and model.info.score_refusal:
+    return family_of(model.info).plan(resolved, model, limits)
+
+
+def plan_encoder(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    """A pooled text encoder; a decoder LM served without a score template refuses score."""
+    if resolved.request.task is Task.SCORE and model.info.score_refusal:
         raise _no_score_template(model.info)
-    if model.info.multi_output is not None:
-        return _plan_multi_output(resolved, model, limits)
-    if request.task is Task.SCORE and model.info.head is HeadKind.LLM_SCORE:
+    return plan_text(resolved, model, limits)
+
+
+def plan_llm_reranker(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    if resolved.request.task is Task.SCORE:
         return _plan_llm_score(resolved, model, limits)
-    if request.task is Task.SCORE and model.info.multi_vector is not None:
+    return plan_text(resolved, model, limits)
+
+
+def plan_colbert(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    if resolved.request.task is Task.SCORE:
         return _plan_maxsim(resolved, model, limits)
+    return plan_text(resolved, model, limits)
+
+
+def plan_bge_m3(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    return _plan_multi_output(resolved, model, limits)
+
+
+def plan_text(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
+    """The tasks over token sequences: one plan per task."""
+    request = resolved.request
     if request.task is Task.EMBED_MULTI:
         return _plan_multi(resolved, model, limits)
     if request.late_chunking is not None:  # embed only (validation refuses the rest)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, replace
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
+from pooling_server.engine.families import family
 from pooling_server.engine.families.colbert.multi_vector import QUERY
 from pooling_server.engine.models.model_info import (
     HeadKind,
@@ -62,6 +63,8 @@ TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})  # one output r
 # Identifiers are echoed in answers and logs: bounded, so neither can be made huge.
 MAX_REQUEST_ID_BYTES = 256
 MAX_MODEL_NAME_CHARS = 256
+# Which models take each input other than text (for a refusal's message).
+MODELS_BY_MODALITY = {"image": "CLIP, SigLIP", "audio": "CLAP"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,14 @@ class Limits:
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 50_000_000
     max_images_per_request: int = 64
+    # Audio clips (engine/families/clap/audio.py): encoded bytes of one clip, its duration,
+    # sample rate and channels as its header claims them (refused before decoding; only
+    # the model's clip length is ever decoded), and clips in one request.
+    max_audio_bytes: int = 20 * 1024 * 1024
+    max_audio_seconds: float = 600.0
+    max_audio_sample_rate: int = 384_000
+    max_audio_channels: int = 8
+    max_audio_clips_per_request: int = 64
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs microseconds per request
@@ -363,16 +374,19 @@ def _candidate_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 
 def _modalities(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """Images need an image model (ModelCard.modalities), as zero-shot labels do."""
+    """An image or audio clip needs a model that takes it (ModelCard.modalities), as
+    zero-shot labels need a two-tower model."""
     request, info = r.request, r.info
-    if not info.accepts_images and (request.items or request.items_1 or request.items_2):
+    if request.items or request.items_1 or request.items_2:
         for path, items in item_lists(request):
             for i, item in enumerate(items):
-                if isinstance(item, Image):
+                if type(item) is not str and item.modality not in info.modalities:
+                    takes = " and ".join(info.modalities)
                     yield FieldViolation(
-                        f"{path}[{i}].image",
-                        f'model "{info.name}" takes texts only; send images to a model whose '
-                        "modalities include image (CLIP, SigLIP)",
+                        f"{path}[{i}].{item.modality}",
+                        f'model "{info.name}" takes {takes} inputs; send {item.modality} '
+                        f"inputs to a model whose modalities include {item.modality} "
+                        f"({MODELS_BY_MODALITY.get(item.modality, '')})",
                         "MODALITY_NOT_SUPPORTED",
                     )
                     return
@@ -384,11 +398,11 @@ def _zero_shot_model(request: PoolRequest, info: ModelInfo) -> Iterator[FieldVio
     """Candidate labels on classify need an image model (one without classify at all is
     _task_supported's to refuse)."""
     classifies = request.task is Task.CLASSIFY and Task.CLASSIFY in info.tasks
-    if classifies and not info.accepts_images:
+    if classifies and info.towers is None:
         yield FieldViolation(
             "classify.candidate_labels",
             f'model "{info.name}" classifies into its own labels; zero-shot candidate labels '
-            "need an image-text model (CLIP, SigLIP)",
+            "need an image-text or audio-text model (CLIP, SigLIP, CLAP)",
             "ZERO_SHOT_NOT_SUPPORTED",
         )
 
@@ -396,7 +410,7 @@ def _zero_shot_model(request: PoolRequest, info: ModelInfo) -> Iterator[FieldVio
 def _zero_shot_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """An image model has no labels of its own: classify names them."""
     request, info = r.request, r.info
-    if info.accepts_images and request.task is Task.CLASSIFY and not request.candidate_labels:
+    if info.towers is not None and request.task is Task.CLASSIFY and not request.candidate_labels:
         yield FieldViolation(
             "classify.candidate_labels",
             f'model "{info.name}" classifies zero-shot: send candidate_labels (each put in '
@@ -1144,6 +1158,10 @@ def check_tokenize_output(
 class Stage:
     kind: ErrorKind
     checks: tuple[Callable[..., Iterator[FieldViolation]], ...]  # Check, or RerankCheck
+    # Which of a family's rules (FamilyRules' field) run in this stage, after its own.
+    joins: str = ""
+    # The family's rules of this stage renamed as RerankRequest names its fields.
+    rerank: bool = False
 
 
 RULES: tuple[Stage, ...] = (
@@ -1164,10 +1182,12 @@ RULES: tuple[Stage, ...] = (
             _items_shape,
             _candidate_labels,
         ),
+        joins="shape",
     ),
     Stage(
         ErrorKind.FAILED_PRECONDITION,
         (_task_supported, _late_chunking_model, _output_weights_model, _modalities),
+        joins="model",
     ),
     Stage(
         ErrorKind.INVALID_ARGUMENT,
@@ -1183,6 +1203,7 @@ RULES: tuple[Stage, ...] = (
             _zero_shot_labels,
             _output_size,
         ),
+        joins="params",
     ),
     Stage(ErrorKind.FAILED_PRECONDITION, (_calibration,)),
 )
@@ -1200,7 +1221,7 @@ def validate_request(
 
 
 def _validate(resolved: Resolved, limits: Limits, rules: tuple[Stage, ...]) -> Resolved:
-    for stage in rules:
+    for stage in _with_family(rules, resolved.info.family):
         violations = [v for check in stage.checks for v in check(resolved, limits)]
         if violations:
             # Raised as built, never held in a local: the traceback keeps this frame (and
@@ -1208,6 +1229,31 @@ def _validate(resolved: Resolved, limits: Limits, rules: tuple[Stage, ...]) -> R
             # only the garbage collector frees.
             raise _stage_error(stage.kind, violations)
     return resolved
+
+
+# (id of a table, family) -> (the table, it with the family's rules joined): looked up by id
+# since hashing a table of functions would cost every request microseconds; the table is
+# held so that its id stays its own.
+_JOINED: dict[tuple[int, str], tuple[tuple[Stage, ...], tuple[Stage, ...]]] = {}
+
+
+def _with_family(rules: tuple[Stage, ...], name: str) -> tuple[Stage, ...]:
+    found = _JOINED.get((id(rules), name))
+    if found is None or found[0] is not rules:
+        found = _JOINED[id(rules), name] = (rules, _joined(rules, name))
+    return found[1]
+
+
+def _joined(rules: tuple[Stage, ...], name: str) -> tuple[Stage, ...]:
+    """`rules` with the family's own rules joined to the stages they run in."""
+    own = family(name).rules
+    joined = []
+    for stage in rules:
+        extra: tuple[Check, ...] = getattr(own, stage.joins) if stage.joins else ()
+        if stage.rerank:
+            extra = tuple(map(_for_rerank, extra))
+        joined.append(replace(stage, checks=stage.checks + extra))
+    return tuple(joined)
 
 
 def _stage_error(kind: ErrorKind, violations: list[FieldViolation]) -> PoolingError:
@@ -1270,7 +1316,12 @@ def _top_n(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 
 RERANK_RULES: tuple[Stage, ...] = tuple(
-    Stage(stage.kind, ((_top_n,) if k == 0 else ()) + tuple(map(_for_rerank, stage.checks)))
+    Stage(
+        stage.kind,
+        ((_top_n,) if k == 0 else ()) + tuple(map(_for_rerank, stage.checks)),
+        stage.joins,
+        rerank=True,
+    )
     for k, stage in enumerate(RULES)
 )
 

@@ -150,6 +150,7 @@ CALIBRATED = replace(EMBEDDER, name="calibrated", calibration_ranges=[[-1.0] * 3
 CLASSIFIER = replace(
     EMBEDDER,
     name="classifier",
+    family="cross_encoder",
     head=HeadKind.SEQUENCE,
     tasks=(Task.CLASSIFY,),
     activation=Activation.SOFTMAX,

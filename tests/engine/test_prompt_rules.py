@@ -94,7 +94,12 @@ def test_truncate_takes_the_long_character_bound() -> None:
     assert refused(embed(text), info(default_prompt_name=None)).reason == "INPUT_TOO_LONG"
     validate_request(embed(text), info(long_input=LongInput.TRUNCATE), Limits())
     classify = PoolRequest(task=Task.CLASSIFY, texts=(text,))
-    classifier = info(head=HeadKind.SEQUENCE, tasks=(Task.CLASSIFY,), long_input=LongInput.TRUNCATE)
+    classifier = info(
+        family="cross_encoder",
+        head=HeadKind.SEQUENCE,
+        tasks=(Task.CLASSIFY,),
+        long_input=LongInput.TRUNCATE,
+    )
     validate_request(classify, classifier, Limits())
     # Still bounded: 1024 characters per token.
     too_long = embed("x" * (1024 * 128 + 1), params=PoolingParams())

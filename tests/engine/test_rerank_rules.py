@@ -18,6 +18,7 @@ from tests.model_infos import embedder_info
 EMBEDDER = embedder_info(name="embedder", max_input_chars=20)
 CLASSIFIER = ModelInfo(
     name="classifier",
+    family="cross_encoder",
     architecture="BertForSequenceClassification",
     head=HeadKind.SEQUENCE,
     tasks=(Task.CLASSIFY,),

@@ -41,7 +41,7 @@ def request(task: Task = Task.EMBED, truncate: int | None = None, **fields: obje
     return PoolRequest(task=task, texts=("a",), params=params, **fields)  # type: ignore[arg-type]
 
 
-CLASSIFIER = {"head": HeadKind.SEQUENCE, "tasks": (Task.CLASSIFY,)}
+CLASSIFIER = {"family": "cross_encoder", "head": HeadKind.SEQUENCE, "tasks": (Task.CLASSIFY,)}
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,7 @@ def load_towers(
         long_input = LongInput.REJECT
     info = ModelInfo(
         **served_fields(spec, folder, module, is_default),
+        family="towers",
         architecture=(config.architectures or [type(module).__name__])[0],
         head=HeadKind.TOWERS,
         tasks=TASKS_BY_HEAD[HeadKind.TOWERS],
