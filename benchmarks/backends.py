@@ -84,7 +84,7 @@ def in_process(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from tests.engine.test_backends import RETRIEVAL
+    from tests.engine.backends.test_backends import RETRIEVAL
 
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)

@@ -8,7 +8,7 @@ so the backend is invisible to the queue and to everything after it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +16,10 @@ import numpy as np
 import torch
 
 from pooling_server.engine.backends import Backend
-from pooling_server.engine.backends.torch_backend import TorchBackend, features
-from pooling_server.engine.inputs.modality import PixelFrame, is_image
+from pooling_server.engine.backends.torch_backend import TorchBackend
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.models.cuda_graphs import GraphedForward
-from pooling_server.engine.models.model_info import HeadKind, ModelInfo, TowerSettings
+from pooling_server.engine.models.model_info import HeadKind, ModelInfo
 from pooling_server.engine.models.pooling import pool, pool_array, splade
 from pooling_server.engine.models.served import ServedModel
 
@@ -69,12 +68,6 @@ class ModelRunner:
         self.device = device
         self.threads: ThreadShare | None = None  # None: leave torch's setting alone
         self.use(backend or TorchBackend(module, info.head, device))  # type: ignore[arg-type]
-        # A two-tower model's image tower (engine/backends/image_tower.py): torch's
-        # get_image_features, or its export; set where such a model loads.
-        self.image_backend: Backend | None = None
-        # A two-tower family's own tower for its frames (CLAP's audio tower): the frames in,
-        # one vector per frame out; None: the image tower above.
-        self.frame_tower: Callable[[Sequence[PixelFrame], int | None], np.ndarray] | None = None
 
     def use(self, backend: Backend) -> None:
         """Run the forward on `backend` from now on (the loader's choice, after the torch
@@ -156,8 +149,6 @@ class ModelRunner:
     ) -> list[np.ndarray]:
         """A backend's output stays in numpy through pooling (see pool_array); the torch
         module's stays a tensor on its device until the pooled vectors come back."""
-        if self.info.towers is not None:
-            return self._towers(batch, self.info.towers, threads)
         arrays = self.arrays(batch)
         inputs = self.backend.feed(arrays)
         output: np.ndarray | torch.Tensor = self.backend.run(inputs, threads)
@@ -210,74 +201,11 @@ class ModelRunner:
             outputs[i] = means
         return outputs
 
-    def _towers(
-        self, batch: Sequence[Any], settings: TowerSettings, threads: int | None
-    ) -> list[np.ndarray]:
-        """A two-tower model: texts through get_text_features, images through
-        get_image_features (or its export, `image_backend`), each tower once for its part
-        of the batch (the queue forms batches of one tower; a mixed one, the warm-up's,
-        runs both). `threads`: the pass's share of the cores, for an exported tower."""
-        outputs: list[np.ndarray] = [None] * len(batch)  # type: ignore[list-item]
-        texts = [i for i, e in enumerate(batch) if not is_image(e)]
-        images = [i for i, e in enumerate(batch) if is_image(e)]
-        frame_tower = self.frame_tower or self._image_tower
-        for positions, tower in ((texts, self._text_tower), (images, frame_tower)):
-            if positions:
-                rows = tower([batch[i] for i in positions], threads)
-                for i, row in zip(positions, rows, strict=True):
-                    outputs[i] = row
-        return outputs
-
-    def _text_tower(self, batch: Sequence[TokenSequence], threads: int | None) -> np.ndarray:
-        """Padded as the model's processor pads (SigLIP: to its fixed length), with the
-        attention mask only where its tokenizer makes one."""
-        settings = self.info.towers
-        assert settings is not None
-        arrays = self.arrays(batch)
-        ids, mask = arrays["input_ids"], arrays["attention_mask"]
-        missing = settings.text_length - ids.shape[1]
-        if missing > 0:
-            ids = np.pad(ids, ((0, 0), (0, missing)), constant_values=self.pad_token_id)
-            mask = np.pad(mask, ((0, 0), (0, missing)))
-        inputs = {"input_ids": torch.from_numpy(ids).to(self.device)}
-        if settings.text_mask:
-            inputs["attention_mask"] = torch.from_numpy(mask).to(self.device)
-        assert self.module is not None
-        return features(self.module.get_text_features(**inputs))
-
-    def _image_tower(self, batch: Sequence[PixelFrame], threads: int | None) -> np.ndarray:
-        """The image backend on the frames' arrays: fixed-size pixels stacked, or SigLIP 2's
-        patches (each frame [rows, cols, patch values])."""
-        assert self.module is not None and self.image_backend is not None
-        if self.module.config.model_type == "siglip2":  # NaFlex: [rows, cols, patch values]
-            arrays = _naflex_arrays(batch)
-        else:
-            arrays = {"pixel_values": np.stack([frame.pixels for frame in batch])}
-        tower = self.image_backend
-        return tower.run(tower.feed(arrays), threads)  # type: ignore[no-any-return]
-
     def warm_up(self, alone: bool = True) -> None:
         """Run once on the thread that will serve: torch's thread pools, and CUDA's handles,
         belong to the calling thread, so warming anywhere else leaves the first request slow."""
         if self.warm_up_batch:
             self.forward(self.warm_up_batch, [False] * len(self.warm_up_batch), alone)
-
-
-def _naflex_arrays(batch: Sequence[PixelFrame]) -> dict[str, np.ndarray]:
-    """SigLIP 2's variable-resolution tower: each image's patches in a row, padded to the
-    batch's longest, with the mask over the real ones and each image's grid (the processor
-    pads to max_num_patches; the mask makes the padding's length moot)."""
-    longest = max(len(frame) for frame in batch)
-    width = batch[0].pixels.shape[-1]
-    pixels = np.zeros((len(batch), longest, width), np.float32)
-    mask = np.zeros((len(batch), longest), np.int64)
-    shapes = np.zeros((len(batch), 2), np.int64)
-    for i, frame in enumerate(batch):
-        rows, cols, _ = frame.pixels.shape
-        pixels[i, : rows * cols] = frame.pixels.reshape(rows * cols, width)
-        mask[i, : rows * cols] = 1
-        shapes[i] = (rows, cols)
-    return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
 
 
 def _span_means(rows: Any, pools: tuple[int, ...]) -> Any:

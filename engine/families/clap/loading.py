@@ -17,6 +17,7 @@ from pooling_server.engine.backends import BackendKind
 from pooling_server.engine.families import LoadContext
 from pooling_server.engine.families.clap import LABEL_TEMPLATE
 from pooling_server.engine.families.clap.audio import AudioFrames, AudioSettings, read_settings
+from pooling_server.engine.families.towers.runner import TowersRunner
 from pooling_server.engine.inputs.modality import Frame, Modality
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_folder import ModelFolder, max_input_tokens, served_fields
@@ -29,7 +30,7 @@ from pooling_server.engine.models.model_info import (
     PoolingType,
     TowerSettings,
 )
-from pooling_server.engine.models.model_runner import LoadedModel, ModelRunner
+from pooling_server.engine.models.model_runner import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         towers=settings,
     )
     clips = AudioFrames(reading, cost)
-    runner = ModelRunner(module, info, tokenizer.pad_token_id, device)
+    runner = TowersRunner(module, info, tokenizer.pad_token_id, device)
     runner.frame_tower = AudioTower(module, extractor, device)
     runner.warm_up_batch = [*tokenizer.tokenize(["warm up"]), clips.blank()]
     log.info(

@@ -19,6 +19,7 @@ from pooling_server.engine.backends import BackendKind, RuntimeSettings
 from pooling_server.engine.backends.export import TowerSource
 from pooling_server.engine.backends.image_tower import load_image_tower
 from pooling_server.engine.backends.registry import REGISTRY
+from pooling_server.engine.families.towers.runner import ImageTower, TowersRunner
 from pooling_server.engine.inputs.modality import Modality
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_folder import ModelFolder, max_input_tokens, served_fields
@@ -31,7 +32,7 @@ from pooling_server.engine.models.model_info import (
     PoolingType,
     TowerSettings,
 )
-from pooling_server.engine.models.model_runner import LoadedModel, ModelRunner
+from pooling_server.engine.models.model_runner import LoadedModel
 from pooling_server.engine.models.model_spec import ModelSpec
 from pooling_server.engine.models.served import image_preprocessor
 from pooling_server.engine.requests.encodings import read_calibration_ranges
@@ -121,10 +122,11 @@ def load_towers(
     settings = _with_processor(settings, processor)
     warm_up: list[Any] = list(tokenizer.tokenize(["warm up"]))
     warm_up.append(processor.blank())
-    runner = ModelRunner(module, _replace(info, towers=settings), tokenizer.pad_token_id, device)
+    runner = TowersRunner(module, _replace(info, towers=settings), tokenizer.pad_token_id, device)
     tower = TowerSource(spec.served_name, folder.path, module, device, settings.image_size)
-    runner.image_backend = load_image_tower(kind, tower, runtime, threads)
-    file = runner.image_backend.file
+    backend = load_image_tower(kind, tower, runtime, threads)
+    runner.frame_tower = ImageTower(backend, naflex=config.model_type == "siglip2")
+    file = backend.file
     info = _replace(info, backend=str(kind), backend_file=str(file) if file else "")
     width = int(runner.forward(warm_up[:1], [False])[0].shape[-1])
     ranges = read_calibration_ranges(Path(folder.path), width)

@@ -382,3 +382,39 @@ def test_auto_takes_openvino_bfloat16_only_where_the_cpu_has_it_and_the_check_ho
     fallback = load(folder, BackendKind.AUTO, cache)
     assert (fallback.info.backend, fallback.info.precision) == ("openvino", "float32")
     assert built == [True, False]
+
+
+def test_exports_run_float32_on_the_cpu_and_auto_runs_torch_elsewhere(
+    model_folders: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What runs where is each backend's own fact: an export asked for in bfloat16 is
+    refused naming the flags; `auto` runs torch in the dtype asked for, saying that
+    --quantize is ignored there."""
+    from pooling_server.engine.backends.torch_backend import TorchBackend
+
+    folder = model_folders["tiny-bert"]
+
+    def bfloat16(kind: BackendKind, **options: object) -> LoadedModel:
+        spec = ModelSpec(str(folder), name="tiny", backend=BackendOptions(kind, **options))  # type: ignore[arg-type]
+        return load_model(spec, device=torch.device("cpu"), dtype=torch.bfloat16)
+
+    with pytest.raises(ValueError, match="--backend onnx runs float32 on the CPU, not bfloat16"):
+        bfloat16(BackendKind.ONNX)
+    with caplog.at_level(logging.WARNING, logger="pooling_server.engine.backends.select"):
+        model = bfloat16(BackendKind.AUTO, quantize=Quantize.INT8)
+    assert (model.info.backend, model.info.precision, model.info.backend_file) == (
+        "torch",
+        "bfloat16",
+        "",
+    )
+    assert "--quantize int8 ignored" in caplog.text
+    assert isinstance(model.runner.backend, TorchBackend)
+    assert model.runner.module is model.runner.backend.module
+
+
+def test_a_backend_file_is_a_backend_s_by_its_ending(model_folders: dict) -> None:
+    folder = model_folders["tiny-bert"]
+    with pytest.raises(ValueError, match=r"neither an ONNX file \(\.onnx\) nor an OpenVINO"):
+        load(folder, BackendKind.AUTO, file="model.safetensors")
+    with pytest.raises(ValueError, match=r"--backend-file onnx/model\.onnx is not a openvino file"):
+        load(folder, BackendKind.OPENVINO, file="onnx/model.onnx")
