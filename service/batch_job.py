@@ -36,8 +36,8 @@ from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
 from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import FieldMap, http_error
 from pooling_server.service.http.door import MAX_RESPONSE_BYTES, budget
-from pooling_server.service.http.json_body import BodyError, malformed, parse_body
-from pooling_server.service.http.openai import ROUTES, Parsed
+from pooling_server.service.http.json_body import BodyError, decode, malformed
+from pooling_server.service.http.openai import ROUTES, Parsed, Route
 from pooling_server.service.ops.config import BatchJobOptions, ServerConfig
 from pooling_server.service.ops.metrics import Metrics
 from pooling_server.service.ops.telemetry import Telemetry
@@ -129,9 +129,9 @@ def read_line(raw: bytes, number: int) -> _Line:
     return line
 
 
-def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
-    """The route's rpc and its parsed body, or PoolingError (BodyError among them). The body
-    is read as the HTTP route reads it (service/http/json_body.py), with the same bounds."""
+def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[Route, Parsed]:
+    """The route and its parsed body, or PoolingError (BodyError among them). The body is
+    decoded as the HTTP route decodes it (service/http/json_body.py), with the same bounds."""
     if not isinstance(line.custom_id, str):
         raise PoolingError(
             ErrorKind.INVALID_ARGUMENT, "INVALID_LINE", f"line {number}: custom_id must be a string"
@@ -148,7 +148,7 @@ def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
         raise PoolingError(ErrorKind.NOT_FOUND, "UNKNOWN_URL", message)
     if not len(line.body):
         raise BodyError("body", "must be a JSON object")
-    body = parse_body(bytes(line.body), max_inputs)
+    body = decode(bytes(line.body), route.body, max_inputs)
     request_id = f"{route.prefix}-{_JOB}{next(_serial):012x}"
     parsed = route.parse(body, request_id)
     if parsed.binary:
@@ -157,7 +157,7 @@ def parse_line(line: _Line, number: int, max_inputs: int) -> tuple[str, Parsed]:
             "encoding_format", description, "ENCODING_NOT_SUPPORTED_FOR_TASK"
         )
         raise PoolingError.invalid([violation])
-    return route.rpc, parsed
+    return route, parsed
 
 
 class LineRunner:
@@ -174,18 +174,19 @@ class LineRunner:
         custom_id = line.custom_id
         try:
             max_inputs = self.runner.ready().limits.max_client_batch_size
-            rpc, parsed = parse_line(line, number, max_inputs)
+            route, parsed = parse_line(line, number, max_inputs)
         except PoolingError as error:  # a line or body refused before any route ran
             return _pooling_error_line(custom_id, "", error)
-        return asyncio.ensure_future(self._run(custom_id, rpc, parsed))
+        return asyncio.ensure_future(self._run(custom_id, route, parsed))
 
-    async def _run(self, custom_id: Any, rpc: str, parsed: Parsed) -> bytes:
+    async def _run(self, custom_id: Any, route: Route, parsed: Parsed) -> bytes:
         parsed = parsed.budgeted(dataclasses.replace(self.budget, float_bytes=parsed.float_bytes))
         request = parsed.request
-        call = Call(protocol="batch", rpc=rpc, client="batch")
+        call = Call(protocol="batch", rpc=route.rpc, client="batch")
+        run = route.operation(self.runner)
         while True:
             try:
-                ran = await parsed.run(self.runner, call)
+                ran = await run(request, call)
                 return _output(custom_id, 200, request.request_id, parsed.render(ran.result))
             except PoolingError as error:
                 if error.kind is ErrorKind.RESOURCE_EXHAUSTED and error.reason == "QUEUE_FULL":

@@ -30,8 +30,13 @@ from pooling_server.engine.requests.outputs import values_in
 from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import Family, FieldMap, from_http, http_error
 from pooling_server.service.http import door as http_doors
-from pooling_server.service.http import tei
-from pooling_server.service.http.cohere import COHERE_FIELDS, COHERE_RPCS, CohereRoutes
+from pooling_server.service.http import openapi, tei
+from pooling_server.service.http.cohere import (
+    COHERE_BODIES,
+    COHERE_FIELDS,
+    COHERE_RPCS,
+    CohereRoutes,
+)
 from pooling_server.service.http.door import (
     COUNTED,
     FAMILY,
@@ -46,10 +51,10 @@ from pooling_server.service.http.guard import (
     HttpLimits,
     declares_too_much,
 )
-from pooling_server.service.http.json_body import Body
 from pooling_server.service.http.openai import ROUTES, Route
 from pooling_server.service.ops.auth import BearerKeys
 from pooling_server.service.ops.memory import trimmer
+from pooling_server.service.ops.version import server_version
 from pooling_server.service.runner import RequestRunner
 
 log = logging.getLogger(__name__)
@@ -87,6 +92,8 @@ class HttpApi:
         self._families: dict[str, Family] = {}
         self._rpcs: dict[str, str] = {path: route.rpc for path, route in ROUTES.items()}
         self._rpcs["/v1/models"] = "ListModels"
+        self._paths: dict[str, dict[str, tuple[type, ...]]] = {}  # what /openapi.json lists
+        self._openapi: bytes | None = None
 
     def app(
         self, max_body: int = 16 * 1024 * 1024, guard: ConnectionGuard | None = None
@@ -104,6 +111,7 @@ class HttpApi:
         post["/rerank"] = tei_routes.rerank_or(post["/rerank"])
         routes = [web.post(path, handler) for path, handler in post.items()]
         routes += [web.get("/v1/models", self.models), web.get("/health", self.health)]
+        routes.append(web.get("/openapi.json", self.openapi))
         for family, family_routes, rpcs in (
             (Family.TEI, tei_routes.routes(), tei.TEI_RPCS),
             (Family.COHERE, CohereRoutes(self, self.cohere_prompts).routes(), COHERE_RPCS),
@@ -112,6 +120,7 @@ class HttpApi:
             for route in family_routes:
                 self._families[route.path] = family
                 self._rpcs[route.path] = rpcs.get(route.path, "unknown")
+        self._paths = _paths(routes)
         app.add_routes(
             [
                 web.RouteDef(
@@ -231,15 +240,18 @@ class HttpApi:
     # --------------------------------------------------------------------- routes
 
     def handler(self, route: Route) -> Handler:
-        """The HTTP door of one entry of service/http/openai.py: parse, run, render."""
+        """The HTTP door of one entry of service/http/openai.py: its body decoded as its
+        declared type, parsed, run by the runner operation picked here once, rendered."""
+        run = route.operation(self.runner)
 
         async def handle(request: web.Request) -> web.Response:
-            body = await self._body(request)
+            limits = self.runner.limits  # readiness is the runner's, at the call
+            body = await http_doors.read_body(request, route.body, limits.max_client_batch_size)
             parsed = route.parse(body, http_doors.request_id(request, route.prefix))
             if parsed.names is not None:
                 request[ROUTE_FIELDS] = parsed.names
             parsed = parsed.budgeted(self.budget(parsed.float_bytes))
-            ran = await parsed.run(self.runner, http_doors.call(request, route.rpc))
+            ran = await run(parsed.request, http_doors.call(request, route.rpc))
             result = ran.result
             if parsed.binary:  # vLLM's bytes: a BinaryAnswer
                 answer = parsed.render(result)
@@ -273,15 +285,17 @@ class HttpApi:
         ran = await self.runner.models(http_doors.call(request, "ListModels"), render)
         return _ok(ran.result)
 
+    async def openapi(self, request: web.Request) -> web.Response:
+        """The OpenAPI 3.1 document of every route this app serves, with each body's JSON
+        Schema from its declared type (service/http/openapi.py); made once."""
+        if self._openapi is None:
+            self._openapi = _json.encode(openapi.document(self._paths, server_version()))
+        return web.Response(body=self._openapi, content_type="application/json")
+
     async def health(self, request: web.Request) -> web.Response:
         if self.serving:
             return _ok({"status": "SERVING"})
         return _ok({"status": "NOT_SERVING"}, status=503)
-
-    async def _body(self, request: web.Request) -> Body:
-        """The body, its input lists counted against --max-client-batch-size as read."""
-        limits = self.runner.limits  # readiness is the runner's, at the call
-        return await http_doors.read_body(request, limits.max_client_batch_size)
 
     def budget(self, float_bytes: int = JSON_FLOAT_BYTES) -> ResponseBudget:
         """The engine's bound on an OpenAI/vLLM answer (service/http/door.py's budget)."""
@@ -289,6 +303,24 @@ class HttpApi:
 
 
 # ------------------------------------------------------------------ helpers
+
+# The body types of each POST route of the OpenAI/vLLM, TEI and Cohere families (several:
+# the body picks the route's shape), for /openapi.json.
+BODIES: dict[str, tuple[type, ...]] = {
+    **{path: (route.body,) for path, route in ROUTES.items()},
+    **tei.TEI_BODIES,
+    **COHERE_BODIES,
+    "/rerank": (ROUTES["/rerank"].body, tei.TeiRerank),  # Cohere/Jina's shape, or TEI's
+}
+
+
+def _paths(routes: Sequence[web.RouteDef]) -> dict[str, dict[str, tuple[type, ...]]]:
+    """path -> method -> body types, for every route served (GET routes take none)."""
+    paths: dict[str, dict[str, tuple[type, ...]]] = {}
+    for route in routes:
+        bodies = BODIES.get(route.path, ()) if route.method == "POST" else ()
+        paths.setdefault(route.path, {})[route.method] = bodies
+    return paths
 
 
 def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:

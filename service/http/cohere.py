@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -30,6 +30,14 @@ from pooling_server.engine.requests.outputs import Embedding
 from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
 from pooling_server.engine.requests.request import Item, PoolRequest, RerankRequest
 from pooling_server.service.errors import FieldMap
+from pooling_server.service.http.bodies import (
+    ContentPart,
+    InputAudioPart,
+    Int32,
+    Texts,
+    content_item,
+    has_image,
+)
 from pooling_server.service.http.door import (
     JSON_FLOAT_BYTES,
     OFF_LOOP_BODY,
@@ -38,23 +46,14 @@ from pooling_server.service.http.door import (
     base64_floats,
     budget,
     call,
-    decode_body,
     json_response,
     new_request_id,
-    present,
+    read_body,
     refused,
     render,
-    text_list,
 )
 from pooling_server.service.http.door import request_id as make_request_id
-from pooling_server.service.http.image_parts import (
-    ImageUrl,
-    Part,
-    content_item,
-    has_image,
-    image_from_url,
-)
-from pooling_server.service.http.json_body import check_int32
+from pooling_server.service.http.image_parts import image_from_url
 from pooling_server.service.runner import RequestRunner
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -114,40 +113,49 @@ def input_type_prompts(overrides: Sequence[str]) -> dict[str, tuple[str, ...]]:
 # ------------------------------------------------------------------- bodies
 
 
-class _Content(msgspec.Struct):
-    type: str
-    text: str | None = None
-    image_url: ImageUrl | str | None = None
+class CohereInput(msgspec.Struct):
+    """One of Cohere's inputs: its content parts (texts joined, or one image)."""
+
+    content: list[ContentPart]
 
 
-class _Input(msgspec.Struct):
-    content: list[_Content]
+class CohereEmbed(msgspec.Struct):
+    """Cohere's v2 EmbedRequest: `texts`, `images` (data URLs) or `inputs`, one of them."""
 
-
-class _Embed(msgspec.Struct):
-    texts: msgspec.Raw = msgspec.Raw()
-    images: msgspec.Raw = msgspec.Raw()
-    inputs: list[_Input] | None = None
+    texts: Texts | None = None
+    images: Texts | None = None
+    inputs: list[CohereInput] | None = None
     model: str = ""
     input_type: str | None = None
     embedding_types: list[str] | None = None
     truncate: str | None = None
-    max_tokens: int | None = None
-    output_dimension: int | None = None
+    max_tokens: Int32 | None = None
+    output_dimension: Int32 | None = None
+    counted: ClassVar[tuple[str, ...]] = ("texts", "images", "inputs")
 
 
-class _RerankDocument(msgspec.Struct):
+class CohereDocument(msgspec.Struct):
     text: str
 
 
-class _Rerank(msgspec.Struct):
+class CohereRerank(msgspec.Struct):
+    """Cohere's v2 RerankRequest."""
+
     query: str | None = None
-    documents: list[str | _RerankDocument] | None = None
+    documents: list[str | CohereDocument] | None = None
     model: str = ""
-    top_n: int | None = None
-    max_tokens_per_doc: int | None = None
+    top_n: Int32 | None = None
+    max_tokens_per_doc: Int32 | None = None
     return_documents: bool = False
     instruction: str | None = None  # an LLM reranker's (this server's extension)
+    counted: ClassVar[tuple[str, ...]] = ("documents",)
+
+
+# Each route's body, as service/http/openapi.py documents it.
+COHERE_BODIES: dict[str, tuple[type, ...]] = {
+    "/v2/embed": (CohereEmbed,),
+    "/v2/rerank": (CohereRerank,),
+}
 
 
 # ------------------------------------------------------------------- ids
@@ -198,9 +206,8 @@ class CohereRoutes:
         return next((name for name in self.prompts[input_type] if name in info.prompts), None)
 
     async def embed(self, request: web.Request) -> web.Response:
-        body = await decode_body(request, _Embed)
-        check_int32(body)
         max_inputs = self.runner.limits.max_client_batch_size
+        body = await read_body(request, CohereEmbed, max_inputs)
         if (request.content_length or 0) > OFF_LOOP_BODY:  # base64 of large images
             items = await asyncio.to_thread(_embed_items, body, max_inputs)
         else:
@@ -261,7 +268,7 @@ class CohereRoutes:
         except PoolingError as error:
             if not images:
                 raise
-            source = "images" if present(body.images) else "inputs"
+            source = "images" if body.images is not None else "inputs"
             raise _cohere_item_paths(error, source) from None
         result, info = ran.result, ran.info
         assert info is not None
@@ -288,8 +295,7 @@ class CohereRoutes:
         return await render(build, values, self.api.max_response_bytes)
 
     async def rerank(self, request: web.Request) -> web.Response:
-        body = await decode_body(request, _Rerank)
-        check_int32(body)
+        body = await read_body(request, CohereRerank, self.runner.limits.max_client_batch_size)
         if body.query is None:
             raise refused("query", "missing; send a string")
         if body.documents is None:
@@ -359,20 +365,20 @@ def _multi_vector_refusal(info: ModelInfo) -> PoolingError:
     return error
 
 
-def _embed_items(body: _Embed, max_inputs: int) -> list[Item]:
+def _embed_items(body: CohereEmbed, max_inputs: int) -> list[Item]:
     """`texts`, `images` (data URLs), or each of `inputs`: its text parts joined by
     newlines, or its one image (image_url part). One of the three."""
     given = [
         name
-        for name, raw in (("texts", body.texts), ("images", body.images))
-        if len(raw) and bytes(raw) != b"null"
-    ] + (["inputs"] if body.inputs is not None else [])
+        for name, value in (("texts", body.texts), ("images", body.images), ("inputs", body.inputs))
+        if value is not None
+    ]
     if len(given) > 1:
         raise refused(", ".join(given), "send one of them, not both")
-    if given == ["texts"]:
-        return list(text_list(body.texts, "texts", max_inputs))
-    if given == ["images"]:
-        urls = text_list(body.images, "images", max_inputs)
+    if body.texts is not None:
+        return [body.texts] if isinstance(body.texts, str) else list(body.texts)
+    if body.images is not None:
+        urls = [body.images] if isinstance(body.images, str) else body.images
         return [image_from_url(url, f"images[{n}]") for n, url in enumerate(urls)]
     if body.inputs is None:
         raise refused("texts", "missing; send a list of strings (or images, or inputs)")
@@ -382,13 +388,17 @@ def _embed_items(body: _Embed, max_inputs: int) -> list[Item]:
             f"{len(body.inputs)} inputs exceed the limit of {max_inputs}",
             "TOO_MANY_INPUTS",
         )
-    items: list[Item] = []
     for n, item in enumerate(body.inputs):
-        if not item.content:
-            raise refused(f"inputs[{n}].content", "must hold at least one part")
-        parts = [Part(c.type, text=c.text, image_url=c.image_url) for c in item.content]
-        items.append(content_item(parts, f"inputs[{n}].content"))
-    return items
+        if any(isinstance(part, InputAudioPart) for part in item.content):
+            raise refused(
+                f"inputs[{n}].content",
+                "Cohere's content parts hold texts and images, no audio; send audio clips "
+                "to /v1/embeddings (input_audio parts) or over gRPC",
+                "AUDIO_NOT_SUPPORTED",
+            )
+    return [
+        content_item(item.content, f"inputs[{n}].content") for n, item in enumerate(body.inputs)
+    ]
 
 
 def _cohere_item_paths(error: PoolingError, field: str) -> PoolingError:

@@ -36,6 +36,7 @@ from pooling_server.service.runner import Call, RequestRunner
 # Answers of more float values than this are built and encoded off the event loop.
 OFF_LOOP_BODY = 1024 * 1024  # bodies larger than this are checked and decoded off the loop
 T = TypeVar("T")
+B = TypeVar("B", bound=msgspec.Struct)
 # What one output value costs in an answer's JSON, for its budget (engine/requests/output_size.py):
 # a float32 as the shortest double that reads back, with its comma; in base64, 5.33 bytes
 # (4 bytes, 4/3 of them).
@@ -173,16 +174,10 @@ async def read_raw(request: web.Request) -> bytes | bytearray:
         raise asyncio.CancelledError from None
 
 
-async def read_body(request: web.Request, max_inputs: int) -> json_body.Body:
-    """The body as service/http/json_body.py reads it (the OpenAI/vLLM routes'), its input lists
-    counted against `max_inputs` as read."""
-    return await _parsed(request, lambda raw: json_body.parse_body(raw, max_inputs))
-
-
-async def decode_body(request: web.Request, kind: type[Any]) -> Any:
-    """The body as `kind`, its nesting checked first (service/http/json_body.py's bound); a
-    wrong type stops at the first wrong value."""
-    return await _parsed(request, lambda raw: _decode(raw, kind))
+async def read_body(request: web.Request, kind: type[B], max_inputs: int) -> B:
+    """The body as its route's declared type `kind`, decoded within its bounds
+    (service/http/json_body.py), its input lists counted against `max_inputs`."""
+    return await _parsed(request, lambda raw: json_body.decode(raw, kind, max_inputs))
 
 
 async def _parsed(request: web.Request, parse: Callable[[bytes | bytearray], T]) -> T:
@@ -195,41 +190,6 @@ async def _parsed(request: web.Request, parse: Callable[[bytes | bytearray], T])
         return parse(raw)
     finally:
         body_parsed(request)
-
-
-def _decode(raw: bytes | bytearray, kind: type[Any]) -> Any:
-    json_body._check_depth(raw)
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.ValidationError as exc:
-        message, at = _at(str(exc))
-        raise refused(at.lstrip(".") or "body", message) from None
-    except msgspec.DecodeError as exc:
-        raise json_body.malformed(f"the body is not valid JSON: {exc}") from None
-
-
-def _at(problem: str) -> tuple[str, str]:
-    """msgspec's "Expected `bool`, got `str` - at `$.normalize`" as (message, ".normalize")."""
-    message, _, at = problem.partition(" - at `$")
-    return message, at.rstrip("`")
-
-
-def within(field: str, exc: msgspec.DecodeError) -> PoolingError:
-    """A raw field's decode error, its path inside the field kept: "inputs[0][1]: Expected
-    `str`, got `int`", or "inputs: Invalid UTF-8 encoded string"."""
-    message, at = _at(str(exc))
-    return refused(f"{field}{at}", message)
-
-
-def text_list(raw: msgspec.Raw, field: str, max_inputs: int) -> list[str]:
-    """A string or a list of strings, counted on the bytes before it is built."""
-    if not present(raw):
-        raise refused(field, "missing; send a string or a list of strings")
-    value = json_body.decode_list(field, raw, max_inputs)
-    if isinstance(value, tuple):
-        _, violation = value
-        raise PoolingError.invalid([violation])
-    return value
 
 
 def matrix(rows: Sequence[np.ndarray]) -> list[Any]:

@@ -32,14 +32,13 @@ import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, PoolingError
 from pooling_server.engine.requests.encodings import to_bfloat16
-from pooling_server.engine.requests.validation import unknown_value
+from pooling_server.service.http.bodies import FloatFields
 from pooling_server.service.http.door import (
     BASE64_FLOAT_BYTES,
     JSON_FLOAT_BYTES,
     base64_floats,
     base64_of,
 )
-from pooling_server.service.http.json_body import Body
 
 ENCODING_FORMATS = ("float", "base64", "bytes", "bytes_only")
 EMBED_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -160,16 +159,10 @@ def metadata_too_large(size: int) -> PoolingError:
     )
 
 
-def float_format(body: Body) -> FloatFormat:
+def float_format(body: FloatFields) -> FloatFormat:
     """encoding_format, embed_dtype and endianness, as vLLM's embeddings and pooling
-    routes take them (the last two shape the bytes of base64)."""
-    encoding = body.string("encoding_format", "float")
-    if encoding not in ENCODING_FORMATS:
-        raise unknown_value("encoding_format", encoding)
-    dtype = body.string("embed_dtype", "float32")
-    if dtype not in EMBED_DTYPES:
-        raise unknown_value("embed_dtype", dtype)
-    endianness = body.string("endianness", "native")
-    if endianness not in ENDIANNESS:
-        raise unknown_value("endianness", endianness)
-    return FloatFormat(encoding, dtype, endianness)
+    routes take them (the last two shape the bytes of base64); the body's type holds
+    each to its values."""
+    return FloatFormat(
+        body.encoding_format or "float", body.embed_dtype or "float32", body.endianness or "native"
+    )

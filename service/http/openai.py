@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from pooling_server.engine.errors import FieldViolation, PoolingError
@@ -33,16 +32,22 @@ from pooling_server.engine.requests.outputs import (
     TextOutputs,
     TokenRows,
 )
-from pooling_server.engine.requests.params import Output, OutputWeights, PoolingParams, Task
+from pooling_server.engine.requests.params import Task
 from pooling_server.engine.requests.request import (
-    ChunkRule,
-    Item,
-    LateChunking,
     PoolRequest,
     RerankRequest,
 )
-from pooling_server.engine.requests.validation import unknown_value
 from pooling_server.service.errors import FieldMap
+from pooling_server.service.http.bodies import (
+    ClassifyBody,
+    EmbeddingsBody,
+    PoolingBody,
+    PoolingFields,
+    RerankBody,
+    ScoreBody,
+    has_image,
+    texts,
+)
 from pooling_server.service.http.door import JSON_FLOAT_BYTES, output_of
 from pooling_server.service.http.float_format import (
     BinaryAnswer,
@@ -50,8 +55,7 @@ from pooling_server.service.http.float_format import (
     binary_answer,
     float_format,
 )
-from pooling_server.service.http.image_parts import has_image
-from pooling_server.service.http.json_body import Body, BodyError, check_int32
+from pooling_server.service.http.json_body import BodyError
 from pooling_server.service.runner import Call, Ran, RequestRunner
 
 Render = Callable[[Any], Any]  # a JSON-able dict, or a BinaryAnswer (binary routes)
@@ -75,38 +79,42 @@ class Parsed:
         request = dataclasses.replace(self.request, response_budget=budget)
         return dataclasses.replace(self, request=request)
 
-    async def run(self, runner: RequestRunner, call: Call) -> Ran[Any]:
-        if isinstance(self.request, RerankRequest):
-            return await runner.rerank(self.request, call)
-        return await runner.pool(self.request, call)
+
+Operation = Callable[[Any, Call], Awaitable[Ran[Any]]]  # the runner's pool or rerank
 
 
 @dataclass(frozen=True)
 class Route:
-    """`rpc`: the operation's name in metrics; `prefix`: of generated request ids."""
+    """`rpc`: the runner operation the route runs (Pool or Rerank), also its name in
+    metrics; `prefix`: of generated request ids; `body`: the body's declared type."""
 
     rpc: str
     prefix: str
-    parse: Callable[[Body, str], Parsed]
+    body: type[PoolingFields]
+    parse: Callable[[Any, str], Parsed]
+
+    def operation(self, runner: RequestRunner) -> Operation:
+        """The runner operation this route's requests take, picked once by a door."""
+        return runner.rerank if self.rpc == "Rerank" else runner.pool  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------ the routes
 
 
-def parse_embeddings(body: Body, request_id: str) -> Parsed:
+def parse_embeddings(body: EmbeddingsBody, request_id: str) -> Parsed:
     """OpenAI's POST /v1/embeddings, with vLLM's extra fields (truncate_prompt_tokens,
     use_activation or its older name normalize), as vLLM's own route takes them."""
-    items = embedding_inputs(body)
     fmt = float_format(body)
+    items = body.items()
     images = has_image(items)
     request = PoolRequest(
         task=Task.EMBED,
-        params=dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions")),
+        params=body.params(body.dimensions),
         request_id=request_id,
-        model=body.string("model", ""),
+        model=body.model or "",
         texts=() if images else tuple(items),  # type: ignore[arg-type]
         items=tuple(items) if images else (),
-        late_chunking=late_chunking(body),
+        late_chunking=body.chunking(),
     )
 
     if fmt.binary:
@@ -131,37 +139,17 @@ def parse_embeddings(body: Body, request_id: str) -> Parsed:
     return Parsed(request, render, fmt.float_bytes)
 
 
-def embedding_inputs(body: Body) -> list[Item]:
-    """/v1/embeddings' inputs: `input` (texts, or content parts with images), or vLLM's
-    `messages` (one input)."""
-    message = body.message_item()
-    if message is None:
-        return body.items("input")
-    if body.has("input"):
-        raise BodyError("input", "send input or messages, not both")
-    return [message]
-
-
-def _sides(body: Body) -> dict[str, tuple[Item, ...]]:
-    """score's two sides as text_1/text_2, or as items_1/items_2 when either holds an
-    image (vLLM's multimodal score: {"content": [parts]} or content parts)."""
-    one, two = body.items("text_1"), body.items("text_2")
-    if has_image(one) or has_image(two):
-        return {"items_1": tuple(one), "items_2": tuple(two)}
-    return {"text_1": tuple(one), "text_2": tuple(two)}  # type: ignore[dict-item]
-
-
-def parse_score(body: Body, request_id: str) -> Parsed:
+def parse_score(body: ScoreBody, request_id: str) -> Parsed:
     """vLLM's POST /v1/score: text_1 and text_2, each a string or a list; `instruction`:
     an LLM reranker's (its template's {instruction}), carried as gRPC's Pool carries it,
     as the score request's prompt, and named `instruction` in a refusal."""
     request = PoolRequest(
         task=Task.SCORE,
-        params=pooling_params(body),
+        params=body.params(),
         request_id=request_id,
-        model=body.string("model", ""),
-        **_sides(body),
-        prompt=instruction(body),
+        model=body.model or "",
+        **body.sides(),
+        prompt=body.instruction,
     )
 
     def render(result: PoolResult) -> dict[str, Any]:
@@ -174,14 +162,14 @@ def parse_score(body: Body, request_id: str) -> Parsed:
     return Parsed(request, render, names=SCORE_FIELDS)
 
 
-def parse_classify(body: Body, request_id: str) -> Parsed:
+def parse_classify(body: ClassifyBody, request_id: str) -> Parsed:
     """vLLM's POST /classify."""
     request = PoolRequest(
         task=Task.CLASSIFY,
-        params=pooling_params(body),
+        params=body.params(),
         request_id=request_id,
-        model=body.string("model", ""),
-        texts=tuple(body.texts("input")),
+        model=body.model or "",
+        texts=texts(body.input),
     )
 
     def render(result: PoolResult) -> dict[str, Any]:
@@ -197,37 +185,24 @@ def parse_classify(body: Body, request_id: str) -> Parsed:
     return Parsed(request, render)
 
 
-POOLING_TASKS = (
-    "embed",
-    "classify",
-    "token_embed",
-    "token_classify",
-    "embed_multi",
-    "embed_outputs",
-)
-
-
-def parse_pooling(body: Body, request_id: str) -> Parsed:
+def parse_pooling(body: PoolingBody, request_id: str) -> Parsed:
     """vLLM's POST /pooling: any task; `data` is a vector (or a row per token), or with
     encoding_format base64 its little-endian float32 bytes, rows one after another.
     embed_multi (ColBERT matrices) takes `prompt_name` "query" or "document" (the mode).
     embed_outputs (a bge-m3 model) takes `outputs`, a list of "dense", "sparse" and
     "multi", with `sparse_top_k` and `return_tokens` for the sparse one; each item then
     holds the asked outputs (see _text_outputs)."""
-    task = body.string("task", "embed")
-    if task not in POOLING_TASKS:
-        raise unknown_value("task", task)
+    task = body.task or "embed"
     fmt = float_format(body)
-    params = dataclasses.replace(pooling_params(body), dimensions=body.integer("dimensions"))
     request = PoolRequest(
         task=Task(task),
-        params=params,
+        params=body.params(body.dimensions),
         request_id=request_id,
-        model=body.string("model", ""),
-        texts=tuple(body.texts("input")),
-        prompt_name=(body.string("prompt_name", "") or None) if task == "embed_multi" else None,
-        late_chunking=late_chunking(body),
-        **(_outputs(body) if task == "embed_outputs" else {}),
+        model=body.model or "",
+        texts=texts(body.input),
+        prompt_name=(body.prompt_name or None) if task == "embed_multi" else None,
+        late_chunking=body.chunking(),
+        **(body.outputs_asked() if task == "embed_outputs" else {}),
     )
 
     if fmt.binary:
@@ -250,25 +225,24 @@ def parse_pooling(body: Body, request_id: str) -> Parsed:
     return Parsed(request, render, fmt.float_bytes)
 
 
-def parse_rerank(body: Body, request_id: str) -> Parsed:
+def parse_rerank(body: RerankBody, request_id: str) -> Parsed:
     """The Cohere/Jina shape that vLLM and Infinity serve at /v1/rerank and /rerank, plus
     an LLM reranker's `instruction`, as gRPC's RerankRequest.instruction."""
-    documents = body.items("documents")
+    documents = body.documents.items("documents")
     images = has_image(documents)
-    texts = [] if images else body.documents()
-    if not body.has("query"):
+    texts: list[str] = [] if images else documents  # type: ignore[assignment]
+    if body.query is None:
         raise BodyError("query", "must be a string")
-    query = body.string("query", "")
-    return_documents = bool(body.boolean("return_documents"))  # Cohere's default: false
+    return_documents = bool(body.return_documents)  # Cohere's default: false
     request = RerankRequest(
-        query=query,
+        query=body.query,
         documents=tuple(texts),
         items=tuple(documents) if images else (),
-        params=pooling_params(body),
+        params=body.params(),
         request_id=request_id,
-        model=body.string("model", ""),
-        top_n=body.integer("top_n") or 0,
-        instruction=instruction(body),
+        model=body.model or "",
+        top_n=body.top_n or 0,
+        instruction=body.instruction,
     )
 
     def render(result: RerankResult) -> dict[str, Any]:
@@ -283,9 +257,9 @@ def parse_rerank(body: Body, request_id: str) -> Parsed:
     return Parsed(request, render)
 
 
-EMBEDDINGS = Route("Pool", "embd", parse_embeddings)
-RERANK = Route("Rerank", "rerank", parse_rerank)
-SCORE = Route("Pool", "score", parse_score)
+EMBEDDINGS = Route("Pool", "embd", EmbeddingsBody, parse_embeddings)
+RERANK = Route("Rerank", "rerank", RerankBody, parse_rerank)
+SCORE = Route("Pool", "score", ScoreBody, parse_score)
 
 # url -> route: what the HTTP API serves (POST) and what a batch line may name.
 ROUTES: dict[str, Route] = {
@@ -294,8 +268,8 @@ ROUTES: dict[str, Route] = {
     "/rerank": RERANK,
     "/v1/score": SCORE,
     "/score": SCORE,
-    "/pooling": Route("Pool", "pool", parse_pooling),
-    "/classify": Route("Pool", "classify", parse_classify),
+    "/pooling": Route("Pool", "pool", PoolingBody, parse_pooling),
+    "/classify": Route("Pool", "classify", ClassifyBody, parse_classify),
 }
 
 
@@ -303,41 +277,6 @@ ROUTES: dict[str, Route] = {
 
 # /score carries its `instruction` as the score request's prompt (as gRPC's Pool does).
 SCORE_FIELDS = FieldMap(fields={"prompt": "instruction"})
-
-
-def instruction(body: Body) -> str | None:
-    """An LLM reranker's instruction (its score template's {instruction}); None: absent,
-    the template's default. Another model refuses it (engine/requests/validation.py)."""
-    return body.string("instruction", "") if body.has("instruction") else None
-
-
-class _LateChunkingBody(msgspec.Struct, forbid_unknown_fields=True):
-    spans: list[tuple[int, int]] = []
-    rule: str | None = None
-    window: int = 0
-    overlap: int = 0
-
-
-_late_chunking_body = msgspec.json.Decoder(_LateChunkingBody)
-LATE_CHUNKING_SHAPE = (
-    'an object: {"spans": [[start, end], ...]}, {"rule": "sentences"} or '
-    '{"rule": "tokens", "window": n, "overlap": m}'
-)
-
-
-def late_chunking(body: Body) -> LateChunking | None:
-    """The `late_chunking` field (this server's extension of embed): character spans of the
-    one input text, or a rule; the engine checks every value."""
-    given = body.typed("late_chunking", _late_chunking_body, LATE_CHUNKING_SHAPE)
-    if given is None:
-        return None
-    check_int32(given, "late_chunking")
-    rule = None
-    if given.rule is not None:
-        if given.rule not in tuple(ChunkRule):
-            raise unknown_value("late_chunking.rule", given.rule)
-        rule = ChunkRule(given.rule)
-    return LateChunking(tuple(given.spans), rule, given.window, given.overlap)
 
 
 def _pooled(output: ItemOutput) -> np.ndarray:
@@ -378,23 +317,6 @@ def _chunks(output: LateChunks, fmt: FloatFormat, key: str) -> list[dict[str, An
     ]
 
 
-_output_names = msgspec.json.Decoder(list[str])
-
-
-def _outputs(body: Body) -> dict[str, Any]:
-    """/pooling embed_outputs' fields, as gRPC's OutputsInput: the outputs asked for (an
-    unknown name refused; none asked, the engine's refusal), and the sparse one's shape."""
-    names = body.typed("outputs", _output_names, 'a list of "dense", "sparse" and "multi"')
-    for name in names or ():
-        if name not in tuple(Output):
-            raise unknown_value("outputs", name)
-    return {
-        "outputs": frozenset(Output(name) for name in names or ()),
-        "sparse_top_k": body.integer("sparse_top_k") or 0,
-        "sparse_tokens": bool(body.boolean("return_tokens")),
-    }
-
-
 def _text_outputs(output: TextOutputs, fmt: FloatFormat) -> dict[str, Any]:
     """One text's asked outputs: "dense" a vector, "sparse" {"indices", "values"} (and
     "tokens" when asked), "multi" a list of rows; with base64, the vector's and the
@@ -412,52 +334,6 @@ def _text_outputs(output: TextOutputs, fmt: FloatFormat) -> dict[str, Any]:
         if fmt.encoding == "base64":
             found["multi_shape"] = list(output.multi.values.shape)
     return found
-
-
-class _WeightsBody(msgspec.Struct, forbid_unknown_fields=True):
-    dense: float = 0.0
-    sparse: float = 0.0
-    multi: float = 0.0
-
-
-_weights_body = msgspec.json.Decoder(_WeightsBody)
-
-
-def output_weights(body: Body) -> OutputWeights | None:
-    """score and rerank on a bge-m3 model: `output_weights` {"dense", "sparse", "multi"},
-    as gRPC's PoolingParams.output_weights; the engine checks the values."""
-    given = body.typed(
-        "output_weights", _weights_body, 'an object: {"dense": w, "sparse": w, "multi": w}'
-    )
-    return None if given is None else OutputWeights(given.dense, given.sparse, given.multi)
-
-
-def pooling_params(body: Body) -> PoolingParams:
-    """vLLM's request-level pooling fields: use_activation (or its older name softmax /
-    normalize) and truncate_prompt_tokens. vLLM's add_special_tokens may only be true
-    (its default): the texts are always encoded as the model was trained on them, so
-    false is refused rather than ignored."""
-    if body.boolean("add_special_tokens") is False:
-        raise PoolingError.invalid(
-            [
-                FieldViolation(
-                    "add_special_tokens",
-                    "false is not supported: every text is encoded with the model's special "
-                    "tokens; leave it out or send true",
-                    "UNSUPPORTED_FIELD",
-                )
-            ]
-        )
-    use_activation = None
-    for name in ("use_activation", "softmax", "normalize", "activation"):
-        use_activation = body.boolean(name)
-        if use_activation is not None:
-            break
-    return PoolingParams(
-        use_activation=use_activation,
-        truncate_prompt_tokens=body.integer("truncate_prompt_tokens"),
-        output_weights=output_weights(body),
-    )
 
 
 def usage(result: PoolResult | RerankResult) -> dict[str, int]:

@@ -26,13 +26,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
 from aiohttp import web
 
 from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_info import (
     Activation,
@@ -54,24 +55,23 @@ from pooling_server.engine.requests.outputs import (
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
 from pooling_server.service.errors import Family, FieldMap
-from pooling_server.service.http import json_body
+from pooling_server.service.http.bodies import Int32, Texts
 from pooling_server.service.http.door import (
     FAMILY,
+    B,
     DoorHost,
     budget,
     call,
-    decode_body,
     empty,
     json_response,
     matrix,
     output_of,
     present,
+    read_body,
     refused,
     render,
     request_id,
-    text_list,
     too_many,
-    within,
 )
 from pooling_server.service.http.entities import (
     AGGREGATIONS,
@@ -127,61 +127,72 @@ DIRECTIONS = {"left": "left", "right": "right"}
 # ------------------------------------------------------------------- bodies
 
 
-class _Embed(msgspec.Struct):
-    inputs: msgspec.Raw = msgspec.Raw()
+class TeiEmbed(msgspec.Struct, kw_only=True):
+    """TEI's EmbedRequest (/embed, /embed_all, /embed_sparse)."""
+
+    inputs: Texts
     normalize: bool = True
     truncate: bool | None = None
     truncation_direction: str | None = None
     prompt_name: str | None = None
-    dimensions: int | None = None
+    dimensions: Int32 | None = None
     model: str = ""
+    counted: ClassVar[tuple[str, ...]] = ("inputs",)
 
 
-class _TextClassificationParameters(msgspec.Struct):
+class TextClassificationParameters(msgspec.Struct):
     """What huggingface_hub's InferenceClient.text_classification sends beside `inputs`."""
 
-    top_k: int | None = None
+    top_k: Int32 | None = None
     function_to_apply: str | None = None  # sigmoid, softmax or none
 
 
-class _TokenClassificationParameters(msgspec.Struct):
+class TokenClassificationParameters(msgspec.Struct):
     """What huggingface_hub's InferenceClient.token_classification sends beside `inputs`."""
 
     aggregation_strategy: str | None = None
     ignore_labels: list[str] | None = None
-    stride: int | None = None
+    stride: Int32 | None = None
 
 
-class _TokenClassify(msgspec.Struct):
-    inputs: msgspec.Raw = msgspec.Raw()
-    parameters: _TokenClassificationParameters | None = None
+class TeiTokenClassify(msgspec.Struct, kw_only=True):
+    """A token-classification model's body on TEI's root route."""
+
+    inputs: Texts
+    parameters: TokenClassificationParameters | None = None
     truncate: bool | None = None
     truncation_direction: str | None = None
     model: str = ""
+    counted: ClassVar[tuple[str, ...]] = ("inputs",)
 
 
-class _ZeroShotImageParameters(msgspec.Struct):
+class ZeroShotImageParameters(msgspec.Struct):
     """What InferenceClient.zero_shot_image_classification sends beside the image."""
 
     candidate_labels: list[str] = []
     hypothesis_template: str | None = None  # "This is a photo of {}." (the label at {})
 
 
-class _ZeroShotImage(msgspec.Struct):
+class TeiZeroShotImage(msgspec.Struct):
+    """An image model's zero-shot classification on TEI's root route."""
+
     inputs: str | None = None  # the image: base64, or a data URL
-    parameters: _ZeroShotImageParameters | None = None
+    parameters: ZeroShotImageParameters | None = None
     model: str = ""
 
 
-class _Predict(msgspec.Struct):
-    inputs: msgspec.Raw = msgspec.Raw()
+class TeiPredict(msgspec.Struct, kw_only=True):
+    """TEI's PredictRequest: a text, a pair [a, b], or a batch of [a] / [a, b]."""
+
+    inputs: str | list[str | list[str]]
     raw_scores: bool = False
     truncate: bool | None = None
     truncation_direction: str | None = None
     model: str = ""
     # Sent by Hugging Face's Inference API clients (TEI ignores it): then the answer for a
     # single input is that API's [[{label, score}, ...]], which the client unwraps.
-    parameters: _TextClassificationParameters | None = None
+    parameters: TextClassificationParameters | None = None
+    counted: ClassVar[tuple[str, ...]] = ("inputs",)
 
 
 # The Inference API's function_to_apply, as the engine's own activations.
@@ -192,45 +203,56 @@ FUNCTIONS = {
 }
 
 
-class _Rerank(msgspec.Struct):
+class TeiRerank(msgspec.Struct, kw_only=True):
+    """TEI's RerankRequest."""
+
     query: str | None = None
-    texts: msgspec.Raw = msgspec.Raw()
+    texts: Texts
     raw_scores: bool = False
     return_text: bool = False
     truncate: bool | None = None
     truncation_direction: str | None = None
     model: str = ""
     instruction: str | None = None  # an LLM reranker's (this server's extension)
+    counted: ClassVar[tuple[str, ...]] = ("texts",)
 
 
-class _SimilarityInputs(msgspec.Struct):
+class SimilarityInputs(msgspec.Struct):
     source_sentence: str
     sentences: list[str]
 
 
-class _SimilarityParameters(msgspec.Struct):
+class SimilarityParameters(msgspec.Struct):
     prompt_name: str | None = None
     truncate: bool | None = None
     truncation_direction: str | None = None
 
 
-class _Similarity(msgspec.Struct):
-    inputs: _SimilarityInputs | None = None
-    parameters: _SimilarityParameters | None = None
+class TeiSimilarity(msgspec.Struct):
+    """TEI's SimilarityRequest (and InferenceClient.sentence_similarity's)."""
+
+    inputs: SimilarityInputs | None = None
+    parameters: SimilarityParameters | None = None
     model: str = ""
 
 
-class _Tokenize(msgspec.Struct):
-    inputs: msgspec.Raw = msgspec.Raw()
+class TeiTokenize(msgspec.Struct, kw_only=True):
+    """TEI's TokenizeRequest."""
+
+    inputs: Texts
     add_special_tokens: bool = True
     prompt_name: str | None = None
     model: str = ""
+    counted: ClassVar[tuple[str, ...]] = ("inputs",)
 
 
-class _Decode(msgspec.Struct):
-    ids: msgspec.Raw = msgspec.Raw()
+class TeiDecode(msgspec.Struct, kw_only=True):
+    """TEI's DecodeRequest: a list of ids, or a list of id lists."""
+
+    ids: list[int | list[int]]
     skip_special_tokens: bool = True
     model: str = ""
+    counted: ClassVar[tuple[str, ...]] = ("ids",)
 
 
 class _Shape(msgspec.Struct):
@@ -244,16 +266,23 @@ class _Shape(msgspec.Struct):
     model: str = ""
 
 
-_PREDICT_INPUTS = msgspec.json.Decoder(str | list[str | list[str]])
-_IDS = msgspec.json.Decoder(list[int | list[int]])
+# Each POST route's body, as service/http/openapi.py documents it; POST / takes the body of
+# the route the model's kind picks.
+TEI_BODIES: dict[str, tuple[type, ...]] = {
+    "/embed": (TeiEmbed,),
+    "/embed_all": (TeiEmbed,),
+    "/embed_sparse": (TeiEmbed,),
+    "/predict": (TeiPredict,),
+    "/similarity": (TeiSimilarity,),
+    "/tokenize": (TeiTokenize,),
+    "/decode": (TeiDecode,),
+    "/rerank": (TeiRerank,),
+    "/": (TeiEmbed, TeiPredict, TeiRerank, TeiSimilarity, TeiTokenClassify, TeiZeroShotImage),
+}
 
 
-def _count(raw: msgspec.Raw, field: str, max_inputs: int) -> None:
-    """Too many entries in a list of lists, counted on the bytes (before building them)."""
-    if len(raw) > json_body.COUNT_SCAN_BYTES and bytes(memoryview(raw)[:1]) == b"[":
-        count = json_body.count_entries(raw)
-        if count > max_inputs:
-            raise too_many(count, max_inputs, field, named=True)
+def _listed(texts: str | list[str]) -> list[str]:
+    return [texts] if isinstance(texts, str) else texts
 
 
 def _batch(texts: list[str], field: str, max_inputs: int) -> None:
@@ -311,7 +340,7 @@ class TeiRoutes:
 
         async def dispatch(request: web.Request) -> web.StreamResponse:
             try:
-                shape = await _decode(request, _Shape)
+                shape = await self._decode(request, _Shape)
             except PoolingError:
                 return await other(request)  # its own errors, in its own shape
             if present(shape.texts) and not present(shape.documents):
@@ -325,6 +354,16 @@ class TeiRoutes:
     def _max_inputs(self) -> int:
         return self.runner.limits.max_client_batch_size
 
+    async def _decode(self, request: web.Request, kind: type[B]) -> B:
+        """A TEI body as its declared type; its model, where the body names none, from
+        `?model=` in the URL, so that clients that cannot put one in the body
+        (huggingface_hub's InferenceClient, given the URL as its model) can still reach any
+        model this server serves, as /info?model= does."""
+        body = await read_body(request, kind, self._max_inputs)
+        if not body.model:  # type: ignore[attr-defined]
+            body.model = request.query.get("model", "")  # type: ignore[attr-defined]
+        return body
+
     @property
     def _max_bytes(self) -> int:
         return self.api.max_response_bytes
@@ -337,7 +376,7 @@ class TeiRoutes:
 
     async def root(self, request: web.Request) -> web.StreamResponse:
         """TEI's POST /: the route for the model's kind."""
-        shape = await _decode(request, _Shape)
+        shape = await self._decode(request, _Shape)
         served = self.runner.ready().model_named(shape.model)
         info = served.info
         if info.head is HeadKind.TOKEN:  # InferenceClient.token_classification
@@ -358,9 +397,9 @@ class TeiRoutes:
     # embeddings -----------------------------------------------------------
 
     def _embed_request(
-        self, body: _Embed, task: Task, prefix: str, request: web.Request
+        self, body: TeiEmbed, task: Task, prefix: str, request: web.Request
     ) -> PoolRequest:
-        texts = text_list(body.inputs, "inputs", self._max_inputs)
+        texts = _listed(body.inputs)
         _batch(texts, "inputs", self._max_inputs)
         dimensions = body.dimensions if task is Task.EMBED else None
         return PoolRequest(
@@ -380,7 +419,7 @@ class TeiRoutes:
 
     async def embed(self, request: web.Request) -> web.Response:
         """[[float]]: one vector per input."""
-        body = await _decode(request, _Embed)
+        body = await self._decode(request, TeiEmbed)
         if body.dimensions is not None and body.dimensions < 1:
             raise refused("dimensions", "must be at least 1")
         result = await self._pool(request, self._embed_request(body, Task.EMBED, "embed", request))
@@ -393,7 +432,7 @@ class TeiRoutes:
         model, which has no raw token states to give, each input's ColBERT matrix, as
         embed_multi gives it: one normalised, projected row per kept token, in document
         mode unless `prompt_name` names the query mode."""
-        body = await _decode(request, _Embed)
+        body = await self._decode(request, TeiEmbed)
         pool = self._embed_request(body, Task.TOKEN_EMBED, "embed_all", request)
         pool = _with_budget(pool, self._max_bytes)
 
@@ -402,7 +441,8 @@ class TeiRoutes:
                 return pool  # token states (or the engine's refusal)
             params = PoolingParams(truncate_prompt_tokens=pool.params.truncate_prompt_tokens)
             mode = pool.prompt_name
-            if mode is None and info.multi_vector is not None:  # bge-m3's matrix has no modes
+            colbert = isinstance(info.settings, MultiVectorSettings)
+            if mode is None and colbert:  # bge-m3's matrix has no modes
                 mode = "document"
             return replace(pool, task=Task.EMBED_MULTI, params=params, prompt_name=mode)
 
@@ -419,7 +459,7 @@ class TeiRoutes:
 
     async def embed_sparse(self, request: web.Request) -> web.Response:
         """[[{index, value}]]: each input's non-zero vocabulary weights, by index."""
-        body = await _decode(request, _Embed)
+        body = await self._decode(request, TeiEmbed)
         pool = self._embed_request(body, Task.EMBED_SPARSE, "embed_sparse", request)
         result = await self._pool(request, pool)
         items = [output_of(output, SparseEmbedding) for output in result.outputs]
@@ -440,14 +480,14 @@ class TeiRoutes:
     async def similarity(self, request: web.Request) -> web.Response:
         """[float]: the cosine similarity of each sentence to the source sentence, from
         their embeddings (unnormalized, as TEI computes it)."""
-        body = await _decode(request, _Similarity)
+        body = await self._decode(request, TeiSimilarity)
         if body.inputs is None:
             raise refused("inputs", "missing; send {source_sentence, sentences}")
         sentences = body.inputs.sentences
         if not sentences:
             raise empty("inputs.sentences")
         _batch([body.inputs.source_sentence, *sentences], "inputs.sentences", self._max_inputs)
-        parameters = body.parameters or _SimilarityParameters()
+        parameters = body.parameters or SimilarityParameters()
         pool = PoolRequest(
             task=Task.EMBED,
             params=PoolingParams(
@@ -469,15 +509,8 @@ class TeiRoutes:
         """[{score, label}] for one input (a text, or a [text, text] pair), sorted by score;
         a batch ([[text], [text, text], ...]) gets one such list each. Pairs go through
         the model's score (a cross-encoder's), single texts through classify."""
-        body = await _decode(request, _Predict)
-        if not present(body.inputs):
-            raise refused("inputs", "missing")
-        _count(body.inputs, "inputs", self._max_inputs)
-        try:
-            inputs = _PREDICT_INPUTS.decode(body.inputs)
-        except msgspec.DecodeError as exc:  # a wrong type, or bytes that are not UTF-8
-            raise within("inputs", exc) from None
-        batch, single = _sequences(inputs)
+        body = await self._decode(request, TeiPredict)
+        batch, single = _sequences(body.inputs)
         if not batch:
             raise empty("inputs")
         _batch([""] * len(batch), "inputs", self._max_inputs)
@@ -541,10 +574,10 @@ class TeiRoutes:
         """Hugging Face's token classification of a token-classification model: entities
         as transformers' pipeline groups them (service/http/entities.py), `simple` unless
         `parameters.aggregation_strategy` says otherwise; a list of texts gets a list each."""
-        body = await _decode(request, _TokenClassify)
-        texts = text_list(body.inputs, "inputs", self._max_inputs)
+        body = await self._decode(request, TeiTokenClassify)
+        texts = _listed(body.inputs)
         _batch(texts, "inputs", self._max_inputs)
-        hub = body.parameters or _TokenClassificationParameters()
+        hub = body.parameters or TokenClassificationParameters()
         aggregation = hub.aggregation_strategy or DEFAULT_AGGREGATION
         if aggregation not in AGGREGATIONS:
             known = ", ".join(AGGREGATIONS)
@@ -580,7 +613,7 @@ class TeiRoutes:
         info, outputs = ran.info, [output_of(rows, TokenRows) for rows in ran.result.outputs]
         assert info is not None
         labels = [info.label(i) for i in range(outputs[0].values.shape[-1])]
-        single = bytes(memoryview(body.inputs)[:1]) != b"["
+        single = isinstance(body.inputs, str)
 
         def build() -> msgspec.Raw:
             # One text's entities at a time, encoded and let go: Python dicts for one
@@ -600,10 +633,10 @@ class TeiRoutes:
         """[{label, score}] by decreasing score: an image model's zero-shot classification
         of one image over `parameters.candidate_labels`, each in the hypothesis template
         (Hugging Face's "{}" for the label, or the server's --label-template)."""
-        body = await _decode(request, _ZeroShotImage)
+        body = await self._decode(request, TeiZeroShotImage)
         if not body.inputs:
             raise refused("inputs", "missing; send one image as base64 or a data URL")
-        hub = body.parameters or _ZeroShotImageParameters()
+        hub = body.parameters or ZeroShotImageParameters()
         template = hub.hypothesis_template
         if template is not None and "{label}" not in template:
             template = template.replace("{}", "{label}")
@@ -624,10 +657,10 @@ class TeiRoutes:
 
     async def rerank(self, request: web.Request) -> web.Response:
         """[{index, score, text?}], best first."""
-        body = await _decode(request, _Rerank)
+        body = await self._decode(request, TeiRerank)
         if body.query is None:
             raise refused("query", "missing; send a string")
-        texts = text_list(body.texts, "texts", self._max_inputs)
+        texts = _listed(body.texts)
         _batch(texts, "texts", self._max_inputs)
         rerank = RerankRequest(
             query=body.query,
@@ -656,9 +689,9 @@ class TeiRoutes:
         offsets), or the token itself for special tokens, which have no span. Laid out
         from the token arrays on the runner's worker thread (service/http/token_json.py),
         its exact size checked against the response cap first."""
-        body = await _decode(request, _Tokenize)
+        body = await self._decode(request, TeiTokenize)
         max_inputs = self.runner.limits.max_client_batch_size
-        texts = text_list(body.inputs, "inputs", max_inputs)
+        texts = _listed(body.inputs)
         _batch(texts, "inputs", max_inputs)
         cap = budget(self._max_bytes)
         ran = await self.runner.tokenize(
@@ -674,15 +707,9 @@ class TeiRoutes:
 
     async def decode(self, request: web.Request) -> web.Response:
         """[str]: the text of each id sequence."""
-        body = await _decode(request, _Decode)
-        if not present(body.ids):
-            raise refused("ids", "missing; send a list of token ids")
+        body = await self._decode(request, TeiDecode)
         max_inputs = self.runner.limits.max_client_batch_size
-        _count(body.ids, "ids", max_inputs)
-        try:
-            ids = _IDS.decode(body.ids)
-        except msgspec.DecodeError as exc:
-            raise within("ids", exc) from None
+        ids = body.ids
         if ids and all(isinstance(i, int) for i in ids):
             sequences: list[list[int]] = [ids]  # type: ignore[list-item]
         elif all(isinstance(i, list) for i in ids):
@@ -776,17 +803,6 @@ def _sequences(inputs: str | list[Any]) -> tuple[list[list[str]], bool]:
         if not 1 <= len(item) <= 2:
             raise refused(f"inputs[{n}]", "must be [text] or [text, text]")
     return inputs, False
-
-
-async def _decode(request: web.Request, kind: type[Any]) -> Any:
-    """A TEI body; its model, where the body names none, from `?model=` in the URL, so that
-    clients that cannot put one in the body (huggingface_hub's InferenceClient, given the
-    URL as its model) can still reach any model this server serves, as /info?model= does."""
-    body = await decode_body(request, kind)
-    json_body.check_int32(body)
-    if not body.model:
-        body.model = request.query.get("model", "")
-    return body
 
 
 def _predictions(output: Any, info: ModelInfo, function: str | None) -> list[dict[str, Any]]:

@@ -19,12 +19,12 @@ from pooling_server.engine.requests.request import PoolRequest, RerankRequest
 from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
 from pooling_server.service.grpc.handlers import Malformed, tolerant
 from pooling_server.service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
+from pooling_server.service.http.bodies import EmbeddingsBody, RerankBody
 from pooling_server.service.http.json_body import (
     MAX_DEPTH,
-    Body,
     BodyError,
     count_entries,
-    parse_body,
+    decode,
     structure,
 )
 from pooling_server.service.proto import pooling_pb2 as pb
@@ -35,10 +35,16 @@ MODEL = embedder_info(name="embedder", tasks=(Task.EMBED, Task.SCORE))
 MANY = 4_200_000  # two-character texts: a 16 MB body
 
 
+def _texts(raw: bytes, field: str = "input") -> list[str]:
+    """`field` of `raw` as texts, decoded as the route that reads it decodes its body."""
+    kind = RerankBody if field == "documents" else EmbeddingsBody
+    return getattr(decode(raw, kind, LIMIT), field).texts(field)  # type: ignore[no-any-return]
+
+
 def _refusal(raw: bytes, field: str = "input") -> tuple[str, str, str]:
     """(kind, reason, field) of how reading `field` of `raw` fails."""
     try:
-        parse_body(raw, LIMIT).texts(field)
+        _texts(raw, field)
     except PoolingError as error:  # INVALID_BODY is OpenAI's 422 in the errors table
         status = "422" if error.reason == "INVALID_BODY" else "400"
         return status, error.reason, error.violations[0].field if error.violations else ""
@@ -76,14 +82,14 @@ def test_count_entries_reads_a_field_in_place(entries: list[object]) -> None:
 def test_deep_nesting_is_malformed(depth: int) -> None:
     body = b'{"input": "x", "extra": ' + b"[" * depth + b"]" * depth + b"}"
     with pytest.raises(PoolingError) as caught:
-        parse_body(body, LIMIT)
+        decode(body, EmbeddingsBody, LIMIT)
     assert caught.value.reason == "MALFORMED_REQUEST"
     assert f"more than {MAX_DEPTH}" in caught.value.message
 
 
 def test_brackets_inside_texts_are_not_nesting() -> None:
     texts = ["[" * 200, "{" * 200 + '\\"' * 10]
-    assert parse_body(json.dumps({"input": texts}).encode(), LIMIT).texts("input") == texts
+    assert _texts(json.dumps({"input": texts}).encode()) == texts
 
 
 @pytest.mark.parametrize(
@@ -112,7 +118,7 @@ def test_many_documents_are_counted() -> None:
 
 def test_a_list_within_the_limit_is_decoded() -> None:
     texts = ["x" * 100] * LIMIT
-    assert parse_body(json.dumps({"input": texts}).encode(), LIMIT).texts("input") == texts
+    assert _texts(json.dumps({"input": texts}).encode()) == texts
 
 
 def test_wrong_types_stop_at_the_first_wrong_value() -> None:
@@ -140,9 +146,10 @@ def test_wrong_types_stop_at_the_first_wrong_value() -> None:
 )
 @pytest.mark.parametrize("field", ["dimensions", "top_n", "truncate_prompt_tokens"])
 def test_integers_fit_the_wire_type(field: str, value: str, outcome: str | None) -> None:
-    body: Body = parse_body(f'{{"{field}": {value}}}'.encode(), LIMIT)
+    kind = RerankBody if field == "top_n" else EmbeddingsBody
+    body = f'{{"{field}": {value}, "input": "x", "documents": "d"}}'.encode()
     try:
-        body.integer(field)
+        decode(body, kind, LIMIT)
     except BodyError as error:  # a PoolingError too: the more specific first
         assert (error.violation.reason, error.violation.field) == (outcome, field)
         return

@@ -20,7 +20,8 @@ from pooling_server.service.http.float_format import (
     FloatFormat,
     float_format,
 )
-from pooling_server.service.http.json_body import parse_body
+from pooling_server.service.http.bodies import PoolingBody
+from pooling_server.service.http.json_body import decode
 
 TORCH = {
     "float32": (torch.float32, torch.float32),
@@ -70,8 +71,8 @@ def test_the_answer_budget_counts_each_value_as_sent() -> None:
     [("encoding_format", "bytes_maybe"), ("embed_dtype", "int8"), ("endianness", "middle")],
 )
 def test_unknown_values_are_refused_by_name(field: str, value: str) -> None:
-    body = parse_body(json.dumps({field: value}).encode(), 64)
+    raw = json.dumps({field: value, "input": "x"}).encode()
     with pytest.raises(PoolingError) as caught:
-        float_format(body)
+        float_format(decode(raw, PoolingBody, 64))
     [violation] = caught.value.violations
     assert violation.field == field and violation.reason == "ENCODING_UNKNOWN"

@@ -28,7 +28,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.requests.request import Image, PoolRequest, RerankRequest
-from pooling_server.service.http.json_body import parse_body
+from pooling_server.service.http.json_body import decode
 from pooling_server.service.http.openai import ROUTES
 from tests.engine.test_image_decoding import png_claiming
 from tests.fixture_models import tiny_clip
@@ -54,7 +54,8 @@ def image_part(url: str) -> dict[str, Any]:
 
 def parsed(url: str, body: dict[str, Any]) -> PoolRequest | RerankRequest:
     raw = json.dumps(body).encode()
-    return ROUTES[url].parse(parse_body(raw, 64), "id").request
+    route = ROUTES[url]
+    return route.parse(decode(raw, route.body, 64), "id").request
 
 
 # ------------------------------------------------------------------ bodies, no server
