@@ -7,10 +7,11 @@ the door's protocol and its own status), deadlines, cancellation and the failure
 a door never sees an exception other than PoolingError. The timings travel back with the
 result, each field written once.
 
-Every operation takes that one path (`_run`): Pool, Rerank, Tokenize, decode and the model
-list alike. The model a call names is resolved there, once; a door neither checks
-readiness nor resolves the model itself, and reads what it needs of the model from what
-the runner hands its `render`.
+Every operation records its call the one way (`_Outcome`): Pool, Rerank, Tokenize, decode
+and the model list alike, each calling the engine straight from its own body. The model a
+call names is resolved there, once; a door neither checks readiness nor resolves the
+model itself, and reads what it needs of the model from what the runner hands its
+`render`.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class RequestRunner:
     @property
     def limits(self) -> Limits:
         """The engine's limits, for a door parsing a body before its call; the defaults
-        while the models load (that call is then answered UNAVAILABLE by `_run`)."""
+        while the models load (that call is then answered UNAVAILABLE by the runner)."""
         engine = self.engine
         return _DEFAULT_LIMITS if engine is None else engine.limits
 
@@ -133,22 +134,20 @@ class RequestRunner:
         that a refusal while rendering (an answer too large to send) is what metrics count.
         `prepare`: the door's last word on the request once its model is resolved (Cohere's
         input_type becomes that model's prompt), so that the door never resolves it itself."""
-
-        def run(
-            engine: Engine, model: ServedModel | None, timings: Timings
-        ) -> Awaitable[PoolResult]:
-            assert model is not None
-            todo = request if prepare is None else prepare(model.info)
-            return engine.pool(
-                todo, deadline=call.deadline, timings=timings, client=call.client, model=model
-            )
-
         task = request.task.value if request.task is not None else "none"
-        if request.text_1 or request.text_2:
-            inputs = lambda: {"text_1": list(request.text_1), "text_2": list(request.text_2)}  # noqa: E731
-        else:
-            inputs = lambda: {"texts": list(request.texts)}  # noqa: E731
-        return await self._run(call, request.request_id, task, request.model, run, inputs, render)
+        with _Outcome(self, call, request.request_id, task, _pool_inputs(request)) as outcome:
+            engine = self.ready()
+            model = outcome.resolve(engine, request.model)
+            if prepare is not None:
+                request = prepare(model.info)
+            result = await engine.pool(
+                request,
+                deadline=call.deadline,
+                timings=outcome.timings,
+                client=call.client,
+                model=model,
+            )
+            return await outcome.answer(result, render)
 
     @overload
     async def rerank(self, request: RerankRequest, call: Call) -> Ran[RerankResult]: ...
@@ -162,26 +161,21 @@ class RequestRunner:
         call: Call,
         render: Callable[[RerankResult], Any] | None = None,
     ) -> Ran[Any]:
-        def run(
-            engine: Engine, model: ServedModel | None, timings: Timings
-        ) -> Awaitable[RerankResult]:
-            return engine.rerank(
-                request, deadline=call.deadline, timings=timings, client=call.client, model=model
-            )
-
         def inputs() -> dict[str, Any]:
             return {"query": request.query, "documents": list(request.documents)}
 
-        return await self._run(
-            call,
-            request.request_id,
-            "score",
-            request.model,
-            run,
-            inputs,
-            render,
-            len(request.documents),
-        )
+        items = len(request.documents)
+        with _Outcome(self, call, request.request_id, "score", inputs, items) as outcome:
+            engine = self.ready()
+            model = outcome.resolve(engine, request.model)
+            result = await engine.rerank(
+                request,
+                deadline=call.deadline,
+                timings=outcome.timings,
+                client=call.client,
+                model=model,
+            )
+            return await outcome.answer(result, render)
 
     async def tokenize(
         self,
@@ -197,13 +191,15 @@ class RequestRunner:
         both made on a worker thread: a text of a million tokens never holds the loop.
         `budget`: the door's cap and cost per token (gRPC's by default); `prompt_name`: the
         model's prompt before each text."""
-
-        async def run(engine: Engine, model: ServedModel | None, timings: Timings) -> R:
-            assert model is not None
+        inputs = lambda: {"texts": list(texts)}  # noqa: E731
+        with _Outcome(self, call, "", "tokenize", inputs, len(texts)) as outcome:
+            engine = self.ready()
+            served = outcome.resolve(engine, model)
+            timings = outcome.timings
 
             def work() -> R:
                 started = time.monotonic()
-                tokenized = engine.tokenize(model, texts, add_special_tokens, budget, prompt_name)
+                tokenized = engine.tokenize(served, texts, add_special_tokens, budget, prompt_name)
                 timings.tokenize_s = time.monotonic() - started
                 try:
                     return render(tokenized)
@@ -213,36 +209,33 @@ class RequestRunner:
                         _trim()  # the pages a long text's lists and arrays took, handed back
 
             if sum(map(len, texts)) < LARGE_TOKENIZE_CHARS:
-                return await _within(call.deadline, asyncio.to_thread(work))
-            turn = asyncio.get_running_loop().run_in_executor(self._large_tokenize, work)
-            return await _within(call.deadline, turn)  # the wait for a turn counts too
-
-        return await self._run(
-            call, "", "tokenize", model, run, lambda: {"texts": list(texts)}, None, len(texts)
-        )
+                answer = await _within(call.deadline, asyncio.to_thread(work))
+            else:  # the wait for a turn counts too
+                turn = asyncio.get_running_loop().run_in_executor(self._large_tokenize, work)
+                answer = await _within(call.deadline, turn)
+            return await outcome.answer(answer, None)
 
     async def decode(
         self, model: str, sequences: Sequence[Sequence[int]], skip_special: bool, call: Call
     ) -> Ran[list[str]]:
         """Token ids back to texts (TEI's /decode): many ids are decoded on a worker thread."""
-
-        async def run(engine: Engine, model: ServedModel | None, timings: Timings) -> list[str]:
-            assert model is not None
+        with _Outcome(self, call, "", "decode", dict, len(sequences)) as outcome:
+            engine = self.ready()
+            served = outcome.resolve(engine, model)
             if sum(map(len, sequences)) > OFF_LOOP_IDS:
-                decoding = asyncio.to_thread(engine.decode, model, sequences, skip_special)
-                return await _within(call.deadline, decoding)
-            return engine.decode(model, sequences, skip_special)
-
-        return await self._run(call, "", "decode", model, run, lambda: {}, None, len(sequences))
+                decoding = asyncio.to_thread(engine.decode, served, sequences, skip_special)
+                texts = await _within(call.deadline, decoding)
+            else:
+                texts = engine.decode(served, sequences, skip_special)
+            return await outcome.answer(texts, None)
 
     async def models(self, call: Call, render: Callable[[Engine], R]) -> Ran[R]:
         """The served models (ListModels, /v1/models): `render` reads them, and the limits a
         client plans by, from the engine. No model is named, so none is resolved."""
-
-        async def run(engine: Engine, model: ServedModel | None, timings: Timings) -> Engine:
-            return engine
-
-        return await self._run(call, "", "none", None, run, lambda: {}, render, 0)
+        with _Outcome(self, call, "", "none", dict, 0) as outcome:
+            engine = self.ready()
+            outcome.label = "none"
+            return await outcome.answer(engine, render)
 
     async def tokens(
         self, model: str, texts: Sequence[str], add_special_tokens: bool = True
@@ -254,55 +247,82 @@ class RequestRunner:
         tokenized = await asyncio.to_thread(engine.tokenize, served, texts, add_special_tokens)
         return tokenized.items
 
-    async def _run(
+
+class _Outcome:
+    """One call as the runner records it, whatever its operation: its record opened, its
+    model resolved once (`resolve`), its answer rendered inside the call (`answer`), and on
+    leaving its `with` block its outcome labelled, counted and logged once. Any exception
+    other than a PoolingError leaves as INTERNAL; the door never sees another.
+
+    `items`: what a success counts, when not the result's outputs (a rerank's documents).
+    Metrics label every outcome with the resolved model (names not served share the label
+    "unknown", so clients cannot grow the series); a call that names none, "none"."""
+
+    def __init__(
         self,
+        runner: RequestRunner,
         call: Call,
         request_id: str,
         task: str,
-        model: str | None,
-        run: Callable[[Engine, ServedModel | None, Timings], Awaitable[T]],
         inputs: Callable[[], dict[str, Any]],
-        render: Callable[[T], Any] | None = None,
         items: int | None = None,
-    ) -> Ran[Any]:
-        """`items`: what a success counts, when not the result's outputs (a rerank's
-        documents). The model is resolved once, here: the engine runs what it names, and
-        metrics label every outcome with it (names not served share the label "unknown",
-        so clients cannot grow the series). `model` None: the call names none (the model
-        list), labelled "none"."""
-        record = self.telemetry.open(
+    ) -> None:
+        self.runner, self.call, self.request_id, self.items = runner, call, request_id, items
+        self.record = runner.telemetry.open(
             call.rpc, request_id, task, call.headers, call.protocol, inputs
         )
-        code, reason, ok, counted, tokens, label = "", "", False, 0, 0, ""
-        served: ServedModel | None = None
+        self.timings = self.record.timings
+        self.code, self.reason, self.label = "", "", ""
+        self.ok, self.counted, self.tokens = False, 0, 0
+        self.info: ModelInfo | None = None
+
+    def resolve(self, engine: Engine, model: str) -> ServedModel:
+        """The model the call names (or the default one), resolved once."""
+        served = engine.model_named(model)
+        self.info, self.label = served.info, served.info.name
+        return served
+
+    async def answer(self, result: T, render: Callable[[T], Any] | None) -> Ran[Any]:
+        """The door's answer (`render`, awaited when built on a worker thread), counted."""
+        counted, self.tokens = _size(result)
+        self.counted = counted if self.items is None else self.items
+        answer = result if render is None else render(result)
+        if inspect.isawaitable(answer):  # a large answer, built on a worker thread
+            answer = await answer
+        self.code, self.ok = self.call.status(None), True
+        return Ran(answer, self.timings, self.record, self.info, self.tokens)
+
+    def __enter__(self) -> _Outcome:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: Any
+    ) -> None:
         try:
-            engine = self.ready()
-            served = None if model is None else engine.model_named(model)
-            label = "none" if served is None else served.info.name
-            result = await run(engine, served, record.timings)
-            counted, tokens = _size(result)
-            counted = counted if items is None else items
-            answer = result if render is None else render(result)
-            if inspect.isawaitable(answer):  # a large answer, built on a worker thread
-                answer = await answer
-            code, ok = call.status(None), True
-            info = None if served is None else served.info
-            return Ran(answer, record.timings, record, info, tokens)
-        except PoolingError as error:
-            code, reason = call.status(error), error.reason
-            raise
-        except asyncio.CancelledError:
-            code = "CANCELLED"
-            raise
-        except Exception as exc:
-            error = internal_error()
-            code, reason = call.status(error), error.reason
-            log.exception("request %r failed", clip(request_id, 64))
-            raise error from exc
+            if isinstance(error, PoolingError):
+                self.code, self.reason = self.call.status(error), error.reason
+            elif isinstance(error, asyncio.CancelledError):
+                self.code = "CANCELLED"
+            elif isinstance(error, Exception):
+                failure = internal_error()
+                self.code, self.reason = self.call.status(failure), failure.reason
+                log.error(
+                    "request %r failed", clip(self.request_id, 64), exc_info=(kind, error, trace)
+                )
+                raise failure from error
         finally:
-            record.finish(code, label or "unknown", counted, tokens, reason, ok)
-            if tokens > TRIM_AFTER_TOKENS:  # its token lists are freed: hand their pages back
+            self.record.finish(
+                self.code, self.label or "unknown", self.counted, self.tokens, self.reason, self.ok
+            )
+            if self.tokens > TRIM_AFTER_TOKENS:  # its token lists are freed: hand their pages back
                 asyncio.get_running_loop().run_in_executor(None, _trim)
+
+
+def _pool_inputs(request: PoolRequest) -> Callable[[], dict[str, Any]]:
+    """A Pool call's inputs, for telemetry, read only if it logs them."""
+    if request.text_1 or request.text_2:
+        return lambda: {"text_1": list(request.text_1), "text_2": list(request.text_2)}
+    return lambda: {"texts": list(request.texts)}
 
 
 _DEFAULT_LIMITS = Limits()

@@ -134,19 +134,23 @@ def _outputs(request: pb.PoolRequest) -> dict[str, object]:
     }
 
 
-def _refuse_unknown(params: pb.PoolingParams, encoding: int | None = None) -> None:
+def _refuse_unknown(
+    params: pb.PoolingParams, encoding: int | None = None, rule: int | None = None
+) -> None:
     """An enum value this server does not know (a newer client's), refused in one place
-    after the lookups, so that conversion calls on the rules once at most."""
+    after the whole message is converted, so that conversion calls on the rules last,
+    once at most."""
     if params.task != pb.POOLING_TASK_UNSPECIFIED and params.task not in TASK_FROM_PROTO:
         raise unknown_value("params.task", params.task)
     if encoding is not None and encoding not in ENCODING_FROM_PROTO:
         raise unknown_value("encoding", encoding)
+    if rule is not None and rule not in CHUNK_RULE_FROM_PROTO:
+        raise unknown_value("late_chunking.rule", rule)
 
 
 def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
     case = request.WhichOneof("input")
     params, declared = params_from_proto(request.params)
-    _refuse_unknown(request.params, request.encoding)
     task = Task(case) if case else None
     inputs: dict[str, object] = {}
     if task is Task.SCORE:
@@ -160,19 +164,22 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         inputs = {"texts": tuple(given.texts)}
         if isinstance(given, pb.TextInput):
             inputs.update(_image_inputs(given, case))
-    return PoolRequest(
+    pool = PoolRequest(
         task=task,
         params=params,
         request_id=request.request_id,
         model=request.model,
         declared_task=declared,
-        encoding=ENCODING_FROM_PROTO[request.encoding],
+        encoding=ENCODING_FROM_PROTO.get(request.encoding, OutputEncoding.FLOAT),
         prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
         prompt=request.prompt if request.HasField("prompt") else None,
         late_chunking=_late_chunking(request),
         **_outputs(request),
         **inputs,
     )
+    rule = request.late_chunking.rule if request.HasField("late_chunking") else None
+    _refuse_unknown(request.params, request.encoding, rule)
+    return pool
 
 
 def _image_inputs(given: pb.TextInput, case: str) -> dict[str, object]:
@@ -199,11 +206,9 @@ def _late_chunking(request: pb.PoolRequest) -> LateChunking | None:
     if not request.HasField("late_chunking"):
         return None
     chunking = request.late_chunking
-    if chunking.rule not in CHUNK_RULE_FROM_PROTO:
-        raise unknown_value("late_chunking.rule", chunking.rule)
     return LateChunking(
         spans=tuple((span.start, span.end) for span in chunking.spans),
-        rule=CHUNK_RULE_FROM_PROTO[chunking.rule],
+        rule=CHUNK_RULE_FROM_PROTO.get(chunking.rule),  # an unknown one: `_refuse_unknown`
         window=chunking.window_tokens,
         overlap=chunking.overlap_tokens,
     )
@@ -211,8 +216,7 @@ def _late_chunking(request: pb.PoolRequest) -> LateChunking | None:
 
 def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
     params, declared = params_from_proto(request.params)
-    _refuse_unknown(request.params)
-    return RerankRequest(
+    rerank = RerankRequest(
         query=request.query,
         documents=tuple(request.documents),
         params=params,
@@ -223,6 +227,8 @@ def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
         instruction=request.instruction if request.HasField("instruction") else None,
         items=items_from_proto(request.items, "items"),
     )
+    _refuse_unknown(request.params)
+    return rerank
 
 
 def rerank_response_to_proto(result: RerankResult, request: pb.RerankRequest) -> pb.RerankResponse:

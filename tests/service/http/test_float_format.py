@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from pooling_server.engine.errors import PoolingError
+from pooling_server.service.http.bodies import PoolingBody
 from pooling_server.service.http.float_format import (
     EMBED_DTYPES,
     ENDIANNESS,
     FloatFormat,
     float_format,
 )
-from pooling_server.service.http.bodies import PoolingBody
 from pooling_server.service.http.json_body import decode
 
 TORCH = {
