@@ -22,9 +22,11 @@ import os
 import socket
 import threading
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+from pooling_server.engine.errors import ErrorKind, PoolingError
 from pooling_server.engine.inputs.modality import PixelFrame
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
@@ -36,9 +38,12 @@ from pooling_server.engine.scheduling.ipc import (
     ErrorInfo,
     JobResult,
     Link,
+    LoadModel,
+    ModelLoaded,
     Pong,
     Results,
     Submit,
+    UnloadModel,
     encoder,
     start_daemon,
     to_engine_decoder,
@@ -70,10 +75,29 @@ class _FrontEnd:
         self.jobs: dict[int, Job] = {}
 
 
+class RunTimeModels(Protocol):
+    """Loads a model a front end asks for at run time, and hands memory back after an
+    unload (service/split/engine_process.py: torch, the command line's parsing)."""
+
+    async def load(self, message: LoadModel) -> tuple[Any, bytes, int]:
+        """(the LoadedModel, its description as JSON, its weights' bytes)."""
+        ...
+
+    async def release(self) -> None: ...
+
+
 class EngineCore:
-    def __init__(self, models: Sequence[object], config: BatchConfig, address: str) -> None:
-        """`models`: LoadedModels; `address`: the Unix socket path front ends connect to."""
+    def __init__(
+        self,
+        models: Sequence[object],
+        config: BatchConfig,
+        address: str,
+        run_time: RunTimeModels | None = None,
+    ) -> None:
+        """`models`: LoadedModels; `address`: the Unix socket path front ends connect to;
+        `run_time`: how models load and unload at run time (None: they do not)."""
         self.client = LocalEngineClient(models, config)  # type: ignore[arg-type]
+        self.run_time = run_time
         self.address = address
         self._front_ends: list[_FrontEnd] = []
         self._acceptor: threading.Thread | None = None
@@ -147,6 +171,9 @@ class EngineCore:
                     self._submit(front_end, decoded, payload)
                 elif isinstance(decoded, Cancel):
                     self._loop.call_soon_threadsafe(self._cancel, front_end, decoded.ids)
+                elif isinstance(decoded, (LoadModel, UnloadModel)):  # on the loop, off this
+                    # reader: Pings are answered while the weights load
+                    asyncio.run_coroutine_threadsafe(self._manage(front_end, decoded), self._loop)
                 else:  # a stall check: answered from here, so a wedged process is seen
                     with contextlib.suppress(OSError):
                         front_end.link.send(encoder.encode(Pong(decoded.sent)))
@@ -211,6 +238,39 @@ class EngineCore:
                 refused += self.client.submit(model, jobs)
         if refused:
             self._send(refused)
+
+    async def _manage(self, front_end: _FrontEnd, message: LoadModel | UnloadModel) -> None:
+        """Load a model (warm, its queue delivering to the links) or unload one (its queue
+        stopped: the front ends route nothing to it and its calls are answered), then say
+        so to the front end that asked."""
+        try:
+            if self.run_time is None:
+                raise PoolingError(
+                    ErrorKind.FAILED_PRECONDITION,
+                    "MODEL_LOAD_FAILED",
+                    "this engine loads no models at run time",
+                )
+            if isinstance(message, LoadModel):
+                loaded, description, size = await self.run_time.load(message)
+                queue = await self.client.add_model(loaded)
+                queue.deliver = self._send
+                queue.told_of_cancels = True
+                del loaded
+                answer = ModelLoaded(message.id, description, size)
+            else:
+                if message.name in self.queues:
+                    await self.client.remove_model(message.name)
+                await self.run_time.release()
+                answer = ModelLoaded(message.id)
+        except Exception as exc:
+            if not isinstance(exc, PoolingError):
+                log.exception("model %s: the engine failed to load or unload it", message.name)
+                exc = PoolingError(
+                    ErrorKind.INTERNAL, "MODEL_LOAD_FAILED", f"{type(exc).__name__}: {exc}"
+                )
+            answer = ModelLoaded(message.id, error=ErrorInfo.of(exc))
+        with contextlib.suppress(OSError):  # the front end is gone
+            front_end.link.send(encoder.encode(answer))
 
     def _cancel(self, front_end: _FrontEnd, ids: Sequence[int]) -> None:
         """On the loop: a cancelled job's queued items are dropped; nothing is sent back."""

@@ -120,6 +120,9 @@ class Engine:
         self.batch_config = batch_config or BatchConfig()
         self._models = {model.info.name: model for model in models}
         self._default = models[0].info.name
+        # Each served model's calls in flight and last use: what unloading waits out and
+        # eviction orders by (service/repository.py); kept on the loop's thread only.
+        self.use: dict[str, ModelUse] = {name: ModelUse() for name in self._models}
         self.client = client or LocalEngineClient(models, self.batch_config)  # type: ignore[arg-type]
         # Requests to tokenize and queue; each thread has its own tokenizer (ModelTokenizer).
         self._intake: SimpleQueue[_Intake | None] = SimpleQueue()
@@ -165,6 +168,32 @@ class Engine:
         """The batching queues in this process (none when an engine process computes)."""
         return self.client.queues
 
+    def add_model(self, model: ServedModel) -> None:
+        """Route calls to a model loaded at run time (its client side already serves it).
+        On the event loop."""
+        name = model.info.name
+        if name in self._models:
+            raise ValueError(f"model {name!r} is already served")
+        if model.info.accepts_media and not any(t.name == "images" for t in self._tokenizers):
+            lane = threading.Thread(
+                target=self._tokenize_and_queue, args=(self._pictures,), name="images"
+            )
+            lane.daemon = True
+            self._tokenizers.append(lane)
+            lane.start()
+        self.use[name] = ModelUse(last_used=time.monotonic())
+        self._models[name] = model
+
+    def remove_model(self, name: str) -> ModelUse:
+        """Take a model out of routing, on the event loop: a call resolving it from now on
+        is refused as unknown, and every call already resolved is counted in the returned
+        use (resolving and queueing take no turn of the loop between them), which
+        `ModelUse.drained` waits out before the model's queue may stop."""
+        self._models.pop(name)
+        if self._default == name and self._models:
+            self._default = next(iter(self._models))
+        return self.use.pop(name)
+
     async def start(self) -> None:
         await self.client.start()
         for thread in self._tokenizers:
@@ -178,6 +207,10 @@ class Engine:
             if thread.is_alive():
                 await asyncio.to_thread(thread.join)
         await self.client.stop()
+
+    def serves(self, name: str) -> bool:
+        """Whether a call naming `name` resolves to a model now ("": the default)."""
+        return name in self._models or (not name and self._default in self._models)
 
     def model_named(self, name: str) -> ServedModel:
         """The served model a request names ("" for the default). A name is echoed in
@@ -249,6 +282,9 @@ class Engine:
     ) -> PoolResult:
         """Tokenize, queue and compute a validated request."""
         timings = timings if timings is not None else Timings()
+        use = self.use.get(model.info.name) or ModelUse()
+        use.in_flight += 1
+        use.last_used = started
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
         intake = _Intake(request, model, deadline, timings, future, started, client)
         if model.info.accepts_images and has_images(request.request):
@@ -269,6 +305,8 @@ class Engine:
             # frame: forget the future here, or that cycle holds the request until a gc.
             future = intake = None  # type: ignore[assignment]
             raise
+        finally:
+            use.left()
         batches = timings.batches  # their writers are done: the future resolved
         if batches.started is not None and batches.finished is not None:
             timings.queue_s = batches.started - batches.enqueued
@@ -387,6 +425,27 @@ class Engine:
             if bad is not None:
                 raise unknown_token_id(f"ids[{n}]", bad, vocabulary)
         return tokenizer.decode(sequences, skip_special_tokens)
+
+
+@dataclass(slots=True)
+class ModelUse:
+    """One served model's pool and rerank calls in flight, and when one last came: an
+    unload waits for none in flight, and eviction never picks a model with any."""
+
+    in_flight: int = 0
+    last_used: float = 0.0
+    _idle: asyncio.Event | None = None
+
+    def left(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def drained(self) -> None:
+        """Once no call is in flight (on the loop, after the model left routing)."""
+        if self.in_flight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
 
 
 @dataclass(slots=True)

@@ -65,5 +65,21 @@ class LocalEngineClient:
     def submit(self, model: str, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
         return self._queues[model].enqueue(jobs)
 
+    async def add_model(self, model: LoadedModel) -> BatchQueue:
+        """A model loaded at run time: its queue started (each worker warms it, off the
+        loop) before anything routes to it."""
+        queue = BatchQueue(model.runner, self._config)
+        await queue.start()
+        self._queues[model.info.name] = queue
+        self._models = [*self._models, model]
+        return queue
+
+    async def remove_model(self, name: str) -> None:
+        """Its queue stopped and every reference to the model dropped, once nothing routes
+        to it and its calls have finished (Engine.remove_model, ModelUse.drained)."""
+        queue = self._queues.pop(name)
+        await queue.stop()
+        self._models = [model for model in self._models if model.info.name != name]
+
     def cancel(self, job: Job) -> None:
         """Nothing to send: the queue sees the cancelled future and drops the items."""

@@ -73,6 +73,26 @@ class Pong(msgspec.Struct, array_like=True, tag=3):
     sent: float
 
 
+class LoadModel(msgspec.Struct, array_like=True, tag=5):
+    """A front end asks the engine to load a model at run time (service/repository.py):
+    its name, source and per-model options as a Load call gave them; `startup`: one of the
+    engine's own --model models, loaded again by its own spec."""
+
+    id: int
+    name: str
+    source: str
+    options: dict[str, str]
+    startup: bool = False
+
+
+class UnloadModel(msgspec.Struct, array_like=True, tag=6):
+    """Stop a model's queue and free it: the front ends route nothing to it any more, and
+    the calls they had sent it are answered."""
+
+    id: int
+    name: str
+
+
 class ErrorInfo(msgspec.Struct, array_like=True):
     kind: str
     reason: str
@@ -122,6 +142,16 @@ class Results(msgspec.Struct, array_like=True, tag=4):
     results: list[JobResult]
 
 
+class ModelLoaded(msgspec.Struct, array_like=True, tag=5):
+    """The engine's answer to LoadModel or UnloadModel (by id): for a load, the model's
+    description (EngineReady's, as JSON) and what its weights take; or the error."""
+
+    id: int
+    description: bytes = b""
+    memory_bytes: int = 0
+    error: ErrorInfo | None = None
+
+
 class EngineReady(msgspec.Struct):
     """Written by an engine process once its models are loaded and warm."""
 
@@ -130,8 +160,8 @@ class EngineReady(msgspec.Struct):
     models: list[ModelDescription]
 
 
-ToEngine = Submit | Cancel | Ping
-FromEngine = Results | Pong
+ToEngine = Submit | Cancel | Ping | LoadModel | UnloadModel
+FromEngine = Results | Pong | ModelLoaded
 to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
 from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
 encoder = msgspec.msgpack.Encoder()

@@ -38,12 +38,16 @@ from pooling_server.engine.scheduling.ipc import (
     OUTPUTS,
     Cancel,
     EngineReady,
+    ErrorInfo,
     JobHeader,
     Link,
+    LoadModel,
+    ModelLoaded,
     Ping,
     Pong,
     Results,
     Submit,
+    UnloadModel,
     encoder,
     from_engine_decoder,
     start_daemon,
@@ -110,6 +114,8 @@ class RemoteEngineClient:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
+        # Loads and unloads sent to the engines (manage), by key: (engine, its answer).
+        self._managing: dict[int, tuple[int, asyncio.Future[ModelLoaded]]] = {}
 
     @property
     def serving(self) -> bool:
@@ -165,6 +171,36 @@ class RemoteEngineClient:
             except OSError:  # the engine is gone: these fail here, unless its reader has
                 refused += [(job, engine_dead()) for job in sent if self._forget(job.key)]
         return refused
+
+    async def manage(
+        self,
+        message: Callable[[int], LoadModel | UnloadModel],
+        engines: Sequence[int] | None = None,
+    ) -> list[tuple[int, ModelLoaded]]:
+        """A load or unload (`message(key)`) sent to every live engine (or `engines`),
+        and each one's answer, by engine: an engine that dies meanwhile answers
+        ENGINE_DEAD."""
+        loop = asyncio.get_running_loop()
+        waits: list[tuple[int, asyncio.Future[ModelLoaded]]] = []
+        for engine, link in enumerate(self._links):
+            if engine in self.dead or (engines is not None and engine not in engines):
+                continue
+            key = next(self._keys)
+            answer: asyncio.Future[ModelLoaded] = loop.create_future()
+            self._managing[key] = (engine, answer)
+            try:
+                link.send(encoder.encode(message(key)))
+            except OSError:
+                self._managing.pop(key, None)
+                answer.set_result(ModelLoaded(key, error=ErrorInfo.of(engine_dead())))
+            waits.append((engine, answer))
+        return [(engine, await answer) for engine, answer in waits]
+
+    def _managed(self, answer: ModelLoaded) -> None:
+        """On the loop: an engine's answer to a load or unload."""
+        waiting = self._managing.pop(answer.id, None)
+        if waiting is not None and not waiting[1].done():
+            waiting[1].set_result(answer)
 
     def _choices(self) -> list[int]:
         """The engines a job may go to (under the lock): the serving ones; while every live
@@ -235,6 +271,8 @@ class RemoteEngineClient:
             decoded = from_engine_decoder.decode(header)
             if isinstance(decoded, Pong):
                 self._owes_pong[engine] = False
+            elif isinstance(decoded, ModelLoaded):
+                self._call_in_loop(self._managed, decoded)
             else:
                 self._take_results(decoded, payload)
             if engine in self.stalled:
@@ -367,7 +405,14 @@ class RemoteEngineClient:
                 (self._sent.pop(key).job, engine_dead()) for key in lost
             ]
         self._call_in_loop(settle, outcomes)
+        self._call_in_loop(self._fail_managing, engine)
         self._changed()
+
+    def _fail_managing(self, engine: int) -> None:
+        """On the loop: a dead engine's loads and unloads under way answer ENGINE_DEAD."""
+        for key, (owner, _) in list(self._managing.items()):
+            if owner == engine:
+                self._managed(ModelLoaded(key, error=ErrorInfo.of(engine_dead())))
 
     def _call_in_loop(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None
