@@ -102,9 +102,6 @@ _HEAD_CLASSES = {
     HeadKind.LLM_SCORE: AutoModelForCausalLM,
 }
 
-# Two-tower image-text models (engine/families/towers/towers_loader.py): CLIP, SigLIP and SigLIP 2.
-TOWER_MODEL_TYPES = frozenset({"clip", "siglip", "siglip2"})
-
 _ST_POOLING_KEYS = {
     "pooling_mode_mean_tokens": PoolingType.MEAN,
     "pooling_mode_cls_token": PoolingType.CLS,
@@ -290,8 +287,6 @@ def _st_pooling_type(folder: Path) -> PoolingType | None:
 def head_kind(config: PretrainedConfig, pooling_type: PoolingType | None = None) -> HeadKind:
     """SPLADE pooling needs the masked-LM head; otherwise the architecture decides."""
     architectures = config.architectures or []
-    if getattr(config, "model_type", "") in TOWER_MODEL_TYPES:
-        return HeadKind.TOWERS
     if pooling_type is PoolingType.SPLADE:
         if not any(arch.endswith("ForMaskedLM") for arch in architectures):
             found = ", ".join(architectures) or "none"

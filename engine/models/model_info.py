@@ -7,6 +7,7 @@ from enum import StrEnum
 
 from pooling_server.engine.families.bge_m3.multi_output import OUTPUTS, MultiOutputSettings
 from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
+from pooling_server.engine.families.towers.settings import TowerSettings
 from pooling_server.engine.families.llm_reranker.score_template import ScoreTemplate
 from pooling_server.engine.requests.params import Task
 
@@ -78,26 +79,6 @@ TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
 # four, so these leave room for any real text while bounding what one text can cost.
 CHARS_PER_TOKEN = 64
 LONG_CHARS_PER_TOKEN = 1024
-
-
-@dataclass(frozen=True)
-class TowerSettings:
-    """A two-tower image-text model's settings, read from its folder at load.
-
-    Zero-shot logits are exp(logit_scale) * cosine (+ logit_bias, SigLIP's), turned into
-    probabilities by softmax over the labels (CLIP) or a sigmoid each (SigLIP)."""
-
-    family: str  # "clip" or "siglip" (SigLIP and SigLIP 2)
-    logit_scale: float  # the model's learned log temperature, before exp()
-    logit_bias: float | None  # SigLIP's; None for CLIP
-    image_size: tuple[int, int]  # (height, width) the processor resizes to
-    patches: int  # what one image costs in a batch's token budget
-    # Texts padded to this many tokens as the model was trained (SigLIP: max_length);
-    # 0: to the longest in the batch, with an attention mask (CLIP).
-    text_length: int = 0
-    text_mask: bool = True  # whether the model's tokenizer makes an attention mask
-    folder: str = ""  # where the image processor's config lives, for every front end
-    label_template: str = "a photo of a {label}."  # zero-shot's default (--label-template)
 
 
 @dataclass(frozen=True)

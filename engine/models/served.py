@@ -7,7 +7,6 @@ builds one from what the engine process describes, without torch or transformers
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from pooling_server.engine.inputs.tokenization import ModelTokenizer, TokenizerSpec
@@ -18,28 +17,20 @@ from pooling_server.engine.models.model_info import ModelInfo
 class ServedModel:
     info: ModelInfo
     tokenizer: ModelTokenizer
-    # An image model's preprocessing (engine/inputs/images.py's ImagePreprocessor), run where
-    # texts are tokenized; None for text-only models.
+    # A model's preprocessing of its inputs that are not texts, run where texts are
+    # tokenized (its family's: see `preprocessor`); None for text-only models.
     images: Any = field(default=None, kw_only=True)
 
 
-def image_preprocessor(info: ModelInfo) -> Any:
-    """The image processor of an image model's folder (None for a text-only model),
-    loaded by each process that plans requests: the engine's in-process front end or a
-    front-end process, which reads the same folder on the same host."""
-    if info.towers is None:
-        return None
-    from pooling_server.engine.inputs.images import (
-        load_image_processor,  # Pillow, only where images are served
-    )
+def preprocessor(info: ModelInfo) -> Any:
+    """The preprocessing of a model's inputs that are not texts, its family's own
+    (Family.preprocessor: the towers' image processor, CLAP's audio), built by each process
+    that plans requests: the engine's in-process front end or a front-end process, which
+    reads the same folder on the same host. None for a family of texts only."""
+    from pooling_server.engine.families import family_of
 
-    processor = load_image_processor(Path(info.towers.folder))
-    if processor is None:
-        raise ValueError(
-            f"model {info.name}: its folder {info.towers.folder} has no image processor "
-            "config (preprocessor_config.json)"
-        )
-    return processor
+    own = family_of(info).preprocessor
+    return own(info) if own is not None else None
 
 
 @dataclass(frozen=True)
@@ -53,4 +44,4 @@ class ModelDescription:
         """As a front end serves it, with how many engine processes compute it per device."""
         info = replace(self.info, engines_per_device=engines_per_device)
         tokenizer = ModelTokenizer(self.tokenizer, info.max_input_tokens)
-        return ServedModel(info, tokenizer, images=image_preprocessor(info))
+        return ServedModel(info, tokenizer, images=preprocessor(info))

@@ -407,18 +407,6 @@ def _zero_shot_model(request: PoolRequest, info: ModelInfo) -> Iterator[FieldVio
         )
 
 
-def _zero_shot_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """An image model has no labels of its own: classify names them."""
-    request, info = r.request, r.info
-    if info.towers is not None and request.task is Task.CLASSIFY and not request.candidate_labels:
-        yield FieldViolation(
-            "classify.candidate_labels",
-            f'model "{info.name}" classifies zero-shot: send candidate_labels (each put in '
-            f'label_template, by default "{info.towers.label_template}")',  # type: ignore[union-attr]
-            "CANDIDATE_LABELS_MISSING",
-        )
-
-
 def _characters(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """Bound every text, and all of them, by characters before anything is tokenized."""
     request, info = r.request, r.info
@@ -1200,7 +1188,6 @@ RULES: tuple[Stage, ...] = (
             _prompt_name,
             _sparse_activation,
             _output_weights,
-            _zero_shot_labels,
             _output_size,
         ),
         joins="params",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pooling_server.engine.families import Family, FamilyRules, deferred
+from pooling_server.engine.families.towers.rules import zero_shot_labels
 
 if TYPE_CHECKING:
     from pooling_server.engine.errors import FieldViolation
@@ -59,7 +60,7 @@ FAMILY = Family(
     name="clap",
     plan=deferred("pooling_server.engine.families.towers.towers", "plan_towers"),
     loading=f"{__name__}.loading",
-    rules=FamilyRules(shape=(_clips_per_request,)),
+    rules=FamilyRules(shape=(_clips_per_request,), params=(zero_shot_labels,)),
     backends=("torch",),
     title="CLAP",
     preprocessor=_preprocessor,

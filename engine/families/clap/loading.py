@@ -18,6 +18,7 @@ from pooling_server.engine.families import LoadContext
 from pooling_server.engine.families.clap import LABEL_TEMPLATE
 from pooling_server.engine.families.clap.audio import AudioFrames, AudioSettings, read_settings
 from pooling_server.engine.families.towers.runner import TowersRunner
+from pooling_server.engine.families.towers.settings import TowerSettings
 from pooling_server.engine.inputs.modality import Frame, Modality
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_folder import ModelFolder, max_input_tokens, served_fields
@@ -28,7 +29,6 @@ from pooling_server.engine.models.model_info import (
     LongInput,
     ModelInfo,
     PoolingType,
-    TowerSettings,
 )
 from pooling_server.engine.models.model_runner import LoadedModel
 

@@ -1,9 +1,46 @@
-"""Two towers (CLIP, SigLIP): texts and images into one space."""
+"""Two towers (CLIP, SigLIP): texts and images into one space.
 
-from pooling_server.engine.families import Family, deferred
+Its rules (rules.py), its plans over texts and frames (towers.py, which CLAP's family
+shares), its settings (settings.py), its image processor for the front ends (here), and
+its loading and forward (loading.py, towers_loader.py, runner.py: where models load)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pooling_server.engine.families import Family, FamilyRules, deferred
+from pooling_server.engine.families.towers.rules import zero_shot_labels
+
+if TYPE_CHECKING:
+    from pooling_server.engine.models.model_info import ModelInfo
+
+# The transformers model types of the family's folders: CLIP, SigLIP and SigLIP 2.
+MODEL_TYPES = frozenset({"clip", "siglip", "siglip2"})
+
+
+def image_preprocessor(info: ModelInfo) -> Any:
+    """The image processor of the model's folder, loaded by each process that plans
+    requests: the engine's in-process front end or a front-end process, which reads the
+    same folder on the same host."""
+    from pooling_server.engine.inputs.images import (
+        load_image_processor,  # Pillow, only where images are served
+    )
+
+    assert info.towers is not None
+    processor = load_image_processor(Path(info.towers.folder))
+    if processor is None:
+        raise ValueError(
+            f"model {info.name}: its folder {info.towers.folder} has no image processor "
+            "config (preprocessor_config.json)"
+        )
+    return processor
+
 
 FAMILY = Family(
     name="towers",
     plan=deferred("pooling_server.engine.families.towers.towers", "plan_towers"),
     loading=f"{__name__}.loading",
+    rules=FamilyRules(params=(zero_shot_labels,)),
+    preprocessor=image_preprocessor,
 )

@@ -19,7 +19,9 @@ from pooling_server.engine.backends import BackendKind, RuntimeSettings
 from pooling_server.engine.backends.export import TowerSource
 from pooling_server.engine.backends.image_tower import load_image_tower
 from pooling_server.engine.backends.registry import REGISTRY
+from pooling_server.engine.families.towers import image_preprocessor
 from pooling_server.engine.families.towers.runner import ImageTower, TowersRunner
+from pooling_server.engine.families.towers.settings import TowerSettings
 from pooling_server.engine.inputs.modality import Modality
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_folder import ModelFolder, max_input_tokens, served_fields
@@ -30,11 +32,9 @@ from pooling_server.engine.models.model_info import (
     LongInput,
     ModelInfo,
     PoolingType,
-    TowerSettings,
 )
 from pooling_server.engine.models.model_runner import LoadedModel
 from pooling_server.engine.models.model_spec import ModelSpec
-from pooling_server.engine.models.served import image_preprocessor
 from pooling_server.engine.requests.encodings import read_calibration_ranges
 
 log = logging.getLogger(__name__)
