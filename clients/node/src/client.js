@@ -182,7 +182,8 @@ export class PoolingClient {
    * One embedding per text, in input order; with lateChunking, one {spans, embeddings} per
    * text (ChunkedEmbeddingOutput): each chunk's span and its embedding, in chunk order. On an
    * image-text model (CLIP, SigLIP) an input may be an image: a Buffer of its PNG, JPEG, WebP
-   * or GIF bytes.
+   * or GIF bytes; on an audio-text model (CLAP) an audio clip: a Buffer of its WAV, FLAC or
+   * OGG bytes.
    * @param {string|Buffer|Array<string|Buffer>} texts
    * @param {PoolCallOptions} [options]
    * @returns {Promise<import('./outputs.js').EmbeddingRequestOutput[]>}
@@ -195,7 +196,9 @@ export class PoolingClient {
    * One classification per text, in input order. On an image-text model (CLIP, SigLIP)
    * inputs may be images (Buffers of PNG, JPEG, WebP or GIF bytes) and the classes are
    * candidateLabels (zero-shot), each put in labelTemplate ("{label}" replaced; unset: the
-   * server's "a photo of a {label}.").
+   * server's "a photo of a {label}."). On an audio-text model (CLAP) inputs may be audio
+   * clips (Buffers of WAV, FLAC or OGG bytes), zero-shot alike (the server's template: "This
+   * is a sound of {label}.").
    * @param {string|Buffer|Array<string|Buffer>} texts
    * @param {PoolCallOptions & {candidateLabels?: string[], labelTemplate?: string}} [options]
    * @returns {Promise<import('./outputs.js').ClassificationRequestOutput[]>}

@@ -14,7 +14,7 @@ import { decodeRows, decodeValues, encodingName } from './encodings.js';
  * @property {string|null} [encoding] the encoding it travelled in; absent for repeated floats
  * @property {number} [dimensions] values in the vector (before any bit packing)
  * @property {Uint8Array} [data] the packed bytes as they came (see decodeValues)
- * @property {string} [modality] "text" or "image", where an image-text model answered
+ * @property {string} [modality] "text", "image" or "audio", where a two-tower model answered
  *
  * @typedef {object} ChunkedEmbeddingOutput One text's late chunks (embed with lateChunking).
  * @property {Array<[number, number]>} spans each chunk's character span [start, end)
@@ -97,7 +97,7 @@ import { decodeRows, decodeValues, encodingName } from './encodings.js';
  *   ("--score-template", "score_template.json" or "chat_template"); "" for other models
  * @property {MultiVectorSettings|null} multiVector a ColBERT model's modes; null for others
  * @property {string[]} modalities the inputs it takes: "text", and "image" for CLIP and
- *   SigLIP models (["text"] from a server that does not say)
+ *   SigLIP models, "audio" for CLAP models (["text"] from a server that does not say)
  * @property {number} imageSize an image model's input size in pixels; 0 for others
  * @property {string[]} outputs a multi-output (bge-m3) model's outputs ("dense", "sparse",
  *   "multi"); [] for others
@@ -254,7 +254,7 @@ function embeddingOutput(embedding) {
 }
 
 /**
- * {modality: "text"|"image"} where an image-text model answered (it sets each result's
+ * {modality: "text"|"image"|"audio"} where a two-tower model answered (it sets each result's
  * Modality); {} for a text model's answer, which leaves it unset.
  * @param {unknown} value
  * @returns {{modality?: string}}

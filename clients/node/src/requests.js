@@ -41,7 +41,8 @@ export function asTexts(prompts, name = 'prompts') {
 }
 
 /**
- * Whether `value` is an image input: a Buffer (or another Uint8Array) of an encoded image.
+ * Whether `value` is an image or audio input: a Buffer (or another Uint8Array) of an encoded
+ * image or audio clip.
  * @param {unknown} value
  */
 export function isImage(value) {
@@ -49,12 +50,23 @@ export function isImage(value) {
 }
 
 /**
- * Normalise inputs that may hold images (an image-text model's: CLIP, SigLIP): strings stay
- * strings, unless one input is an image (a Buffer of PNG, JPEG, WebP or GIF bytes), when
- * every input becomes a wire Item ({text} or {image: {data}}) and the request sends items.
+ * Whether the bytes begin as a WAV, FLAC or OGG file: an audio clip (a CLAP model's input),
+ * told apart from an image as the server tells them, by their signature.
+ * @param {Uint8Array} data
+ */
+export function isAudio(data) {
+  const tag = (/** @type {number} */ at) => Buffer.from(data.subarray(at, at + 4)).toString('latin1');
+  return ((tag(0) === 'RIFF' || tag(0) === 'RIFX') && tag(8) === 'WAVE') || tag(0) === 'fLaC' || tag(0) === 'OggS';
+}
+
+/**
+ * Normalise inputs that may hold images or audio clips (a two-tower model's: CLIP, SigLIP,
+ * CLAP): strings stay strings, unless one input is a Buffer (PNG, JPEG, WebP or GIF bytes;
+ * WAV, FLAC or OGG bytes), when every input becomes a wire Item ({text}, {image: {data}} or
+ * {audio: {data}}) and the request sends items.
  * @param {string|Uint8Array|Iterable<string|Uint8Array>} prompts
  * @param {string} [name]
- * @returns {Array<string|{text?: string, image?: {data: Uint8Array}}>}
+ * @returns {Array<string|{text?: string, image?: {data: Uint8Array}, audio?: {data: Uint8Array}}>}
  */
 export function asInputs(prompts, name = 'prompts') {
   if (isImage(prompts)) return [toItem(prompts, name)];
@@ -71,13 +83,18 @@ export function asInputs(prompts, name = 'prompts') {
  */
 function toItem(value, name) {
   if (typeof value === 'string') return { text: value };
-  if (isImage(value)) return { image: { data: Buffer.from(/** @type {Uint8Array} */ (value)) } };
-  if (value !== null && typeof value === 'object' && ('text' in value || 'image' in value)) return value;
-  throw new TypeError(`${name} must be a string or a Buffer of an image, got ${typeof value}`);
+  if (isImage(value)) {
+    const data = Buffer.from(/** @type {Uint8Array} */ (value));
+    return isAudio(data) ? { audio: { data } } : { image: { data } };
+  }
+  if (value !== null && typeof value === 'object' && ('text' in value || 'image' in value || 'audio' in value)) {
+    return value;
+  }
+  throw new TypeError(`${name} must be a string or a Buffer of an image or audio clip, got ${typeof value}`);
 }
 
 /**
- * Whether a list of inputs is items (it held an image).
+ * Whether a list of inputs is items (it held an image or audio clip).
  * @param {unknown[]} inputs
  */
 export function hasItems(inputs) {

@@ -1,5 +1,6 @@
-"""Images as client inputs: bytes, a file (pathlib.Path or another os.PathLike) or a PIL
-image become the wire's Item.image; a str is always a text.
+"""Images and audio clips as client inputs: bytes, a file (pathlib.Path or another
+os.PathLike) or a PIL image become the wire's Item.image, or Item.audio for a WAV, FLAC or
+OGG file (told by its first bytes, as the server tells them); a str is always a text.
 
 Pillow is not a dependency: a PIL image is recognised by duck typing (its ``save``), and
 encoded as PNG, losslessly, so the server sees exactly its pixels.
@@ -22,6 +23,24 @@ MIME_TYPES = {
     ".webp": "image/webp",
     ".gif": "image/gif",
 }
+#: An audio file's suffix -> its mime type.
+AUDIO_MIME_TYPES = {
+    ".wav": "audio/wav",
+    ".flac": "audio/flac",
+    ".ogg": "audio/ogg",
+    ".oga": "audio/ogg",
+    ".opus": "audio/ogg",
+}
+
+
+def is_audio_bytes(data: bytes) -> bool:
+    """Whether the bytes begin as a WAV, FLAC or OGG file (the formats a CLAP model takes)."""
+    head = bytes(data[:12])
+    return (head[:4] in (b"RIFF", b"RIFX") and head[8:12] == b"WAVE") or head[:4] in (
+        b"fLaC",
+        b"OggS",
+    )
+
 
 #: One input of an image-text model: a text, or an image in any accepted form.
 ImageLike = bytes | bytearray | memoryview | os.PathLike[str] | Any
@@ -33,6 +52,22 @@ def is_image(value: object) -> bool:
     if isinstance(value, (bytes, bytearray, memoryview, os.PathLike)):
         return True
     return callable(getattr(value, "save", None)) and hasattr(value, "mode")
+
+
+def audio_input(value: Any) -> pooling_pb2.AudioInput | None:
+    """``value`` as the wire's AudioInput when it is an audio clip (bytes that begin as WAV,
+    FLAC or OGG, or a file with such a suffix); None for anything else."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return pooling_pb2.AudioInput(data=data) if is_audio_bytes(data) else None
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+        mime = AUDIO_MIME_TYPES.get(os.path.splitext(path)[1].lower())
+        if mime is None:
+            return None
+        with open(path, "rb") as file:
+            return pooling_pb2.AudioInput(data=file.read(), mime_type=mime)
+    return None
 
 
 def image_input(value: Any, name: str) -> pooling_pb2.ImageInput:
@@ -50,7 +85,8 @@ def image_input(value: Any, name: str) -> pooling_pb2.ImageInput:
         value.save(out, format="PNG")
         return pooling_pb2.ImageInput(data=out.getvalue(), mime_type="image/png")
     raise TypeError(
-        f"{name} must be a str (a text) or an image (bytes, pathlib.Path, PIL image), "
+        f"{name} must be a str (a text), an image (bytes, pathlib.Path, PIL image) or an "
+        "audio clip (WAV, FLAC or OGG bytes or file), "
         f"got {type(value).__name__}"
     )
 
@@ -73,6 +109,9 @@ def as_item(value: Any, name: str) -> pooling_pb2.Item:
         return value
     if isinstance(value, str):
         return pooling_pb2.Item(text=value)
+    audio = audio_input(value)
+    if audio is not None:
+        return pooling_pb2.Item(audio=audio)
     return pooling_pb2.Item(image=image_input(value, name))
 
 
