@@ -66,6 +66,18 @@ def short_vocabulary_bert(folder: Path) -> Path:
     return _save(BertModel(config), folder)
 
 
+def wide_bert(folder: Path) -> Path:
+    """MiniLM's width (384) in one layer of 128 positions with a narrow feed-forward:
+    answers as large per token as MiniLM's at a small part of its forward cost, in batches
+    short enough that a bystander's call never waits long behind one on 2 cores (the
+    attacks on the doors test their handling of the answers, not the CPU's speed)."""
+    torch.manual_seed(0)
+    config = _bert_config(
+        hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=32
+    )
+    return _save(BertModel(config), folder)
+
+
 def _sentence_transformers_layout(folder: Path, pooling: str, normalize: bool) -> None:
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -540,4 +552,86 @@ def tiny_st6_clip(folder: Path, clip: Path) -> Path:
     from sentence_transformers import SentenceTransformer
 
     SentenceTransformer(str(clip), device="cpu").save(str(folder))
+    return folder
+
+
+# Audio models: a tiny CLAP (text tower RoBERTa, audio tower HTSAT) with ClapProcessor:
+# one-second clips at 48 kHz, 32 mel bins, so the tower's 64x64 spectrogram image holds them.
+CLAP_PROJECTION = 24
+CLAP_CLIP_SECONDS = 1
+CLAP_TEXTS = [
+    "This is a sound of a dog barking.",
+    "This is a sound of rain on a roof.",
+    "This is a sound of a siren, of birds singing at dawn, of a violin.",
+]
+
+
+def tiny_clap(folder: Path, *, fusion: bool = False) -> Path:
+    """A random-weight ClapModel with its processor: RobertaTokenizerFast over a byte-level
+    BPE trained offline, and ClapFeatureExtractor ("rand_trunc", as laion's unfused CLAP;
+    `fusion`: a fused model with the "fusion" extractor, as laion/clap-htsat-fused)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import (
+        ClapConfig,
+        ClapFeatureExtractor,
+        ClapModel,
+        ClapProcessor,
+        RobertaTokenizerFast,
+    )
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids 0-4
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(CLAP_TEXTS * 20, trainer)
+    bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer = RobertaTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        model_max_length=MAX_POSITIONS,
+    )
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": MAX_POSITIONS + 2,  # RoBERTa counts from pad_token_id + 1
+        "pad_token_id": 1,
+    }
+    audio = {
+        "spec_size": 64,
+        "num_mel_bins": 32,
+        "patch_size": 4,
+        "patch_stride": 4,
+        "window_size": 4,
+        "depths": [1, 1],
+        "num_attention_heads": [2, 2],
+        "patch_embeds_hidden_size": 16,
+        "hidden_size": 32,
+        "enable_fusion": fusion,
+    }
+    config = ClapConfig(text_config=text, audio_config=audio, projection_dim=CLAP_PROJECTION)
+    torch.manual_seed(5)
+    model = ClapModel(config)
+    with torch.no_grad():  # as trained: a sharp temperature (init gives log(1/0.07))
+        model.logit_scale_a.fill_(3.0)
+        model.logit_scale_t.fill_(2.0)
+    model.save_pretrained(folder)
+    extractor = ClapFeatureExtractor(
+        feature_size=32,
+        max_length_s=CLAP_CLIP_SECONDS,
+        truncation="fusion" if fusion else "rand_trunc",
+    )
+    ClapProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(folder)
     return folder
