@@ -26,7 +26,7 @@ from pooling_server.engine.models.served import ServedModel
 from pooling_server.engine.requests.output_size import ResponseBudget
 from pooling_server.engine.requests.outputs import PoolResult, Ranked, RerankResult, Score
 from pooling_server.engine.requests.plans import Plan, plan_request
-from pooling_server.engine.requests.request import PoolRequest, RerankRequest, has_images
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest, has_media
 from pooling_server.engine.requests.validation import (
     MAX_MODEL_NAME_CHARS,
     Limits,
@@ -132,11 +132,11 @@ class Engine:
             )
             for k in range(max(1, tokenizer_threads))
         ]
-        # Requests with images take turns on a thread of their own, one image decoded at a
-        # time: a decode of tens of megapixels neither holds up the texts behind it nor
-        # multiplies its memory by the requests that send one at once.
+        # Requests with images (or audio clips) take turns on a thread of their own, one
+        # decoded at a time: a decode of tens of megapixels neither holds up the texts
+        # behind it nor multiplies its memory by the requests that send one at once.
         self._pictures: SimpleQueue[_Intake | None] = SimpleQueue()
-        if any(model.info.accepts_images for model in models):
+        if any(model.info.accepts_media for model in models):
             self._tokenizers.append(
                 threading.Thread(
                     target=self._tokenize_and_queue, args=(self._pictures,), name="images"
@@ -287,7 +287,7 @@ class Engine:
         use.last_used = started
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
         intake = _Intake(request, model, deadline, timings, future, started, client)
-        if model.info.accepts_images and has_images(request.request):
+        if model.info.accepts_media and has_media(request.request):
             self._pictures.put(intake)
         elif _size(request.request) > BULK_SIZE:
             self._bulk.put(intake)
@@ -473,14 +473,14 @@ def _finisher(resolved: Resolved, model: ServedModel, plan: Plan) -> Callable[..
 
 
 def _modality(item: object) -> Modality:
-    return Modality.TEXT if isinstance(item, str) else Modality.IMAGE
+    return Modality.TEXT if isinstance(item, str) else Modality(item.modality)  # type: ignore[attr-defined]
 
 
 def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
     """Documents by decreasing score, ties in input order; the best top_n (0: all)."""
     scores = np.array([o.value for o in result.outputs if isinstance(o, Score)], dtype=np.float32)
     order = np.argsort(-scores, kind="stable")[: request.top_n or None]
-    if request.items:  # an image model's documents: each says whether it was an image
+    if request.items:  # a two-tower model's documents: each says what it was
         items = request.items
         ranking = [Ranked(int(i), float(scores[i]), _modality(items[int(i)])) for i in order]
     else:
