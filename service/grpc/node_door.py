@@ -282,6 +282,11 @@ class _Link(asyncio.Protocol):
         self.drained = asyncio.Event()  # none open in Node either, since DRAIN
         self._buffer = bytearray()
         self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        # Frames sent in one turn of the event loop, written together at its end: the calls
+        # an engine's batch answers finish in one turn, and their FINISH frames then cost one
+        # write here and one read in Node, not one each.
+        self._out: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -296,10 +301,22 @@ class _Link(asyncio.Protocol):
     def send(self, kind: int, call_id: int, payload: bytes = b"") -> None:
         if self._transport is None or self._transport.is_closing():
             return
-        self._transport.write(_HEADER.pack(5 + len(payload), kind, call_id) + payload)
+        out = self._out
+        if not out:
+            self._loop.call_soon(self.flush)
+        out.append(_HEADER.pack(5 + len(payload), kind, call_id))
+        if payload:
+            out.append(payload)  # a large answer is not copied to join its header
+
+    def flush(self) -> None:
+        """Write the frames sent since the last flush, in one write (as they were sent)."""
+        out, self._out = self._out, []
+        if out and self._transport is not None and not self._transport.is_closing():
+            self._transport.writelines(out)
 
     def close(self) -> None:
         if self._transport is not None:
+            self.flush()
             self._transport.close()
 
     def data_received(self, data: bytes) -> None:
