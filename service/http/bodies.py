@@ -379,7 +379,7 @@ class EmbeddingsBody(FloatFields):
 
     input: Inputs | None = None
     messages: list[Message] | None = None
-    counted: ClassVar[tuple[str, ...]] = ("input", "messages")
+    counted: ClassVar[tuple[str, ...]] = ("input",)
 
     def items(self) -> list[Item]:
         """`input` (texts, or content parts with images), or `messages` (one input)."""

@@ -258,7 +258,7 @@ _WORDS = {
 
 
 def _in_words(message: str) -> str:
-    """ "Expected `int | null`, got `str`" as "must be an integer"."""
+    """msgspec's "Expected `int | null`, got `str`" as "must be an integer"."""
     wanted = re.match(r"Expected `([^`]*)`, got `[^`]*`$", message)
     if wanted is None:
         return message.replace("Expected", "must be", 1).replace("`", "")

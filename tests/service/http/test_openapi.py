@@ -30,7 +30,7 @@ PNG = (  # a 1x1 PNG, as a data URL
 # (route, body, the status the server answers): a body the server serves or refuses for a
 # value (200, or the engine's 4xx) fits the schema; one refused for its shape does not.
 FITTING: list[tuple[str, dict[str, Any], int]] = [
-    ("/v1/embeddings", {"model": "embedder", "input": ["a", "b"], "dimensions": 8}, 200),
+    ("/v1/embeddings", {"model": "embedder", "input": ["a", "b"], "user": "an unknown field"}, 200),
     ("/v1/embeddings", {"input": "a", "encoding_format": "base64", "embed_dtype": "float16"}, 200),
     ("/v1/embeddings", {"input": "a", "late_chunking": {"rule": "sentences"}}, 200),
     # An image part on a text model: the shape is right; the model refuses the image.
@@ -41,7 +41,7 @@ FITTING: list[tuple[str, dict[str, Any], int]] = [
     ("/rerank", {"model": "cross", "query": "q", "documents": ["a", {"text": "b"}]}, 200),
     ("/rerank", {"model": "cross", "query": "q", "texts": ["a", "b"]}, 200),
     ("/embed", {"inputs": ["a", "b"], "normalize": False, "truncate": True}, 200),
-    ("/predict", {"model": "classifier", "inputs": [["a"], ["b", "c"]]}, 200),
+    ("/predict", {"model": "classifier", "inputs": [["a"], ["b"]]}, 200),
     ("/decode", {"ids": [[101, 102]]}, 200),
     ("/v2/embed", {"texts": ["a"], "input_type": "search_query", "embedding_types": ["int8"]}, 200),
     ("/v2/rerank", {"model": "cross", "query": "q", "documents": ["a"], "top_n": 1}, 200),
