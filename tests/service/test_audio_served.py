@@ -25,7 +25,7 @@ from tests.audio_clips import clip, encode, tone
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.engine.families.test_clap import Reference, waveform
 from tests.fixture_models import tiny_clap
-from tests.rpc_errors import decode_rpc_error
+from tests.rpc_errors import decode_rpc_error, decode_status
 from tests.service.http_calls import HttpServer, batch_line, http_stub, run_batch, serve_models
 
 ATOL = 1e-4
@@ -162,6 +162,33 @@ def test_grpc_refusals_name_the_reason_and_field(
     assert (error.code, error.reason) == (expected_code, reason)
     assert error.bad_request is not None
     assert error.bad_request.field_violations[0].field.endswith(path)
+
+
+def test_a_bad_clip_fails_its_own_request_in_a_stream(
+    stub: pooling_pb2_grpc.PoolingServiceStub, expected: np.ndarray
+) -> None:
+    """Within a PoolStream, a clip that does not decode fails its request alone; the
+    requests around it are served."""
+
+    def embed(request_id: str, *items: pb.Item) -> pb.PoolStreamRequest:
+        request = pb.PoolRequest(
+            request_id=request_id, model="clap", embed=pb.TextInput(items=items)
+        )
+        return pb.PoolStreamRequest(request=request)
+
+    messages = [
+        embed("good", audio_item(CLIPS[0])),
+        embed("bad", pb.Item(text=TEXT), audio_item(b"RIFF-not-really")),
+        embed("after", pb.Item(text=TEXT)),
+    ]
+    answers = {r.request_id: r for r in stub.PoolStream(iter(messages))}
+    assert set(answers) == {"good", "bad", "after"}
+    error = decode_status(answers["bad"].error)
+    assert (error.reason, error.fields) == ("AUDIO_INVALID", ["embed.items[1].audio"])
+    got = list(answers["good"].response.embed.embeddings[0].values)
+    np.testing.assert_allclose(got, expected[1], atol=ATOL)
+    got = list(answers["after"].response.embed.embeddings[0].values)
+    np.testing.assert_allclose(got, expected[0], atol=ATOL)
 
 
 def test_openai_input_audio_equals_grpc(http: HttpServer, expected: np.ndarray) -> None:
