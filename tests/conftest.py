@@ -38,7 +38,7 @@ SLOWEST_FIRST = (
     "tests/service/test_ray_batch.py",
     "tests/service/test_ray_stage.py",
     "tests/reliability/test_drain_signals.py",
-    "tests/engine/test_backends.py",
+    "tests/engine/backends/test_backends.py",
     "tests/reliability/test_load.py",
     "tests/service/split/test_scale_out.py",
     "tests/service/test_backends_served.py",
@@ -129,13 +129,15 @@ def server(
     process.stop(signal.SIGTERM)
 
 
-@pytest.fixture(scope="session")
+# A client and a stub per module, on whatever `server` the module sees: the shared one, or
+# a module's own that overrides it (then these serve it as they are, without a copy).
+@pytest.fixture(scope="module")
 def client(server: ServerProcess) -> Iterator[PoolingClient]:
     with PoolingClient(server.address, timeout=60) as pooling_client:
         yield pooling_client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stub(server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
     """The raw generated stub, for requests the Python client would refuse to send."""
     with grpc.insecure_channel(server.address) as channel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -10,10 +11,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -62,6 +64,21 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def request_log(self, request_id: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The request log's lines of `request_id` (a server run with --log-format json and
+        --log-requests), once written: the server logs through a queue, off its loop."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [json.loads(line) for line in self.log().splitlines() if line.strip()]
+            found = [
+                line
+                for line in lines
+                if line.get("logger") == "pooling.requests" and line.get("request_id") == request_id
+            ]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
 
     def grpc_door(self) -> str:
         """What serves gRPC (grpcio or node), as the server logged it: `--grpc-door auto`
@@ -115,21 +132,13 @@ def start_server(
     args: list[str],
     log_dir: Path,
     name: str = "server",
-    credentials: grpc.ChannelCredentials | None = None,
-    new_session: bool = False,
     serving_timeout: float = 180.0,
-    extra_env: Mapping[str, str] | None = None,
+    **spawn: Any,
 ) -> ServerProcess:
-    """Start the server (the console script's module, with this interpreter) and wait for it.
-
-    `credentials` are for a server started with TLS flags: its health is checked over TLS.
-    `new_session` puts the server tree in a process group of its own, so that a test can
-    signal the group (os.killpg) as systemd or `timeout` would, without hitting pytest.
-    `serving_timeout`: how long its models may take to load (exports included).
-    `extra_env`: variables set for the server tree (over this process's environment).
-    """
+    """Start the server (spawn_server, with `spawn`'s keywords) and wait until it serves.
+    `serving_timeout`: how long its models may take to load (exports included)."""
     for attempt in range(PORT_ATTEMPTS):
-        server = spawn_server(args, log_dir, name, credentials, new_session, extra_env=extra_env)
+        server = spawn_server(args, log_dir, name, **spawn)
         try:
             server.wait_serving(serving_timeout)
         except BaseException:
@@ -141,6 +150,28 @@ def start_server(
     raise AssertionError("unreachable")
 
 
+def running_server(
+    args: list[str], log_dir: Path, name: str = "server", **start: Any
+) -> Iterator[ServerProcess]:
+    """A fixture's body, `yield from running_server(...)`: start_server (with `start`'s
+    keywords), then SIGTERM once its scope ends, a failed start of a later fixture
+    included."""
+    process = start_server(args, log_dir, name, **start)
+    try:
+        yield process
+    finally:
+        process.stop(signal.SIGTERM)
+
+
+def running_model(
+    build: Callable[[Path], Path], name: str, log_dir: Path, *flags: str
+) -> Iterator[ServerProcess]:
+    """running_server of one fixture model, saved by `build(log_dir / name)` and served as
+    `name` in float32 with `flags`."""
+    args = ["--model", f"{name}={build(log_dir / name)}", "--dtype", "float32", *flags]
+    yield from running_server(args, log_dir, name)
+
+
 def spawn_server(
     args: list[str],
     log_dir: Path,
@@ -150,9 +181,16 @@ def spawn_server(
     nofile: tuple[int, int] | None = None,
     extra_env: Mapping[str, str] | None = None,
 ) -> ServerProcess:
-    """start_server without the wait: servers a module needs together load side by side
-    (their start-up is mostly imports on one core each). `nofile`: the tree's open-file
-    limit (soft, hard), as `ulimit -n` would set it."""
+    """Start the server (the console script's module, with this interpreter), without the
+    wait: servers a module needs together load side by side (their start-up is mostly
+    imports on one core each).
+
+    `credentials` are for a server started with TLS flags: its health is checked over TLS.
+    `new_session` puts the server tree in a process group of its own, so that a test can
+    signal the group (os.killpg) as systemd or `timeout` would, without hitting pytest.
+    `nofile`: the tree's open-file limit (soft, hard), as `ulimit -n` would set it.
+    `extra_env`: variables set for the server tree (over this process's environment).
+    """
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(extra_env or {})}

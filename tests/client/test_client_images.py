@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from pooling_client import AsyncPoolingClient, PoolingClient, _images, _requests
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.fixture_models import tiny_clip
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_model
 
 ATOL = 1e-5
 LABELS = ["cat", "dog", "car"]
@@ -38,13 +37,7 @@ def png(image: PILImage.Image) -> bytes:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("client-images")
-    args = ["--model", f"clip={tiny_clip(root / 'clip')}", "--dtype", "float32"]
-    process = start_server(args, root, "client-images")
-    try:
-        yield process
-    finally:
-        process.stop(signal.SIGTERM)
+    yield from running_model(tiny_clip, "clip", tmp_path_factory.mktemp("client-images"))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ image_size and outputs, and rerank_request's instruction."""
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Iterator
 
 import grpc
@@ -20,7 +19,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import tiny_colbert, tiny_qwen3_reranker
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 
 QUERY = "What is the capital of China?"
 DOCUMENTS = ["The capital of China is Beijing.", "Gravity attracts bodies.", "yes"]
@@ -34,11 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     args = ["--model", f"rr={tiny_qwen3_reranker(root / 'rr')}"]
     args += ["--model", f"colbert={tiny_colbert(root / 'colbert')}"]
     args += ["--model", f"minilm={MINILM_ID}", "--dtype", "float32"]
-    process = start_server(args, root, "client-families")
-    try:
-        yield process
-    finally:
-        process.stop(signal.SIGTERM)
+    yield from running_server(args, root, "client-families")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ from pooling_client import PoolingClient
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.fixture_models import COLBERT_DIM, tiny_colbert, tiny_qwen3_reranker
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "clients" / "node"
@@ -174,11 +173,9 @@ def retrieval_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     colbert = tiny_colbert(root / "colbert")
     reranker = tiny_qwen3_reranker(root / "qwen3-reranker")
     args = ["--model", f"colbert={colbert}", "--model", f"rr={reranker}", "--dtype", "float32"]
-    process = start_server(args, tmp_path_factory.mktemp("node-retrieval-logs"), "node-retrieval")
-    try:
-        yield process
-    finally:
-        process.stop(signal.SIGTERM)
+    yield from running_server(
+        args, tmp_path_factory.mktemp("node-retrieval-logs"), "node-retrieval"
+    )
 
 
 @pytest.fixture(scope="module")

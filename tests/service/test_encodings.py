@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,10 +27,10 @@ from pooling_client.v1 import pooling_pb2_grpc
 from pooling_server.engine.backends import CALIBRATION_FILE
 from pooling_server.engine.models.loader import load_model
 from pooling_server.engine.models.model_spec import ModelSpec
-from tests.client.test_node_client import NODE_DIR, TIMEOUT, _require_node, run_node
+from tests.client.test_node_client import _require_node, install_node_modules, run_node
 from tests.conftest import Served, server_args
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import ServerProcess, free_port, running_server
 
 TEXTS = [
     "Hello world",
@@ -102,21 +100,7 @@ def server(
         Served("classifier", str(folders["classifier"])),
     ]
     args = [*server_args(models), "--dtype", "float32", "--http-port", str(http_port)]
-    process = start_server(args, tmp_path_factory.mktemp("encoding-logs"), "encodings")
-    yield process
-    process.stop(signal.SIGTERM)
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[PoolingClient]:
-    with PoolingClient(server.address, timeout=60) as pooling_client:
-        yield pooling_client
-
-
-@pytest.fixture(scope="module")
-def stub(server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+    yield from running_server(args, tmp_path_factory.mktemp("encoding-logs"), "encodings")
 
 
 def check(decoded: np.ndarray, floats: np.ndarray, encoding: str, ranges: np.ndarray) -> None:
@@ -419,16 +403,10 @@ def test_a_malformed_calibration_file_stops_the_load(model_folders: dict, tmp_pa
 
 @pytest.fixture(scope="module")
 def node() -> str:
+    """node, with clients/node's dependencies installed as its own tests install them (under
+    their lock: both modules may run at once on two workers)."""
     node, npm = _require_node()
-    if not (NODE_DIR / "node_modules").is_dir():
-        installed = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=NODE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        assert installed.returncode == 0, installed.stderr
+    install_node_modules(npm)
     return node
 
 

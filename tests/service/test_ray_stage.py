@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from pooling_server.service.batch_job import LineRunner, answer_lines, new_runne
 from pooling_server.service.loading import load_engine
 from pooling_server.service.ray_stage import PoolingStage, pool_dataset, server_config
 from tests.fixture_models import tiny_clip, tiny_colbert, tiny_mlm
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 from tests.service.ray_cluster import CPU_PER_ACTOR, ray, start_cluster
 
 TEXTS = ["a cat sat on the mat", "quantum chromodynamics", "ünïcödé façade 東京", "x " * 40]
@@ -232,9 +231,7 @@ def test_unknown_options_and_tasks_are_refused() -> None:
 @pytest.fixture(scope="module")
 def fleet(folders: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     args = ["--model", str(folders["tiny-st-mean"]), "--frontends", "2", *TORCH]
-    process = start_server(args, tmp_path_factory.mktemp("ray-fleet"))
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(args, tmp_path_factory.mktemp("ray-fleet"))
 
 
 def test_client_mode_calls_a_fleet_with_two_front_ends(

@@ -4,12 +4,8 @@ Score RPC), top_n, documents, usage, and every rule with its reason and field pa
 
 from __future__ import annotations
 
-import json
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
@@ -22,7 +18,7 @@ from tests.conftest import DEFAULT_MODEL, MAX_CLIENT_BATCH_SIZE, Served
 from tests.fixture_models import MINILM
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.rpc_errors import DecodedError, decode_rpc_error
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import ServerProcess, free_port, running_server
 
 ATOL = 5e-7  # the tiny cross-encoder's scores lie near 0.5, the closest two 1.2e-6 apart
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -279,24 +275,8 @@ def observed(
     args = ["--model", f"{CROSS_ENCODER}={model_folders[CROSS_ENCODER]}", "--dtype", "float32"]
     args += ["--metrics-port", str(metrics_port), "--log-format", "json"]
     args += ["--log-requests", "--log-inputs"]
-    process = start_server(args, tmp_path_factory.mktemp("rerank-logs"), "rerank")
-    yield process, metrics_port
-    process.stop(signal.SIGTERM)
-
-
-def log_line(server: ServerProcess, request_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 10
-    while True:
-        lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
-        found = [
-            line
-            for line in lines
-            if line.get("logger") == "pooling.requests" and line.get("request_id") == request_id
-        ]
-        if found or time.monotonic() > deadline:
-            [line] = found
-            return line
-        time.sleep(0.05)
+    for process in running_server(args, tmp_path_factory.mktemp("rerank-logs"), "rerank"):
+        yield process, metrics_port
 
 
 def test_metrics_and_request_log(observed: tuple[ServerProcess, int]) -> None:
@@ -315,12 +295,12 @@ def test_metrics_and_request_log(observed: tuple[ServerProcess, int]) -> None:
     assert metric_sum(samples, "pooling_requests_total", rpc="Pool") == 0
     tokens = metric_sum(samples, "pooling_prompt_tokens_total", model=CROSS_ENCODER, task="score")
     assert tokens == response.usage.prompt_tokens
-    line = log_line(server, "logged")
+    [line] = server.request_log("logged")
     assert (line["rpc"], line["task"], line["code"]) == ("Rerank", "score", "OK")
     assert line["items"] == len(DOCUMENTS)
     assert line["prompt_tokens"] == response.usage.prompt_tokens
     assert (line["query"], line["documents"]) == (QUERY, DOCUMENTS)
-    failed = log_line(server, "refused")
+    [failed] = server.request_log("refused")
     assert (failed["rpc"], failed["code"], failed["reason"]) == (
         "Rerank",
         "INVALID_ARGUMENT",

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,7 +24,7 @@ from pooling_client import PoolingClient, PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from pooling_server.service.ops.auth import BearerKeys
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server, start_server
 
 UNAUTHENTICATED_MESSAGE = "missing or invalid credentials"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -153,33 +154,36 @@ def model_args(model_folders: dict[str, Path]) -> list[str]:
     return ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
 
 
+def tls_args(pki: Pki, model_folders: dict[str, Path]) -> list[str]:
+    """model_args, served over TLS with the server's certificate."""
+    tls = ["--tls-cert", str(pki.server.cert_file), "--tls-key", str(pki.server.key_file)]
+    return [*model_args(model_folders), *tls]
+
+
 @pytest.fixture(scope="module")
 def tls_server(
     pki: Pki, model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    args = [*model_args(model_folders)]
-    args += ["--tls-cert", str(pki.server.cert_file), "--tls-key", str(pki.server.key_file)]
     credentials = grpc.ssl_channel_credentials(root_certificates=pki.ca.cert)
-    process = start_server(args, tmp_path_factory.mktemp("tls-logs"), "tls", credentials)
-    yield process
-    process.stop(signal.SIGTERM)
+    args = tls_args(pki, model_folders)
+    yield from running_server(
+        args, tmp_path_factory.mktemp("tls-logs"), "tls", credentials=credentials
+    )
 
 
 @pytest.fixture(scope="module")
 def mtls_server(
     pki: Pki, model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    args = [*model_args(model_folders)]
-    args += ["--tls-cert", str(pki.server.cert_file), "--tls-key", str(pki.server.key_file)]
-    args += ["--tls-client-ca", str(pki.ca.cert_file)]
+    args = [*tls_args(pki, model_folders), "--tls-client-ca", str(pki.ca.cert_file)]
     credentials = grpc.ssl_channel_credentials(
         root_certificates=pki.ca.cert,
         private_key=pki.client.key,
         certificate_chain=pki.client.cert,
     )
-    process = start_server(args, tmp_path_factory.mktemp("mtls-logs"), "mtls", credentials)
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(
+        args, tmp_path_factory.mktemp("mtls-logs"), "mtls", credentials=credentials
+    )
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +194,7 @@ def auth_server(
     key_file = folder / "keys.txt"
     key_file.write_text("# accepted keys\n\n  k2  \n")
     args = [*model_args(model_folders), "--api-key", "k1", "--api-key-file", str(key_file)]
-    process = start_server(args, folder, "auth")
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(args, folder, "auth")
 
 
 def embed_ok(client: PoolingClient) -> None:
@@ -306,26 +308,24 @@ def test_calls_without_a_valid_token_are_unauthenticated(
             assert_unauthenticated(caught.value)
 
 
-def test_pool_stream_without_a_token_is_unauthenticated(auth_server: ServerProcess) -> None:
+def stream_one(server: ServerProcess, request_id: str, **call: Any) -> list[Any]:
+    """The answers to a PoolStream of one request (`call`: the call's keywords)."""
     request = pb.PoolStreamRequest(
-        request=pb.PoolRequest(request_id="s-1", embed=pb.TextInput(texts=["x"]))
+        request=pb.PoolRequest(request_id=request_id, embed=pb.TextInput(texts=["x"]))
     )
-    with grpc.insecure_channel(auth_server.address) as channel:
+    with grpc.insecure_channel(server.address) as channel:
         stub = pooling_pb2_grpc.PoolingServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
-            list(stub.PoolStream(iter([request]), timeout=10))
+        return list(stub.PoolStream(iter([request]), timeout=10, **call))
+
+
+def test_pool_stream_without_a_token_is_unauthenticated(auth_server: ServerProcess) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        stream_one(auth_server, "s-1")
     assert_unauthenticated(caught.value)
 
 
 def test_pool_stream_with_a_token_works(auth_server: ServerProcess) -> None:
-    request = pb.PoolStreamRequest(
-        request=pb.PoolRequest(request_id="s-2", embed=pb.TextInput(texts=["x"]))
-    )
-    with grpc.insecure_channel(auth_server.address) as channel:
-        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
-        [response] = list(
-            stub.PoolStream(iter([request]), timeout=10, metadata=(("authorization", "Bearer k1"),))
-        )
+    [response] = stream_one(auth_server, "s-2", metadata=(("authorization", "Bearer k1"),))
     assert response.request_id == "s-2" and response.WhichOneof("result") == "response"
 
 

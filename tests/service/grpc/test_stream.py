@@ -10,7 +10,6 @@ how many stream requests the servicer started while nothing could be answered.
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,7 +27,7 @@ from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.server import PoolingServer
 from tests.responses import assert_same_response
 from tests.rpc_errors import DecodedError, decode_rpc_error, decode_status
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -237,9 +236,7 @@ def limited(
 ) -> Iterator[ServerProcess]:
     args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
     args += ["--max-stream-inflight", str(LIMIT), "--max-queued-items", str(LIMIT)]
-    process = start_server(args, tmp_path_factory.mktemp("limited"), name="limited")
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(args, tmp_path_factory.mktemp("limited"), name="limited")
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL
 from tests.metrics_endpoint import scrape
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import ServerProcess, free_port, running_server, start_server
 
 T = TypeVar("T")
 
@@ -237,41 +237,27 @@ def test_engine_gauges(workload: Workload) -> None:
 def json_server(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    process = start_server(
+    yield from running_server(
         [*tiny_bert_args(model_folders), "--log-format", "json", "--log-requests"],
         tmp_path_factory.mktemp("json-logs"),
         "json",
     )
-    yield process
-    process.stop(signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
 def json_inputs_server(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    process = start_server(
+    yield from running_server(
         [*tiny_bert_args(model_folders), "--log-format", "json", "--log-inputs", "--log-requests"],
         tmp_path_factory.mktemp("json-input-logs"),
         "json-inputs",
     )
-    yield process
-    process.stop(signal.SIGTERM)
 
 
-def request_lines(server: ServerProcess, request_id: str) -> list[dict[str, Any]]:
-    """The request's log lines, once written: the server logs through a queue, off the loop."""
-    deadline = time.monotonic() + 10
-    while True:
-        lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
-        found = [
-            line
-            for line in lines
-            if line.get("logger") == "pooling.requests" and line.get("request_id") == request_id
-        ]
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+def assert_holds(found: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Each of `expected`'s keys has its value in `found`; a failure shows every one."""
+    assert {key: found.get(key, "(absent)") for key in expected} == expected
 
 
 def pool(
@@ -303,14 +289,9 @@ def test_json_request_log_line_without_inputs(json_server: ServerProcess) -> Non
     # Every line of the log is JSON, not only the request lines.
     log = json_server.log()
     assert all(json.loads(line) for line in log.splitlines() if line.strip())
-    [line] = request_lines(json_server, "log-1")
-    assert line["rpc"] == "Pool"
-    assert line["model"] == "tiny-bert"
-    assert line["task"] == "embed"
-    assert line["code"] == "OK"
-    assert line["reason"] == ""
-    assert line["items"] == 2
-    assert line["prompt_tokens"] == response.usage.prompt_tokens
+    [line] = json_server.request_log("log-1")
+    expected = {"rpc": "Pool", "model": "tiny-bert", "task": "embed", "code": "OK", "reason": ""}
+    assert_holds(line, {**expected, "items": 2, "prompt_tokens": response.usage.prompt_tokens})
     for key in ("total_ms", "tokenize_ms", "queue_ms", "inference_ms"):
         assert isinstance(line[key], int | float) and line[key] >= 0, (key, line)
     assert line["total_ms"] >= line["inference_ms"]
@@ -324,7 +305,7 @@ def test_json_request_log_line_for_a_failure(json_server: ServerProcess) -> None
     with pytest.raises(grpc.RpcError) as caught:
         pool(json_server, embed_request("x", request_id="log-fail", model="no-such-model"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    [line] = request_lines(json_server, "log-fail")
+    [line] = json_server.request_log("log-fail")
     assert (line["code"], line["model"], line["items"]) == ("NOT_FOUND", "unknown", 0)
     assert line["reason"]
 
@@ -332,7 +313,7 @@ def test_json_request_log_line_for_a_failure(json_server: ServerProcess) -> None
 def test_json_request_log_line_with_inputs(json_inputs_server: ServerProcess) -> None:
     texts = (f"the {SECRET} is here", "another text")
     pool(json_inputs_server, embed_request(*texts, request_id="log-2"))
-    [line] = request_lines(json_inputs_server, "log-2")
+    [line] = json_inputs_server.request_log("log-2")
     assert line["code"] == "OK"
     assert line["texts"] == list(texts)
     assert SECRET in json_inputs_server.log()
@@ -427,13 +408,10 @@ def test_server_span_continues_the_callers_trace(traced: Traced) -> None:
     assert server.parent is not None and server.parent.is_remote
     assert format(server.parent.span_id, "016x") == PARENT_SPAN_ID
     assert server.status.status_code != StatusCode.ERROR
-    attributes = dict(server.attributes or {})
-    assert attributes["rpc.system"] == "grpc"
-    assert attributes["rpc.method"] == "Pool"
-    assert attributes["pooling.request_id"] == "trace-1"
-    assert attributes["pooling.model"] == "tiny-bert"
-    assert attributes["pooling.items"] == 2
-    assert attributes["pooling.prompt_tokens"] == response.usage.prompt_tokens
+    expected = {"rpc.system": "grpc", "rpc.method": "Pool", "pooling.request_id": "trace-1"}
+    expected |= {"pooling.model": "tiny-bert", "pooling.items": 2}
+    expected["pooling.prompt_tokens"] = response.usage.prompt_tokens
+    assert_holds(dict(server.attributes or {}), expected)
     for name in ("tokenize", "queue", "forward"):
         child = spans[name]
         assert child.context.trace_id == server.context.trace_id, name
