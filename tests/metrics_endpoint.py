@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,3 +28,14 @@ def metric_sum(samples: dict[str, list[Any]], name: str, **labels: str) -> float
         for s in samples.get(name, [])
         if all(s.labels.get(k) == v for k, v in labels.items())
     )
+
+
+def metric_growth(
+    before: dict[str, list[Any]], after: dict[str, list[Any]], name: str
+) -> Callable[..., float]:
+    """delta(**labels): how much metric_sum(`name`, labels) grew between two scrapes."""
+
+    def delta(**labels: str) -> float:
+        return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
+
+    return delta

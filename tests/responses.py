@@ -1,10 +1,13 @@
-"""Comparing two PoolResponses: every field equal, floats within a tolerance.
+"""Comparing answers: two PoolResponses (every field equal, floats within a tolerance), and a
+ranking with its reference scores (in_document_order).
 
 Batching changes padding, so floats from a burst differ from one-by-one results in the
 last bits; everything else (ids, labels, token ids, usage) must match exactly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
@@ -45,3 +48,15 @@ def assert_same_response(got: pb.PoolResponse, want: pb.PoolResponse) -> None:
     assert got_floats.shape == want_floats.shape, want.request_id
     if want_floats.size:
         assert float(np.max(np.abs(got_floats - want_floats))) <= ATOL, want.request_id
+
+
+def in_document_order(results: Iterable[tuple[int, float]], documents: int) -> np.ndarray:
+    """A ranking's (index, score) pairs as scores in document order, once checked to come
+    best first; a document the ranking left out stays NaN."""
+    results = list(results)
+    scores = [score for _, score in results]
+    assert scores == sorted(scores, reverse=True)
+    out = np.full(documents, np.nan)
+    for index, score in results:
+        out[index] = score
+    return out

@@ -21,13 +21,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pooling_client import PoolingClient
-from pooling_client.errors import PoolingError
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL
 from tests.fixture_models import MINILM
 from tests.rpc_errors import decode_rpc_error
 from tests.server_process import ServerProcess, free_port, start_server
+from tests.service.embed_tally import EmbedTally
 
 SERVICE = "pooling.v1.PoolingService"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -94,15 +94,12 @@ class HealthWatcher:
 
 
 @dataclass
-class UnaryLoad:
+class UnaryLoad(EmbedTally):
     """Unary embed calls in a loop until the watcher reports NOT_SERVING."""
 
     address: str
     draining: threading.Event
-    ok: int = 0
-    errors: list[str] = field(default_factory=list)
     last_issue_at: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, worker: int, max_calls: int = 2000, max_s: float = 40.0) -> None:
         # Retries are off so that any failure the server causes is seen, not papered over.
@@ -114,14 +111,7 @@ class UnaryLoad:
                     return
                 with self.lock:
                     self.last_issue_at = time.monotonic()
-                try:
-                    [output] = client.embed([f"worker {worker} sentence {i}"])
-                    assert len(output.outputs.embedding) == 384
-                    with self.lock:
-                        self.ok += 1
-                except PoolingError as error:
-                    with self.lock:
-                        self.errors.append(f"worker {worker} call {i}: {error}")
+                self.embed(client, f"worker {worker} call {i}")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.engine.test_llm_reranker import CARD_TASK, card_format, card_inputs, card_scores
 from tests.fixture_models import QWEN3_RERANKER_TEMPLATE, tiny_qwen3_reranker
+from tests.responses import in_document_order
 from tests.rpc_errors import decode_rpc_error
 from tests.service.http_calls import (
     HttpServer,
@@ -94,13 +95,7 @@ def expected(folders: dict[str, Path]) -> dict[str | None, np.ndarray]:
 
 
 def by_index(results: list[tuple[int, float]]) -> np.ndarray:
-    """Scores in document order, after checking they came best first."""
-    scores = [score for _, score in results]
-    assert scores == sorted(scores, reverse=True)
-    out = np.full(len(DOCUMENTS), np.nan)
-    for index, score in results:
-        out[index] = score
-    return out
+    return in_document_order(results, len(DOCUMENTS))
 
 
 def test_list_models_shows_scorers_and_their_templates(

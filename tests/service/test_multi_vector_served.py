@@ -22,6 +22,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import COLBERT_DIM, MINILM, tiny_colbert
+from tests.responses import in_document_order
 from tests.rpc_errors import decode_rpc_error
 from tests.service.http_calls import (
     HttpServer,
@@ -66,12 +67,7 @@ def expected(reference: MultiVectorEncoder) -> np.ndarray:
 
 
 def by_index(results: list[tuple[int, float]]) -> np.ndarray:
-    scores = [score for _, score in results]
-    assert scores == sorted(scores, reverse=True)
-    out = np.full(len(DOCUMENTS), np.nan)
-    for index, score in results:
-        out[index] = score
-    return out
+    return in_document_order(results, len(DOCUMENTS))
 
 
 def matrix(item: pb.MultiVectorMatrix) -> np.ndarray:

@@ -42,7 +42,15 @@ from tests.conftest import Served, server_args
 from tests.fixture_models import short_vocabulary_bert
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.responses import assert_same_response
-from tests.server_process import ServerProcess, free_port, start_server
+from tests.server_process import ServerProcess, free_port, running_server, start_server
+from tests.service.mixed_requests import (
+    MIXED_KINDS,
+    Kind,
+    mixed_models,
+    mixed_requests,
+    phrases,
+    text_request,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -56,20 +64,13 @@ SENTENCE = (
     "the quick brown fox jumps over a lazy dog near the river bank while small birds sing "
     "in tall green trees and an old man reads his newspaper on a wooden bench"
 )
-WORDS = SENTENCE.split(" ")
+
+phrase = phrases(SENTENCE, most_words=31)
 BREAKS_THE_MODEL = "zebra"  # 29145: past the "broken" model's vocabulary (fixture_models)
 
 
 def tiny_model_args(folders: dict[str, Path]) -> list[str]:
-    bert = str(folders["tiny-bert"])
-    models = [
-        Served("tiny-bert", bert),
-        Served("tiny-matryoshka", bert, hf_overrides={"is_matryoshka": True}),
-        Served("tiny-classifier", str(folders["tiny-classifier"])),
-        Served("tiny-cross-encoder", str(folders["tiny-cross-encoder"])),
-        Served("tiny-ner", str(folders["tiny-ner"])),
-        Served("broken", str(folders["broken"])),
-    ]
+    models = [*mixed_models(folders), Served("broken", str(folders["broken"]))]
     return [*server_args(models), "--dtype", "float32"]
 
 
@@ -84,25 +85,6 @@ def folders(
 # ---------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------
-
-
-def text_request(
-    case: str, rid: str, texts: Sequence[str], model: str = "tiny-bert", **params: Any
-) -> pb.PoolRequest:
-    return pb.PoolRequest(
-        request_id=rid,
-        model=model,
-        params=pb.PoolingParams(**params),
-        **{case: pb.TextInput(texts=texts)},
-    )
-
-
-def phrase(i: int, k: int = 0) -> str:
-    """A different text for every (i, k), of 2 to 31 words."""
-    start = (i * 5 + k * 11) % len(WORDS)
-    length = 2 + (i * 7 + k * 3) % 30
-    words = [WORDS[(start + n) % len(WORDS)] for n in range(length)]
-    return f"text {i}.{k}: " + " ".join(words)
 
 
 @dataclass
@@ -352,36 +334,13 @@ def test_metrics_stay_exact_under_a_burst(quiet: Quiet, quiet_stub: Stub) -> Non
 
 def parity_requests(count: int = 64) -> list[pb.PoolRequest]:
     """Every task, with per-request params mixed so per-item heads differ within a batch."""
-    kinds: list[tuple[str, str, dict[str, Any]]] = [
-        ("embed", "tiny-bert", {}),
-        ("embed", "tiny-bert", {"use_activation": False}),
-        ("embed", "tiny-matryoshka", {"dimensions": 16}),
-        ("embed", "tiny-matryoshka", {"dimensions": 8, "use_activation": False}),
+    # MIXED_KINDS, and truncation and token activations beside them.
+    kinds: list[Kind] = [
+        *MIXED_KINDS,
         ("embed", "tiny-bert", {"truncate_prompt_tokens": 6}),
-        ("classify", "tiny-classifier", {}),
-        ("classify", "tiny-classifier", {"use_activation": False}),
-        ("score", "tiny-cross-encoder", {}),
-        ("score", "tiny-cross-encoder", {"use_activation": False}),
-        ("token_embed", "tiny-bert", {}),
-        ("token_embed", "tiny-matryoshka", {"dimensions": 8}),
         ("token_classify", "tiny-ner", {}),
-        ("token_classify", "tiny-ner", {"use_activation": False}),
     ]
-    requests = []
-    for i in range(count):
-        case, model, params = kinds[i % len(kinds)]
-        rid = f"parity-{i}"
-        texts = [phrase(i, k) for k in range(1 + i % 3)]
-        if case == "score":
-            score = pb.ScoreInput(text_1=[f"query {i}: where is the river"], text_2=texts)
-            requests.append(
-                pb.PoolRequest(
-                    request_id=rid, model=model, params=pb.PoolingParams(**params), score=score
-                )
-            )
-        else:
-            requests.append(text_request(case, rid, texts, model, **params))
-    return requests
+    return mixed_requests(kinds, count, phrase, query="where is the river")
 
 
 async def stream_all(address: str, requests: Sequence[pb.PoolRequest]) -> list[Any]:
@@ -428,9 +387,7 @@ def logging_server(
 ) -> Iterator[ServerProcess]:
     args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
     args += ["--log-format", "json", "--log-requests"]
-    process = start_server(args, tmp_path_factory.mktemp("log-requests"), "log-requests")
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(args, tmp_path_factory.mktemp("log-requests"), "log-requests")
 
 
 def test_log_requests_writes_one_line_per_request(logging_server: ServerProcess) -> None:
@@ -605,6 +562,20 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
         return found
 
 
+@contextmanager
+def collecting() -> Iterator[tuple[Collector, str]]:
+    """A Collector on a free loopback port, and its endpoint as --otlp-endpoint takes it."""
+    collector = Collector()
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, grpc_server)
+    port = grpc_server.add_insecure_port("127.0.0.1:0")
+    grpc_server.start()
+    try:
+        yield collector, f"http://127.0.0.1:{port}"
+    finally:
+        grpc_server.stop(0)
+
+
 @dataclass
 class Exporting:
     process: ServerProcess
@@ -615,23 +586,16 @@ class Exporting:
 def exporting(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Exporting]:
-    collector = Collector()
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, grpc_server)
-    port = grpc_server.add_insecure_port("127.0.0.1:0")
-    grpc_server.start()
     args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
-    args += ["--otlp-endpoint", f"http://127.0.0.1:{port}"]
-    try:
+    with collecting() as (collector, endpoint):
         with pytest.MonkeyPatch.context() as env:
             env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # export within 0.2 s, not 5 s
-            process = start_server(args, tmp_path_factory.mktemp("otlp"), "otlp")
+            log_dir = tmp_path_factory.mktemp("otlp")
+            process = start_server([*args, "--otlp-endpoint", endpoint], log_dir, "otlp")
         try:
             yield Exporting(process, collector)
         finally:
             process.stop(signal.SIGTERM)
-    finally:
-        grpc_server.stop(0)
 
 
 def test_otlp_endpoint_exports_the_server_span(exporting: Exporting) -> None:
@@ -665,16 +629,11 @@ def test_standard_otel_variables_configure_export(
 ) -> None:
     """No --otlp-endpoint: OTEL_EXPORTER_OTLP_ENDPOINT turns export on, and OTEL_SERVICE_NAME
     names the service (a hard-coded name used to override it)."""
-    collector = Collector()
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, grpc_server)
-    port = grpc_server.add_insecure_port("127.0.0.1:0")
-    grpc_server.start()
     args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
-    try:
+    with collecting() as (collector, endpoint):
         with pytest.MonkeyPatch.context() as env:
             env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
-            env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+            env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
             env.setenv("OTEL_SERVICE_NAME", "search-embedder")
             env.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
             process = start_server(args, tmp_path_factory.mktemp("otel-env"), "otel-env")
@@ -690,5 +649,3 @@ def test_standard_otel_variables_configure_export(
             assert resource.get("deployment.environment") == "test"
         finally:
             process.stop(signal.SIGTERM)
-    finally:
-        grpc_server.stop(0)

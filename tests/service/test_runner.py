@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.fixture_models import MINILM
-from tests.metrics_endpoint import metric_sum, scrape
+from tests.metrics_endpoint import metric_growth, scrape
 from tests.service.doors_server import DoorsServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,10 +26,7 @@ def test_tokenize_decode_and_models_are_counted_with_their_status(doors: DoorsSe
     assert doors.call("/v1/models")[0] == 200
     after = scrape(doors.metrics_port)
 
-    def delta(**labels: str) -> float:
-        name = "pooling_requests_total"
-        return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
-
+    delta = metric_growth(before, after, "pooling_requests_total")
     http = {"protocol": "http"}
     assert delta(rpc="Tokenize", code="200", model="embedder", task="tokenize", **http) == 1
     assert delta(rpc="Decode", code="200", model="embedder", task="decode", **http) == 1

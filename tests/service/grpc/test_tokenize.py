@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.fixture_models import MINILM
-from tests.metrics_endpoint import metric_sum, scrape
+from tests.metrics_endpoint import metric_growth, scrape
 from tests.service.doors_server import KEY, DoorsServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -73,10 +73,7 @@ def test_tokenize_and_list_models_are_counted_with_their_status(
     stub.ListModels(pb.ListModelsRequest(), metadata=AUTH, timeout=60)
     after = scrape(doors.metrics_port)
 
-    def delta(**labels: str) -> float:
-        name = "pooling_requests_total"
-        return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
-
+    delta = metric_growth(before, after, "pooling_requests_total")
     grpc_ = {"protocol": "grpc"}
     assert delta(rpc="Tokenize", code="OK", model="embedder", task="tokenize", **grpc_) == 1
     assert delta(rpc="Tokenize", code="NOT_FOUND", model="unknown", **grpc_) == 1

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +42,18 @@ from pooling_server.engine.scheduling.ipc import (
 )
 from pooling_server.engine.scheduling.jobs import Job
 from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
-from tests.conftest import Served, server_args
+from tests.conftest import server_args
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.responses import assert_same_response
 from tests.rpc_errors import decode_rpc_error
 from tests.server_process import ServerProcess, free_port, start_server
+from tests.service.mixed_requests import (
+    MIXED_KINDS,
+    mixed_models,
+    mixed_requests,
+    phrases,
+    text_request,
+)
 
 Stub = pooling_pb2_grpc.PoolingServiceStub
 WAIT_S = 60.0
@@ -58,25 +65,8 @@ SENTENCE = (
     "the river runs past the old mill where children play in summer and the fishermen "
     "mend their nets while clouds gather over the hills beyond the quiet town"
 )
-WORDS = SENTENCE.split(" ")
 
-
-def phrase(i: int, k: int = 0) -> str:
-    """A different text for every (i, k), of 2 to 25 words."""
-    start = (i * 5 + k * 11) % len(WORDS)
-    words = [WORDS[(start + n) % len(WORDS)] for n in range(2 + (i * 7 + k * 3) % 24)]
-    return f"text {i}.{k}: " + " ".join(words)
-
-
-def text_request(
-    task: str, rid: str, texts: Sequence[str], model: str = "tiny-bert", **params: Any
-) -> pb.PoolRequest:
-    return pb.PoolRequest(
-        request_id=rid,
-        model=model,
-        params=pb.PoolingParams(**params),
-        **{task: pb.TextInput(texts=texts)},
-    )
+phrase = phrases(SENTENCE, most_words=25)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -182,6 +172,18 @@ def spread_channels(split: Split, count: int = 4, most: int = 32) -> Iterator[li
             channel.close()
 
 
+def spread_pools(split: Split, requests: list[pb.PoolRequest], count: int) -> list[Any]:
+    """Every request at once, over spread_channels' `count` connections in turn; the answers
+    in the requests' order."""
+    with spread_channels(split, count=count) as channels:
+        stubs = [Stub(channel) for channel in channels]
+        futures = [
+            stubs[i % len(stubs)].Pool.future(request, timeout=WAIT_S)
+            for i, request in enumerate(requests)
+        ]
+        return [future.result() for future in futures]
+
+
 def health(channel: grpc.Channel) -> int | None:
     """The health status over this channel, or None if the call failed."""
     try:
@@ -281,15 +283,7 @@ def test_without_several_front_ends_a_taken_port_is_an_error(
 def two_by_two(
     model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Split]:
-    bert = str(model_folders["tiny-bert"])
-    models = [
-        Served("tiny-bert", bert),
-        Served("tiny-matryoshka", bert, hf_overrides={"is_matryoshka": True}),
-        Served("tiny-classifier", str(model_folders["tiny-classifier"])),
-        Served("tiny-cross-encoder", str(model_folders["tiny-cross-encoder"])),
-        Served("tiny-ner", str(model_folders["tiny-ner"])),
-    ]
-    args = [*server_args(models), "--engines-per-device", "2"]
+    args = [*server_args(mixed_models(model_folders)), "--engines-per-device", "2"]
     args += ["--dtype", "float32", "--drain-delay-s", str(DRAIN_DELAY_S), "--batch-wait-ms", "20"]
     split = start_split(args, tmp_path_factory.mktemp("two-by-two"), "two-by-two")
     yield split
@@ -298,33 +292,7 @@ def two_by_two(
 
 def parity_requests(count: int = 44) -> list[pb.PoolRequest]:
     """Every task, with params mixed so that per-request heads differ within a batch."""
-    kinds: list[tuple[str, str, dict[str, Any]]] = [
-        ("embed", "tiny-bert", {}),
-        ("embed", "tiny-bert", {"use_activation": False}),
-        ("embed", "tiny-matryoshka", {"dimensions": 16}),
-        ("embed", "tiny-matryoshka", {"dimensions": 8, "use_activation": False}),
-        ("classify", "tiny-classifier", {}),
-        ("classify", "tiny-classifier", {"use_activation": False}),
-        ("score", "tiny-cross-encoder", {}),
-        ("score", "tiny-cross-encoder", {"use_activation": False}),
-        ("token_embed", "tiny-bert", {}),
-        ("token_embed", "tiny-matryoshka", {"dimensions": 8}),
-        ("token_classify", "tiny-ner", {"use_activation": False}),
-    ]
-    requests = []
-    for i in range(count):
-        task, model, params = kinds[i % len(kinds)]
-        rid = f"parity-{i}"
-        texts = [phrase(i, k) for k in range(1 + i % 3)]
-        if task == "score":
-            score = pb.ScoreInput(text_1=[f"query {i}: where is the mill"], text_2=texts)
-            request = pb.PoolRequest(
-                request_id=rid, model=model, params=pb.PoolingParams(**params), score=score
-            )
-            requests.append(request)
-        else:
-            requests.append(text_request(task, rid, texts, model, **params))
-    return requests
+    return mixed_requests(MIXED_KINDS, count, phrase, query="where is the mill")
 
 
 def test_two_front_ends_over_two_engines_answer_as_one_by_one_calls(two_by_two: Split) -> None:
@@ -376,16 +344,8 @@ def test_engine_processes_hold_no_grpc_nor_aiohttp(two_by_two: Split) -> None:
 def test_one_metrics_endpoint_counts_every_front_ends_requests(two_by_two: Split) -> None:
     calls = 30
     delta = Delta(two_by_two)
-    with spread_channels(two_by_two, count=6) as channels:
-        stubs = [Stub(channel) for channel in channels]
-        futures = [
-            stubs[i % len(stubs)].Pool.future(
-                text_request("embed", f"count-{i}", [phrase(i)]), timeout=WAIT_S
-            )
-            for i in range(calls)
-        ]
-        for future in futures:
-            future.result()
+    requests = [text_request("embed", f"count-{i}", [phrase(i)]) for i in range(calls)]
+    spread_pools(two_by_two, requests, count=6)
     wait_for(lambda: delta("pooling_requests_total") >= calls, 5)
     pool = {"rpc": "Pool", "task": "embed", "model": "tiny-bert"}
     assert delta("pooling_requests_total", **pool, code="OK") == calls
@@ -478,17 +438,11 @@ def test_one_batch_holds_items_from_both_front_ends(batching: Split) -> None:
     """Texts of one length, so that the one batch the queue forms after its wait takes all."""
     calls = 16
     delta = Delta(batching)
-    with spread_channels(batching, count=8) as channels:
-        stubs = [Stub(channel) for channel in channels]
-        futures = [
-            stubs[i % len(stubs)].Pool.future(
-                text_request("embed", f"mixed-{i}", ["one text from every caller"]),
-                timeout=WAIT_S,
-            )
-            for i in range(calls)
-        ]
-        for future in futures:
-            assert len(future.result().embed.embeddings) == 1
+    requests = [
+        text_request("embed", f"mixed-{i}", ["one text from every caller"]) for i in range(calls)
+    ]
+    for answer in spread_pools(batching, requests, count=8):
+        assert len(answer.embed.embeddings) == 1
     assert wait_for(lambda: delta("pooling_mixed_batches_total", model="tiny-bert") > 0, 5)
     assert delta("pooling_batch_size_sum", model="tiny-bert") == calls
 

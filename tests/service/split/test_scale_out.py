@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from pooling_client import PoolingClient
-from pooling_client.errors import PoolingError
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.server_process import ServerProcess, free_port, start_server
+from tests.service.embed_tally import EmbedTally
 
 THREADS = 4
 CALLS_PER_THREAD = 50
@@ -70,27 +70,17 @@ def replicas_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 @dataclass
-class Load:
+class Load(EmbedTally):
     """THREADS threads, each making CALLS_PER_THREAD paced embed calls through one client."""
 
     client: PoolingClient
-    ok: int = 0
-    errors: list[str] = field(default_factory=list)
     started_at: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def worker(self, index: int) -> None:
         for i in range(CALLS_PER_THREAD):
             with self.lock:
                 self.started_at.append(time.monotonic())
-            try:
-                [output] = self.client.embed([f"thread {index} call {i}"], timeout=CALL_TIMEOUT_S)
-                assert len(output.outputs.embedding) == 384
-                with self.lock:
-                    self.ok += 1
-            except PoolingError as error:
-                with self.lock:
-                    self.errors.append(f"thread {index} call {i}: {error}")
+            self.embed(self.client, f"thread {index} call {i}", timeout=CALL_TIMEOUT_S)
             time.sleep(PACE_S)
 
     def run_until(self, trigger_after: int, action) -> float:  # type: ignore[no-untyped-def]
