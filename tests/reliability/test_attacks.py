@@ -39,6 +39,8 @@ from tests.reliability.attack_kit import (
     ANSWER_TIMEOUT_S,
     INVALID,
     MB,
+    REFUSAL,
+    Bound,
     refusal,
     timed,
     watching,
@@ -60,11 +62,13 @@ KEYED = (("authorization", f"Bearer {API_KEY}"),)
 INFLATED_WORDS = 4_000_000  # "a " repeated: 8 MB of text, a few KB gzip-compressed
 FLOOD_WORDS = 30_000_000  # 60 MB of text: over any message limit
 FLOOD_CALLS = 10
+FLOOD_REFUSAL = Bound(target_s=5.0, limit_s=10.0)  # all FLOOD_CALLS refused
 # The issue asks for 20,000; measured once on the 2-core machine, that takes 23-24 s (all
 # answered, +64 MB, bystander never failed but waited up to 1.3 s), too long for the suite.
 BODILESS_CALLS = 2000
 MAX_INPUT_CHARS = 1000
 MAX_REQUEST_CHARS = 5000
+Stub = pooling_pb2_grpc.PoolingServiceStub
 # An 11-byte varint: no PoolingService message parses it.
 GARBAGE = b"\xff" * 10 + b"\x01"
 
@@ -365,7 +369,7 @@ def test_compressed_flag_without_an_encoding_is_internal(
     )
     assert call.grpc_status == grpc.StatusCode.INTERNAL.value[0], call.outcome()
     assert "compress" in call.headers.get("grpc-message", "").lower(), call.headers
-    assert watch.answer_s < 1.0
+    REFUSAL.check(watch.answer_s, "the refusal")
     watch.assert_unharmed()
     assert_alive(attacked)
 
@@ -397,7 +401,7 @@ def test_keyless_flood_of_inflating_messages(keyed: ServerProcess, record_proper
     )
     unauthenticated = f"grpc-status {grpc.StatusCode.UNAUTHENTICATED.value[0]}"
     assert outcomes == {unauthenticated: FLOOD_CALLS}, outcomes
-    assert watch.answer_s < 5.0, f"the flood took {watch.answer_s:.1f}s to refuse"
+    FLOOD_REFUSAL.check(watch.answer_s, "refusing the flood")
     watch.assert_unharmed()
 
 
@@ -576,7 +580,7 @@ def test_bodiless_unary_call_is_answered(
         **watch.figures(),
     )
     assert call.grpc_status in BODILESS_STATUSES, f"{call.outcome()} after {watch.answer_s:.2f}s"
-    assert watch.answer_s < 1.0
+    REFUSAL.check(watch.answer_s, "the refusal")
     watch.assert_unharmed()
 
 
@@ -628,9 +632,7 @@ def test_two_thousand_bodiless_calls_pipelined(attacked: ServerProcess, record_p
 # --------------------------------------------------------------------------- bounded fields
 
 
-def test_request_id_bound(
-    attacked: ServerProcess, stub: pooling_pb2_grpc.PoolingServiceStub, record_property
-) -> None:
+def test_request_id_bound(attacked: ServerProcess, stub: Stub, record_property) -> None:
     """256 bytes of request_id are accepted; 257 bytes (even as 129 characters) are not."""
     with watching(attacked) as watch:
         watch.answer_s, accepted = timed(
@@ -649,9 +651,7 @@ def test_request_id_bound(
     watch.assert_unharmed()
 
 
-def test_model_name_bound(
-    attacked: ServerProcess, stub: pooling_pb2_grpc.PoolingServiceStub, record_property
-) -> None:
+def test_model_name_bound(attacked: ServerProcess, stub: Stub, record_property) -> None:
     """An unknown name of 256 characters is NOT_FOUND; 257 characters are refused unread."""
     with watching(attacked) as watch:
         watch.answer_s, too_long = timed(
@@ -666,7 +666,7 @@ def test_model_name_bound(
 
 
 def test_huge_request_id_is_not_echoed(
-    attacked: ServerProcess, stub: pooling_pb2_grpc.PoolingServiceStub, record_property
+    attacked: ServerProcess, stub: Stub, record_property
 ) -> None:
     """A 10 MB request_id: refused, and neither the message nor the details carry it."""
     with watching(attacked) as watch:
@@ -680,7 +680,7 @@ def test_huge_request_id_is_not_echoed(
     details = error.info.SerializeToString() if error.info else b""  # type: ignore[union-attr]
     details += error.bad_request.SerializeToString() if error.bad_request else b""
     assert len(details) < 4096, f"the error details hold {len(details)} bytes"
-    assert watch.answer_s < 1.0
+    REFUSAL.check(watch.answer_s, "the refusal")
     watch.assert_unharmed()
 
 
@@ -688,9 +688,7 @@ def _text(chars: int, word: str = "ab") -> str:
     return ((word + " ") * (chars // (len(word) + 1) + 1))[:chars]
 
 
-def test_text_character_bound(
-    bounded: ServerProcess, bounded_stub: pooling_pb2_grpc.PoolingServiceStub, record_property
-) -> None:
+def test_text_character_bound(bounded: ServerProcess, bounded_stub: Stub, record_property) -> None:
     """--max-input-chars 1000: 1001 characters are refused before tokenizing, truncation or
     not; 1000 characters (about 330 tokens, over tiny-bert's 128) truncate and succeed."""
     at_bound = embed_request([_text(MAX_INPUT_CHARS)], truncate_prompt_tokens=-1)
@@ -711,7 +709,7 @@ def test_text_character_bound(
 
 
 def test_request_character_bound(
-    bounded: ServerProcess, bounded_stub: pooling_pb2_grpc.PoolingServiceStub, record_property
+    bounded: ServerProcess, bounded_stub: Stub, record_property
 ) -> None:
     """--max-request-chars 5000: six texts of 900 characters are refused as a whole; five
     are served."""
@@ -729,7 +727,7 @@ def test_request_character_bound(
 
 
 def test_tokenize_character_bounds(
-    bounded: ServerProcess, bounded_stub: pooling_pb2_grpc.PoolingServiceStub, record_property
+    bounded: ServerProcess, bounded_stub: Stub, record_property
 ) -> None:
     """The same bounds on Tokenize: `texts[i]` for one text, `texts` for all of them."""
     with watching(bounded) as watch:
@@ -763,7 +761,7 @@ def inflated_request() -> pb.PoolRequest:
 @pytest.mark.parametrize("case", ["pool", "pool_truncated", "tokenize"])
 def test_inflated_long_text(
     attacked: ServerProcess,
-    stub: pooling_pb2_grpc.PoolingServiceStub,
+    stub: Stub,
     inflated_request: pb.PoolRequest,
     case: str,
     record_property,
@@ -792,5 +790,5 @@ def test_inflated_long_text(
     error = refusal(result)
     assert error.reason == "INPUT_TOO_LONG", (error.reason, error.message[:200])
     assert path in error.fields, error.fields
-    assert watch.answer_s < 1.0, f"answered after {watch.answer_s:.2f}s"
+    REFUSAL.check(watch.answer_s, "the refusal")
     watch.assert_unharmed()

@@ -19,7 +19,8 @@ grpcio's. The attacker connects from 127.0.0.2, the newcomer and the bystander f
 Each test prints a `RELIABILITY <name>:` line and checks what issue 43 asks: newcomers
 served, refusals within 1 s, peak growth under 300 MB and under 100 MB 10 s after the
 attacker left (the server's processes but its engines, as test_attacks_grpc_door.py counts
-them), the bystander under 1.5 s and never failing.
+them), the bystander under 1.5 s and never failing. The times are attack_kit's targets;
+twice each fails the test (a busy host's noise is not the server's).
 """
 
 from __future__ import annotations
@@ -37,21 +38,21 @@ import h2.connection
 import h2.settings
 import pytest
 
-from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from pooling_server.service.grpc import node_door
-from tests.fixture_models import MINILM
-from tests.reliability.support import assert_alive, embed_request, report
-from tests.reliability.test_attacks import RawHttp2, grpc_frame
-from tests.reliability.test_attacks_grpc_door import (
-    HalfOpen,
+from tests.fixture_models import MINILM, wide_bert
+from tests.reliability.attack_kit import (
+    BYSTANDER,
+    REFUSAL,
     Verdict,
     door,
-    idle_after,
-    settled_mb,
-    watching,
-    wide_bert,
+    warm_up,
+    watching_door,
+    wide_token_embed,
 )
+from tests.reliability.support import embed_request
+from tests.reliability.test_attacks import RawHttp2, grpc_frame
+from tests.reliability.test_attacks_grpc_door import HalfOpen
 from tests.reliability.test_attacks_http import _refused_within
 from tests.server_process import ServerProcess, all_serving, free_port, spawn_server
 
@@ -61,8 +62,8 @@ ATTACKER = "127.0.0.2"
 NEWCOMER = "127.0.0.1"
 HANDSHAKE_S = 2.0  # the servers' --handshake-timeout-s: also the no-call and arrival bound
 SLACK_S = 2.5  # scheduling noise on a shared 2-core machine
-BYSTANDER_LIMIT_S = 1.5
-REFUSED_WITHIN_S = 1.0  # a socket over its address's share, once the flood is refused
+# A socket over its address's share, once the flood is refused, is refused within
+# attack_kit's REFUSAL; a newcomer is served within its BYSTANDER.
 # The flood itself: 3,000 sockets accepted and all but the share closed (or answered 503),
 # about 0.5 s on an idle 2-core machine; more where the machine is shared.
 FLOOD_S = 8.0
@@ -103,18 +104,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     started = {name: spawn_server([*args, *flags], root, name) for name, flags in doors.items()}
     with all_serving(started.values(), stop_timeout=20):
         for server in started.values():
-            _warm_up(server)
+            warm_up(server, token_embed_texts=4)
         if "node" in started:
             started["node"].http_port = http_port  # type: ignore[attr-defined]
         yield started
-
-
-def _warm_up(server: ServerProcess) -> None:
-    with grpc.insecure_channel(server.address) as channel:
-        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
-        for _ in range(5):
-            stub.Pool(embed_request(["a bystander"]), timeout=60)
-        stub.Pool(_token_embed(4), timeout=60)
 
 
 def _server(servers: dict[str, ServerProcess], name: str) -> ServerProcess:
@@ -125,13 +118,10 @@ def _server(servers: dict[str, ServerProcess], name: str) -> ServerProcess:
     return server
 
 
-def _token_embed(texts: int) -> pb.PoolRequest:
-    """token_embed of `texts` texts cut to the wide BERT's 128 tokens (~200 KB of answer each)."""
-    return pb.PoolRequest(
-        model="wide",
-        token_embed=pb.TextInput(texts=["word and more " * 50] * texts),
-        params=pb.PoolingParams(truncate_prompt_tokens=-1),
-    )
+@pytest.fixture(params=["node", "grpcio"])
+def either(servers: dict[str, ServerProcess], request: pytest.FixtureRequest) -> ServerProcess:
+    """Each door's server in turn, for the attacks both must hold."""
+    return _server(servers, request.param)
 
 
 def _connect(port: int, source: str) -> socket.socket:
@@ -196,7 +186,7 @@ def test_idle_sockets_from_one_address_lock_no_one_out(
             sock.sendall(hello)
         return sock
 
-    with watching(server) as watch:
+    with watching_door(server) as watch:
         started = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
             socks = list(pool.map(attack, range(IDLE_SOCKETS)))
@@ -209,12 +199,9 @@ def test_idle_sockets_from_one_address_lock_no_one_out(
         watch.answer_s = time.monotonic() - started
     for sock in socks:
         sock.close()
-    idle_s = idle_after(server)
-    settled = settled_mb(watch.rss)
-    report(
-        record_property,
+    verdict = Verdict.after("3,000 idle sockets", server, watch, record_property)
+    verdict.report(
         f"attacks_connections_idle_sockets_{'preface' if preface else 'bare'}",
-        door=door(server),
         sockets=IDLE_SOCKETS,
         opened_s=opened_s,
         held=len(held),
@@ -223,23 +210,18 @@ def test_idle_sockets_from_one_address_lock_no_one_out(
         open_after_handshake_time=len(still_open),
         newcomer=newcomer,
         newcomer_s=newcomer_s,
-        settled_mb=settled,
-        idle_s=idle_s,
-        **watch.figures(),
     )
-    verdict = Verdict("3,000 idle sockets", watch, settled, idle_s, bystander_limit_s=1.5)
     if len(held) > ADDRESS_SHARE:
         verdict.problems.append(f"{len(held)} held, over the address's share {ADDRESS_SHARE}")
-    if refusal_s >= REFUSED_WITHIN_S:
-        verdict.problems.append(f"a socket over the share was closed after {refusal_s:.2f}s")
-    if newcomer != "OK" or newcomer_s >= BYSTANDER_LIMIT_S:
-        verdict.problems.append(f"the newcomer got {newcomer} in {newcomer_s:.2f}s")
+    verdict.within(REFUSAL, refusal_s, "closing a socket over the share")
+    if newcomer != "OK":
+        verdict.problems.append(f"the newcomer got {newcomer}")
+    verdict.within(BYSTANDER, newcomer_s, "the newcomer's call")
     if still_open:
         verdict.problems.append(
             f"{len(still_open)} held sockets still open after the handshake time"
         )
     verdict.check()
-    assert_alive(server)
 
 
 def test_idle_http_sockets_from_one_address_lock_no_one_out(
@@ -249,7 +231,7 @@ def test_idle_http_sockets_from_one_address_lock_no_one_out(
     answered 503 at once; a newcomer's request from 127.0.0.1 is answered."""
     server = _server(servers, "node")
     port = server.http_port  # type: ignore[attr-defined]
-    with watching(server) as watch:
+    with watching_door(server) as watch:
         started = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
             socks = list(pool.map(lambda _: _connect(port, ATTACKER), range(IDLE_SOCKETS)))
@@ -272,9 +254,8 @@ def test_idle_http_sockets_from_one_address_lock_no_one_out(
         watch.answer_s = time.monotonic() - started
     for sock in socks:
         sock.close()
-    settled = settled_mb(watch.rss)
-    report(
-        record_property,
+    verdict = Verdict.after("3,000 idle HTTP sockets", server, watch, record_property, idle=False)
+    verdict.report(
         "attacks_connections_idle_http_sockets",
         sockets=IDLE_SOCKETS,
         opened_s=opened_s,
@@ -283,34 +264,27 @@ def test_idle_http_sockets_from_one_address_lock_no_one_out(
         refusal_s=refusal_s,
         newcomer_status=answer[:12].decode(errors="replace"),
         newcomer_s=newcomer_s,
-        settled_mb=settled,
-        **watch.figures(),
     )
-    verdict = Verdict("3,000 idle HTTP sockets", watch, settled, 0.0, bystander_limit_s=1.5)
     if len(held) > ADDRESS_SHARE:
         verdict.problems.append(f"{len(held)} held, over the address's share {ADDRESS_SHARE}")
-    if refusal_s >= REFUSED_WITHIN_S:
-        verdict.problems.append(f"a socket over the share was answered after {refusal_s:.2f}s")
-    if not answer.startswith(b"HTTP/1.1 200") or newcomer_s >= BYSTANDER_LIMIT_S:
-        verdict.problems.append(f"the newcomer got {answer[:40]!r} in {newcomer_s:.2f}s")
+    verdict.within(REFUSAL, refusal_s, "answering a socket over the share")
+    if not answer.startswith(b"HTTP/1.1 200"):
+        verdict.problems.append(f"the newcomer got {answer[:40]!r}")
+    verdict.within(BYSTANDER, newcomer_s, "the newcomer's request")
     verdict.check()
-    assert_alive(server)
 
 
 # --------------------------------------------------------------------------- row 7
 
 
-@pytest.mark.parametrize("name", ["node", "grpcio"])
-def test_unread_answers_are_bounded_in_all(
-    servers: dict[str, ServerProcess], name: str, record_property
-) -> None:
+def test_unread_answers_are_bounded_in_all(either: ServerProcess, record_property) -> None:
     """16 connections whose receive window is 0 and stays so ask an answer of 14 MB each
     (within the per-connection bound, 224 MB in all): the server holds what fits its total
     of unsent answers and refuses the rest RESOURCE_EXHAUSTED, instead of holding them
     all. Asked two at a time, so that what is measured is the answers held, not 16 results
     computed side by side."""
-    server = _server(servers, name)
-    request = grpc_frame(_token_embed(UNREAD_TEXTS).SerializeToString())
+    server, name = either, door(either)
+    request = grpc_frame(wide_token_embed(UNREAD_TEXTS).SerializeToString())
     calls: list[tuple[RawHttp2, int, float]] = []
 
     def pending() -> int:
@@ -326,7 +300,7 @@ def test_unread_answers_are_bounded_in_all(
         time.sleep(0.01)
 
     attackers: list[RawHttp2] = []
-    with watching(server) as watch:
+    with watching_door(server) as watch:
         started = time.monotonic()
         try:
             for index in range(UNREAD_CALLS):
@@ -347,47 +321,37 @@ def test_unread_answers_are_bounded_in_all(
             for raw in attackers:
                 raw.close()
         watch.answer_s = time.monotonic() - started
-    idle_s = idle_after(server)
-    settled = settled_mb(watch.rss)
+    verdict = Verdict.after(f"unread answers ({name})", server, watch, record_property)
     refused = outcomes.get(f"grpc-status {grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]}", 0)
-    report(
-        record_property,
+    verdict.report(
         f"attacks_connections_unread_answers_{name}",
-        door=name,
         connections=UNREAD_CONNECTIONS,
         calls=UNREAD_CALLS,
         outcomes=dict(outcomes),
         newcomer=newcomer,
         newcomer_s=newcomer_s,
-        settled_mb=settled,
-        idle_s=idle_s,
-        **watch.figures(),
     )
-    verdict = Verdict(f"unread answers ({name})", watch, settled, idle_s, bystander_limit_s=1.5)
     # At most the total's worth of 14 MB answers, and one more, are held; the rest refused.
     most_held = UNSENT_TOTAL // (14 << 20) + 1
     if refused < UNREAD_CALLS - most_held:
         verdict.problems.append(f"only {refused} refused: {dict(outcomes)}")
-    if newcomer != "OK" or newcomer_s >= BYSTANDER_LIMIT_S:
-        verdict.problems.append(f"the newcomer got {newcomer} in {newcomer_s:.2f}s")
+    if newcomer != "OK":
+        verdict.problems.append(f"the newcomer got {newcomer}")
+    verdict.within(BYSTANDER, newcomer_s, "the newcomer's call")
     verdict.check()
-    assert_alive(server)
 
 
 # --------------------------------------------------------------------------- row 9
 
 
-@pytest.mark.parametrize("name", ["node", "grpcio"])
-def test_requests_sent_a_byte_a_second_are_ended(
-    servers: dict[str, ServerProcess], name: str, record_property
-) -> None:
+def test_requests_sent_a_byte_a_second_are_ended(either: ServerProcess, record_property) -> None:
     """40 Pool calls on 4 connections, each message sent a byte a second: each is ended
     DEADLINE_EXCEEDED once the handshake time has passed, not read for ever."""
-    server = _server(servers, name)
+    server, name = either, door(either)
     body = grpc_frame(embed_request(["a slow request"]).SerializeToString())
     attackers = [RawHttp2(server.port, timeout=10, source=ATTACKER) for _ in range(4)]
     ended: dict[tuple[int, int], float] = {}
-    with watching(server) as watch:
+    with watching_door(server) as watch:
         started = time.monotonic()
         try:
             streams = [(raw, raw.open("Pool")) for raw in attackers for _ in range(SLOW_CALLS // 4)]
@@ -413,21 +377,12 @@ def test_requests_sent_a_byte_a_second_are_ended(
             for raw in attackers:
                 raw.close()
         watch.answer_s = max(ended.values(), default=float("inf"))
-    report(
-        record_property,
+    verdict = Verdict(f"40 requests a byte a second ({name})", server, watch, record_property)
+    verdict.report(
         f"attacks_connections_byte_a_second_{name}",
-        door=name,
         calls=SLOW_CALLS,
         bytes_sent=sent,
         outcomes=dict(outcomes),
-        **watch.figures(),
-    )
-    verdict = Verdict(
-        f"40 requests a byte a second ({name})",
-        watch,
-        0.0,
-        0.0,
-        bystander_limit_s=BYSTANDER_LIMIT_S,
     )
     deadline_exceeded = f"grpc-status {grpc.StatusCode.DEADLINE_EXCEEDED.value[0]}"
     if outcomes.get(deadline_exceeded, 0) != SLOW_CALLS:
@@ -435,7 +390,6 @@ def test_requests_sent_a_byte_a_second_are_ended(
     elif watch.answer_s > HANDSHAKE_S + SLACK_S:
         verdict.problems.append(f"the last was ended after {watch.answer_s:.1f}s")
     verdict.check()
-    assert_alive(server)
 
 
 def test_half_open_streams_on_grpcio_lock_no_one_out(
@@ -445,7 +399,7 @@ def test_half_open_streams_on_grpcio_lock_no_one_out(
     its share of the open calls (1,024), and those are ended when their requests do not
     come, so the bystander is served throughout and the memory goes with them."""
     server = _server(servers, "grpcio")
-    with watching(server) as watch:
+    with watching_door(server) as watch:
         started = time.monotonic()
         attackers = [HalfOpen(server.port, HALF_OPEN_STREAMS) for _ in range(HALF_OPEN_CONNECTIONS)]
         try:
@@ -456,27 +410,14 @@ def test_half_open_streams_on_grpcio_lock_no_one_out(
             for attacker in attackers:
                 attacker.close()
         watch.answer_s = time.monotonic() - started
-    idle_s = idle_after(server)
-    settled = settled_mb(watch.rss)
-    report(
-        record_property,
+    verdict = Verdict.after("8 x 4,096 half-open streams (grpcio)", server, watch, record_property)
+    verdict.report(
         "attacks_connections_half_open_grpcio",
         streams=HALF_OPEN_CONNECTIONS * HALF_OPEN_STREAMS,
         answered_kb=answered_kb,
         newcomer=newcomer,
         newcomer_s=newcomer_s,
-        settled_mb=settled,
-        idle_s=idle_s,
-        **watch.figures(),
-    )
-    verdict = Verdict(
-        "8 x 4,096 half-open streams (grpcio)",
-        watch,
-        settled,
-        idle_s,
-        bystander_limit_s=BYSTANDER_LIMIT_S,
     )
     if newcomer != "OK":
         verdict.problems.append(f"the newcomer got {newcomer}")
     verdict.check()
-    assert_alive(server)

@@ -45,16 +45,15 @@ from tests.fixture_models import (
     tiny_colbert,
     tiny_qwen3_reranker,
 )
-from tests.reliability.attack_kit import INVALID, refusal, timed, watching
+from tests.reliability.attack_kit import INVALID, REFUSAL, refusal, timed, watching
 from tests.reliability.support import assert_alive, embed_request, report
 from tests.server_process import ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
 CAP_MB = 6  # a gRPC request of 16 texts of 262,144 characters (4.2 MB) still arrives
-REFUSED_S = 1.0  # the issue's bound for a refusal; measured 0.02-0.3 s
-BYSTANDER_S = 1.5  # the issue's bound; a quiet machine answers in 0.01-0.1 s
-RSS_MB = 100
+# attack_kit's REFUSAL (measured 0.02-0.3 s) and BYSTANDER (a quiet machine answers in
+# 0.01-0.1 s) are the issue's bounds, as targets.
 LONG = "a " * 131072  # 262,144 characters: MiniLM's limit for a text that may run long
 SENTENCES = "a. " * 87381  # 262,143 characters, 87,381 sentences
 # About 150 tokens of MiniLM's vocabulary: past the tiny models' 128 positions.
@@ -150,14 +149,11 @@ def _watched(process: ServerProcess, call: Any, *args: Any, **kwargs: Any) -> tu
 
 def _check(watch: Any, record_property: Any, name: str, **figures: Any) -> None:
     """The issue's bounds: refused within 1 s, the bystander never failing nor waiting
-    1.5 s, the server tree within 100 MB of where it was (the issue allows 300 MB at the
-    peak; a refusal made before any work needs a few)."""
+    1.5 s (targets: twice each fails), the server tree within 100 MB of where it was (the
+    issue allows 300 MB at the peak; a refusal made before any work needs a few)."""
     report(record_property, name, **figures, **watch.figures())
-    assert watch.answer_s < REFUSED_S, f"refused after {watch.answer_s:.2f}s"
-    assert not watch.bystander.failures, f"bystander failures: {dict(watch.bystander.failures)}"
-    slowest = max(watch.bystander.latencies, default=0.0)
-    assert slowest < BYSTANDER_S, f"a bystander call took {slowest:.2f}s"
-    assert watch.rss.extra_mb < RSS_MB, f"server RSS grew {watch.rss.extra_mb:.0f} MB"
+    REFUSAL.check(watch.answer_s, "the refusal")
+    watch.assert_unharmed()
 
 
 # ------------------------------------------------------------------ row 1: instruction x documents

@@ -10,25 +10,22 @@ answers, a one-layer BERT of MiniLM's width, so that computing them takes second
 - Tokenize of 8 texts of 250,000 characters (about 1M tokens), one call, then four at once.
 
 Each must hold: the bystander (attack_kit's Bystander: one small Pool every 100 ms on its
-own connection) never fails and never waits 1 s; the resident memory of the server's
-processes but its engines (the supervisor, the front end and the door's Node.js child, see
-DoorRss) grows less than 300 MB at the peak and is back under 100 MB of growth once the
-attacker has gone; every answer is a documented status (never INTERNAL, never hung); answers
-that scale with the input stay within the response cap. Each test prints one
-`RELIABILITY <name>:` line with its figures, and fails naming the attack and the figures.
+own connection) never fails and never waits 1 s (attack_kit's QUICK_BYSTANDER: its target;
+2 s fails the test on a busy host); the resident memory of the server's processes but its
+engines (the supervisor, the front end and the door's Node.js child, see DoorRss) grows
+less than 300 MB at the peak and is back under 100 MB of growth once the attacker has gone;
+every answer is a documented status (never INTERNAL, never hung); answers that scale with
+the input stay within the response cap. Each test prints one `RELIABILITY <name>:` line
+with its figures, and fails naming the attack and the figures.
 """
 
 from __future__ import annotations
 
-import functools
 import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import h2.config
@@ -36,33 +33,28 @@ import h2.connection
 import h2.events
 import h2.settings
 import hpack
-import psutil
 import pytest
-import torch
 from hyperframe.frame import HeadersFrame
-from transformers import AutoTokenizer, BertConfig, BertModel
 
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
-from tests.fixture_models import MINILM
-from tests.reliability.attack_kit import MB, Bystander, PeakRss, Watch
-from tests.reliability.support import (
-    CLIENT_ERROR_CODES,
-    assert_alive,
-    check_rpc_error,
-    embed_request,
-    report,
+from tests.fixture_models import MINILM, wide_bert
+from tests.reliability.attack_kit import (
+    MB,
+    QUICK_BYSTANDER,
+    Verdict,
+    node_rss_mb,
+    warm_up,
+    watching_door,
+    wide_token_embed,
 )
+from tests.reliability.support import CLIENT_ERROR_CODES, check_rpc_error
 from tests.reliability.test_attacks import RawHttp2, grpc_frame, gzip_pool_request
 from tests.server_process import ServerProcess, all_serving, spawn_server
 
 pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with nothing beside it
 
 SERVICE = "/pooling.v1.PoolingService"
-PEAK_LIMIT_MB = 300  # growth while an attack runs
-SETTLED_LIMIT_MB = 100  # growth once the attacker has gone
-SETTLE_S = 10.0  # how long the server has to give memory back after the attacker leaves
-IDLE_S = 30.0  # how long the server may stay busy with an attack's work once it has gone
 RESPONSE_CAP = 16 << 20  # --max-message-mb's default
 BOMB_CALLS = 200
 BOMB_CONNECTIONS = 4
@@ -74,24 +66,6 @@ HALF_OPEN_STREAMS = 4096
 HOLD_S = 3.0
 TOKENIZE_TEXTS = 8
 TOKENIZE_CHARS = 250_000  # within Tokenize's 1,024 characters a token of MiniLM's maximum
-
-
-def wide_bert(folder: Path) -> Path:
-    """MiniLM's width (384) in one layer of 128 positions with a narrow feed-forward:
-    answers as large per token as MiniLM's at a small part of its forward cost, in batches
-    short enough that the bystander's call never waits long behind one on 2 cores. The
-    attack tests the door's handling of the answers, not the CPU's speed."""
-    torch.manual_seed(0)
-    config = BertConfig(
-        hidden_size=384,
-        num_hidden_layers=1,
-        num_attention_heads=6,
-        intermediate_size=32,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
-    return folder
 
 
 ATTACKS = ("bombs", "unread", "half_open", "tokenize")
@@ -108,132 +82,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     started = {name: spawn_server(args, root, name) for name in ATTACKS}
     with all_serving(started.values(), stop_timeout=20):
         for process in started.values():
-            _warm_up(process)
+            warm_up(process, token_embed_texts=2, tokenize=True)
         yield started
-
-
-def _warm_up(process: ServerProcess) -> None:
-    """The first batches of each shape, so that the bystander does not pay for them."""
-    with grpc.insecure_channel(process.address) as channel:
-        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
-        for _ in range(5):
-            stub.Pool(embed_request(["a bystander"]), timeout=60)
-        stub.Pool(_token_embed(2), timeout=60)
-        stub.Tokenize(pb.TokenizeRequest(texts=["warm " * 1000]), timeout=60)
-
-
-def _token_embed(texts: int) -> pb.PoolRequest:
-    """token_embed of `texts` texts cut to the wide BERT's 128 tokens: the largest answers a
-    text can ask for."""
-    return pb.PoolRequest(
-        model="wide",
-        token_embed=pb.TextInput(texts=["word and more " * 50] * texts),
-        params=pb.PoolingParams(truncate_prompt_tokens=-1),
-    )
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def door(server: ServerProcess) -> str:
-    return server.grpc_door()
-
-
-def node_rss_mb(server: ServerProcess) -> float:
-    """The Node.js door's own resident memory (0 when grpcio serves gRPC)."""
-    tree = psutil.Process(server.process.pid).children(recursive=True)
-    return sum(p.memory_info().rss for p in tree if p.name() == "node") / MB
-
-
-@functools.lru_cache(maxsize=64)
-def _is_engine(pid: int) -> bool:
-    try:
-        return "engine" in psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-
-
-class DoorRss(PeakRss):
-    """PeakRss over every server process but the engines: the supervisor, the front end
-    that holds the door, and the door's Node.js child. An engine's forward pass keeps its
-    own scratch memory whatever door fed it; what an attack on the door costs is here."""
-
-    def _counted(self, process: psutil.Process) -> bool:
-        return not _is_engine(process.pid)
-
-
-@contextmanager
-def watching(server: ServerProcess) -> Iterator[Watch]:
-    """attack_kit.watching, with the door's processes sampled (DoorRss)."""
-    bystander = Bystander(server.address)
-    bystander.start()
-    rss = DoorRss(server.process.pid)
-    try:
-        yield Watch(bystander, rss)
-    finally:
-        time.sleep(0.2)  # a last bystander call or two after the attack
-        rss.stop()
-        bystander.stop()
-
-
-def idle_after(server: ServerProcess) -> float:
-    """Seconds until a short call is answered within a second again (IDLE_S at most): the
-    attack's work that outlives the attacker, and what the next test would otherwise pay."""
-    started = time.monotonic()
-    with grpc.insecure_channel(server.address) as channel:
-        stub = pooling_pb2_grpc.PoolingServiceStub(channel)
-        while time.monotonic() - started < IDLE_S:
-            try:
-                stub.Pool(embed_request(["idle yet?"]), timeout=1.0)
-                break
-            except grpc.RpcError:
-                time.sleep(0.5)
-    return time.monotonic() - started
-
-
-def settled_mb(rss: PeakRss) -> float:
-    """Growth over the baseline once the attacker has gone: polled until it is under the
-    limit, or SETTLE_S has passed (memory a server keeps after that, it keeps)."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        growth = (rss._total() - rss.baseline) / MB
-        if growth < SETTLED_LIMIT_MB or time.monotonic() > deadline:
-            return growth
-        time.sleep(0.25)
-
-
-@dataclass
-class Verdict:
-    """What one attack did to the server: checked together, so a failure names them all."""
-
-    attack: str
-    watch: Watch
-    settled: float
-    idle_s: float
-    problems: list[str] = field(default_factory=list)
-    bystander_limit_s: float = 1.0
-
-    def check(self) -> None:
-        if self.idle_s >= IDLE_S:
-            self.problems.append(f"the server was still busy {IDLE_S:.0f}s after the attacker left")
-        bystander = self.watch.bystander
-        slowest = max(bystander.latencies, default=0.0)
-        if bystander.failures:
-            self.problems.append(f"bystander failures {dict(bystander.failures)}")
-        if slowest >= self.bystander_limit_s:
-            self.problems.append(
-                f"a bystander call took {slowest:.2f}s (limit {self.bystander_limit_s:g} s)"
-            )
-        if self.watch.rss.extra_mb >= PEAK_LIMIT_MB:
-            self.problems.append(
-                f"peak growth {self.watch.rss.extra_mb:.0f} MB (limit {PEAK_LIMIT_MB} MB)"
-            )
-        if self.settled >= SETTLED_LIMIT_MB:
-            self.problems.append(
-                f"{self.settled:.0f} MB still held {SETTLE_S:.0f}s after the attacker left "
-                f"(limit {SETTLED_LIMIT_MB} MB)"
-            )
-        assert not self.problems, f"{self.attack}: " + "; ".join(self.problems)
 
 
 # --------------------------------------------------------------------------- bare HTTP/2
@@ -342,7 +192,7 @@ def test_gzip_bombs_two_hundred_at_once(servers: dict[str, ServerProcess], recor
         finally:
             raw.close()
 
-    with watching(server) as watch:
+    with watching_door(server, QUICK_BYSTANDER) as watch:
         started = time.monotonic()
         attackers = [threading.Thread(target=attack) for _ in range(BOMB_CONNECTIONS)]
         for thread in attackers:
@@ -350,22 +200,15 @@ def test_gzip_bombs_two_hundred_at_once(servers: dict[str, ServerProcess], recor
         for thread in attackers:
             thread.join(90)
         watch.answer_s = time.monotonic() - started
-    idle_s = idle_after(server)
-    settled = settled_mb(watch.rss)
-    report(
-        record_property,
+    verdict = Verdict.after("200 gzip bombs", server, watch, record_property)
+    verdict.report(
         "attacks_grpc_door_gzip_bombs",
-        door=door(server),
         wire_kb=len(body) / 1024,
         inflated_mb=2 * BOMB_WORDS / 1e6,
         sent=sum(sent),
         outcomes=dict(outcomes),
-        settled_mb=settled,
-        idle_s=idle_s,
         node_rss_mb=node_rss_mb(server),
-        **watch.figures(),
     )
-    verdict = Verdict("200 gzip bombs", watch, settled, idle_s)
     documented = {f"grpc-status {code.value[0]}" for code in CLIENT_ERROR_CODES}
     answered = sum(n for outcome, n in outcomes.items() if outcome.split(" (")[0] in documented)
     if answered != BOMB_CALLS:
@@ -373,7 +216,6 @@ def test_gzip_bombs_two_hundred_at_once(servers: dict[str, ServerProcess], recor
             f"{answered} of {BOMB_CALLS} calls refused as documented: {dict(outcomes)}"
         )
     verdict.check()
-    assert_alive(server)
 
 
 def test_a_client_that_never_reads_thirty_large_answers(
@@ -382,8 +224,8 @@ def test_a_client_that_never_reads_thirty_large_answers(
     """One connection whose receive window is 0 and stays so asks 30 token_embed answers
     of about 6 MB each, holds them a while, and leaves: the server may not keep them."""
     server = servers["unread"]
-    request = grpc_frame(_token_embed(UNREAD_TEXTS).SerializeToString())
-    with watching(server) as watch:
+    request = grpc_frame(wide_token_embed(UNREAD_TEXTS).SerializeToString())
+    with watching_door(server, QUICK_BYSTANDER) as watch:
         started = time.monotonic()
         raw = RawHttp2(server.port, timeout=10)
         try:
@@ -402,21 +244,14 @@ def test_a_client_that_never_reads_thirty_large_answers(
         finally:
             raw.close()
         watch.answer_s = time.monotonic() - started
-    idle_s = idle_after(server)
-    settled = settled_mb(watch.rss)
-    report(
-        record_property,
+    verdict = Verdict.after("30 unread token_embed answers", server, watch, record_property)
+    verdict.report(
         "attacks_grpc_door_unread_answers",
-        door=door(server),
         calls=UNREAD_CALLS,
         answers_begun=begun,
         node_rss_held_mb=node_held,
-        settled_mb=settled,
-        idle_s=idle_s,
-        **watch.figures(),
     )
-    Verdict("30 unread token_embed answers", watch, settled, idle_s).check()
-    assert_alive(server)
+    verdict.check()
 
 
 def test_half_open_streams_lock_no_one_out(
@@ -426,7 +261,7 @@ def test_half_open_streams_lock_no_one_out(
     served (open calls are capped per connection and per client, not only in all), and
     the streams' memory goes when their connections do."""
     server = servers["half_open"]
-    with watching(server) as watch:
+    with watching_door(server, QUICK_BYSTANDER) as watch:
         started = time.monotonic()
         attackers = [HalfOpen(server.port, HALF_OPEN_STREAMS) for _ in range(HALF_OPEN_CONNECTIONS)]
         try:
@@ -437,21 +272,14 @@ def test_half_open_streams_lock_no_one_out(
             for attacker in attackers:
                 attacker.close()
         watch.answer_s = time.monotonic() - started
-    idle_s = idle_after(server)
-    settled = settled_mb(watch.rss)
-    report(
-        record_property,
+    verdict = Verdict.after("8 x 4,096 half-open streams", server, watch, record_property)
+    verdict.report(
         "attacks_grpc_door_half_open_streams",
-        door=door(server),
         streams=HALF_OPEN_CONNECTIONS * HALF_OPEN_STREAMS,
         answered_kb=received_kb,
         node_rss_held_mb=node_held,
-        settled_mb=settled,
-        idle_s=idle_s,
-        **watch.figures(),
     )
-    Verdict("8 x 4,096 half-open streams", watch, settled, idle_s).check()
-    assert_alive(server)
+    verdict.check()
 
 
 def _tokenize(address: str, request: pb.TokenizeRequest) -> object:
@@ -474,7 +302,7 @@ def test_tokenize_of_a_million_tokens(
     server = servers["tokenize"]  # one call, then four at once: the same attack, grown
     request = pb.TokenizeRequest(texts=["a " * (TOKENIZE_CHARS // 2)] * TOKENIZE_TEXTS)
     results: list[object] = []
-    with watching(server) as watch:
+    with watching_door(server, QUICK_BYSTANDER) as watch:
         started = time.monotonic()
         callers = [
             threading.Thread(target=lambda: results.append(_tokenize(server.address, request)))
@@ -485,25 +313,20 @@ def test_tokenize_of_a_million_tokens(
         for thread in callers:
             thread.join(90)
         watch.answer_s = time.monotonic() - started
-    idle_s = idle_after(server)
-    settled = settled_mb(watch.rss)
+    verdict = Verdict.after(
+        f"Tokenize of ~1M tokens, {at_once} at once", server, watch, record_property
+    )
     outcomes = Counter(
         r.code().name if isinstance(r, grpc.RpcError) else "OK"  # type: ignore[attr-defined]
         for r in results
     )
     sizes = [r.ByteSize() for r in results if isinstance(r, pb.TokenizeResponse)]
-    report(
-        record_property,
+    verdict.report(
         f"attacks_grpc_door_tokenize_{at_once}",
-        door=door(server),
         calls=at_once,
         outcomes=dict(outcomes),
         largest_answer_mb=max(sizes, default=0) / MB,
-        settled_mb=settled,
-        idle_s=idle_s,
-        **watch.figures(),
     )
-    verdict = Verdict(f"Tokenize of ~1M tokens, {at_once} at once", watch, settled, idle_s)
     if len(results) != at_once:
         verdict.problems.append(f"{at_once - len(results)} calls never returned")
     for result in results:
@@ -515,4 +338,3 @@ def test_tokenize_of_a_million_tokens(
     if any(size > RESPONSE_CAP for size in sizes):
         verdict.problems.append(f"answers of {max(sizes) / MB:.1f} MB, over the response cap")
     verdict.check()
-    assert_alive(server)

@@ -37,7 +37,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.engine.test_image_decoding import png_claiming
 from tests.fixture_models import tiny_clip
-from tests.reliability.attack_kit import Watch, refusal, timed, watching
+from tests.reliability.attack_kit import QUICK_BYSTANDER, REFUSAL, Watch, refusal, timed, watching
 from tests.reliability.support import assert_alive, check_status, report
 from tests.service.http_calls import HttpServer, serving_http
 
@@ -45,7 +45,8 @@ pytestmark = pytest.mark.quiet  # times a bystander: `make test` runs it with no
 
 MODEL = "clip"
 MAX_IMAGES = 4  # --max-images-per-request
-ANSWER_LIMIT_S = 1.0  # every refusal, whatever else is in flight
+# Every refusal, whatever else is in flight, within attack_kit's REFUSAL; the bystander
+# within its QUICK_BYSTANDER (issue 43's wide-mode bombs: its BYSTANDER, watching's default).
 # The whole tree's growth (supervisor, front end, engine, Node's door): refusals are decided
 # on headers of a few dozen bytes, so what grows is the threads and buffers of 50 calls at
 # once. Measured +0.2 to +10 MB (the RELIABILITY lines' extra_rss_mb); the bound leaves five
@@ -172,13 +173,56 @@ def check(
     report(record_property, f"attacks_images_{name}", door=door, **figures, **watch.figures())
     bystander = watch.bystander
     assert not bystander.failures, f"{name}: bystander failures {dict(bystander.failures)}"
-    bystander_max = max(bystander.latencies, default=0.0)
     assert bystander.latencies, f"{name}: the bystander was never answered"
-    assert bystander_max < 1.0, f"{name}: a bystander call took {bystander_max:.2f}s"
-    assert slowest < ANSWER_LIMIT_S, f"{name}: a refusal took {slowest:.2f}s"
+    watch.bound.check(watch.slowest_s, f"{name}: a bystander call")
+    REFUSAL.check(slowest, f"{name}: a refusal")
     assert watch.rss.extra_mb < RSS_LIMIT_MB, (
         f"{name}: the server's RSS grew {watch.rss.extra_mb:.0f} MB (limit {RSS_LIMIT_MB} MB)"
     )
+
+
+def check_each(
+    server: HttpServer, name: str, watch: Watch, times: dict[str, float], record_property: Any
+) -> None:
+    """check, for a test of one call a case (`times`: each case's seconds); then the server
+    still serves."""
+    slowest_case = max(times, key=lambda case: times[case])
+    check(
+        server,
+        name,
+        watch,
+        times[slowest_case],
+        record_property,
+        cases=len(times),
+        slowest_case=slowest_case,
+    )
+    assert_alive(server.process)
+
+
+def check_flood(
+    server: HttpServer,
+    name: str,
+    watch: Watch,
+    outcomes: list[tuple[float, Any]],
+    record_property: Any,
+    **figures: Any,
+) -> None:
+    """check, for a flood's (seconds, outcome) of each call of 4 images; then the server
+    still serves."""
+    times = [took for took, _ in outcomes]
+    check(
+        server,
+        name,
+        watch,
+        max(times),
+        record_property,
+        at_once=FLOOD_CALLS,
+        calls_in_all=len(outcomes),
+        images=len(outcomes) * 4,
+        **figures,
+        median_s=float(np.median(times)),
+    )
+    assert_alive(server.process)
 
 
 def flood(calls: list[Callable[[], tuple[float, Any]]]) -> list[tuple[float, Any]]:
@@ -213,23 +257,13 @@ def test_grpc_each_bad_image_is_refused_with_its_path(
         "embed.items",
     )
     times: dict[str, float] = {}
-    with watching(server.process) as watch:
+    with watching(server.process, bound=QUICK_BYSTANDER) as watch:
         for name, (items, reason, path) in cases.items():
             took, result = timed(stub.Pool, embed(items), timeout=5)
             error = refusal(result)
             assert (error.code, error.reason, error.fields) == (INVALID, reason, [path]), name
             times[name] = took
-    slowest = max(times.values())
-    check(
-        server,
-        "grpc_each",
-        watch,
-        slowest,
-        record_property,
-        cases=len(cases),
-        slowest_case=max(times, key=times.get),
-    )  # type: ignore[arg-type]
-    assert_alive(server.process)
+    check_each(server, "grpc_each", watch, times, record_property)
 
 
 def test_grpc_fifty_calls_of_bombs_at_once(
@@ -239,25 +273,14 @@ def test_grpc_fifty_calls_of_bombs_at_once(
     refused at the first bomb, within a second, the memory bounded by the headers."""
     bombs = [image_item(BOMBS[name]) for name in ("png", "gif", "webp")]
     request = embed([image_item(GOOD), *bombs])
-    with watching(server.process) as watch:
+    with watching(server.process, bound=QUICK_BYSTANDER) as watch:
         outcomes = flood([lambda: timed(stub.Pool, request, timeout=5)] * FLOOD_CALLS)
     for _, result in outcomes:
         error = refusal(result)
         assert error.reason == "IMAGE_TOO_LARGE" and error.fields[0] == "embed.items[1].image"
-    times = [took for took, _ in outcomes]
-    check(
-        server,
-        "grpc_flood",
-        watch,
-        max(times),
-        record_property,
-        at_once=FLOOD_CALLS,
-        calls_in_all=len(outcomes),
-        images=len(outcomes) * 4,
-        wire_bytes=request.ByteSize(),
-        median_s=float(np.median(times)),
+    check_flood(
+        server, "grpc_flood", watch, outcomes, record_property, wire_bytes=request.ByteSize()
     )
-    assert_alive(server.process)
 
 
 def test_grpc_stream_bad_images_fail_only_their_own_requests(
@@ -277,7 +300,7 @@ def test_grpc_stream_bad_images_fail_only_their_own_requests(
     requests.append(embed([image_item(GOOD)], "last"))
     expected["last"] = 1
     messages = [pb.PoolStreamRequest(request=r) for r in requests]
-    with watching(server.process) as watch:
+    with watching(server.process, bound=QUICK_BYSTANDER) as watch:
         took, answers = timed(lambda: list(stub.PoolStream(iter(messages), timeout=10)))
     assert not isinstance(answers, grpc.RpcError), answers
     by_id = {answer.request_id: answer for answer in answers}
@@ -365,7 +388,7 @@ def test_http_each_bad_image_is_refused_with_its_path(
 ) -> None:
     times: dict[str, float] = {}
     statuses: set[int] = set()
-    with watching(server.process) as watch:
+    with watching(server.process, bound=QUICK_BYSTANDER) as watch:
         for name, (route, body, reason, paths) in _http_cases().items():
             started = time.monotonic()
             status, _, answer = server.call(route, body)
@@ -373,17 +396,7 @@ def test_http_each_bad_image_is_refused_with_its_path(
             statuses.add(status)
             assert status == 400, (name, status, answer)
             http_refusal(answer, route, reason, paths, name)
-    slowest = max(times.values())
-    check(
-        server,
-        "http_each",
-        watch,
-        slowest,
-        record_property,
-        cases=len(times),
-        slowest_case=max(times, key=times.get),
-    )  # type: ignore[arg-type]
-    assert_alive(server.process)
+    check_each(server, "http_each", watch, times, record_property)
 
 
 def test_http_fifty_calls_of_bombs_at_once(server: HttpServer, record_property: Any) -> None:
@@ -400,25 +413,13 @@ def test_http_fifty_calls_of_bombs_at_once(server: HttpServer, record_property: 
 
     calls = [lambda: call("/v1/embeddings", openai)] * (FLOOD_CALLS // 2)
     calls += [lambda: call("/v2/embed", cohere)] * (FLOOD_CALLS - FLOOD_CALLS // 2)
-    with watching(server.process) as watch:
+    with watching(server.process, bound=QUICK_BYSTANDER) as watch:
         outcomes = flood(calls)
     for _, (route, (status, _, answer)) in outcomes:
         assert status == 400, answer
         paths = openai_paths(1) if route == "/v1/embeddings" else cohere_paths(1)
         http_refusal(answer, route, "IMAGE_TOO_LARGE", paths, route)
-    times = [took for took, _ in outcomes]
-    check(
-        server,
-        "http_flood",
-        watch,
-        max(times),
-        record_property,
-        at_once=FLOOD_CALLS,
-        calls_in_all=len(outcomes),
-        images=len(outcomes) * 4,
-        median_s=float(np.median(times)),
-    )
-    assert_alive(server.process)
+    check_flood(server, "http_flood", watch, outcomes, record_property)
 
 
 def test_a_stretched_image_is_refused_by_its_resize_target(
@@ -435,7 +436,7 @@ def test_a_stretched_image_is_refused_by_its_resize_target(
     calls: list[Callable[[], tuple[float, Any]]] = []
     for data in (wide, tall):
         calls.append(lambda data=data: timed(stub.Pool, embed([image_item(data)]), timeout=30))
-    with watching(server.process) as watch:
+    with watching(server.process, bound=QUICK_BYSTANDER) as watch:
         outcomes = flood(calls * 5)
     for _, result in outcomes:
         error = refusal(result)
@@ -489,7 +490,10 @@ def test_a_real_bomb_under_the_pixel_limit(
     leaves in the server, no other test measures."""
     data = zeros_png(7_000)
     request = embed([image_item(data)] * MAX_IMAGES)
-    with watching(server.process) as watch, ThreadPoolExecutor(BOMB_CALLS) as pool:
+    with (
+        watching(server.process, bound=QUICK_BYSTANDER) as watch,
+        ThreadPoolExecutor(BOMB_CALLS) as pool,
+    ):
         outcomes = list(
             pool.map(lambda _: timed(stub.Pool, request, timeout=60), range(BOMB_CALLS))
         )
@@ -505,8 +509,8 @@ def test_a_real_bomb_under_the_pixel_limit(
         took_s=took,
         **watch.figures(),
     )
-    bystander_max = max(watch.bystander.latencies, default=0.0)
-    assert not watch.bystander.failures and bystander_max < 1.0, watch.figures()
+    assert not watch.bystander.failures, watch.figures()
+    watch.bound.check(watch.slowest_s, "a bystander call")
     assert watch.rss.extra_mb < BOMB_RSS_LIMIT_MB, watch.figures()
 
 
@@ -544,6 +548,6 @@ def test_real_bombs_in_wide_modes_cost_their_decoded_picture(
         **watch.figures(),
     )
     assert not watch.bystander.failures, watch.figures()
-    assert max(watch.bystander.latencies, default=0.0) < 1.5, watch.figures()
+    watch.bound.check(watch.slowest_s, "a bystander call")
     assert watch.rss.extra_mb < 300, watch.figures()
     assert held_mb < 100, held_mb

@@ -72,6 +72,17 @@ def examples(count: int) -> int:
     return max(1, int(count * float(os.environ.get("RELIABILITY_SCALE", "1"))))
 
 
+def hunting(count: int) -> settings:
+    """Hypothesis' settings for a hunt of `count` examples (scaled): no deadline and no
+    example database (every run hunts afresh), large and slow examples allowed."""
+    return settings(
+        max_examples=examples(count),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
 # Single characters and multi-character specials (combining marks, words, marker tokens).
 fragments = st.one_of(st.characters(codec="utf-8"), st.sampled_from(SPECIALS))
 
@@ -187,12 +198,7 @@ def test_random_requests_get_a_result_or_a_documented_error(
     outcomes: dict[str, int] = {}
     started = time.monotonic()
 
-    @settings(
-        max_examples=examples(600),
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @hunting(600)
     @given(request=any_requests(tasks_by_model))
     def check(request: pb.PoolRequest) -> None:
         try:
@@ -226,12 +232,7 @@ def test_random_requests_on_a_stream(
     """The same requests over PoolStream: each id answered once, errors in-band and documented."""
     counts = {"streams": 0, "items": 0, "errors": 0}
 
-    @settings(
-        max_examples=examples(50),
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @hunting(50)
     @given(requests=st.lists(any_requests(tasks_by_model), min_size=1, max_size=8))
     def check(requests: list[pb.PoolRequest]) -> None:
         for i, request in enumerate(requests):
@@ -285,12 +286,7 @@ def test_random_tokenize_requests(
 ) -> None:
     models = ["", *tasks_by_model]
 
-    @settings(
-        max_examples=examples(200),
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @hunting(200)
     @given(
         model=st.one_of(st.sampled_from(models), strings(0, 30)),
         texts=text_lists,
@@ -346,12 +342,7 @@ def test_validator_only_raises_pooling_error(
     by_name = {model.info.name: model for model in loaded_models}
     tasks = {name: [str(t) for t in model.info.tasks] for name, model in by_name.items()}
 
-    @settings(
-        max_examples=examples(400),
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @hunting(400)
     @given(request=any_requests(tasks))
     def check(request: pb.PoolRequest) -> None:
         model = by_name.get(request.model, loaded_models[0])

@@ -53,6 +53,39 @@ OVERLOAD_CALLS = 300  # of 16 texts: more than twice the queue bound
 
 
 @dataclass
+class Before:
+    """The server tree before a fault: its threads, open files and dropped items."""
+
+    threads: int
+    fds: int
+    dropped: dict[str, float]
+
+
+@dataclass
+class After:
+    """Once the fault is over and the queue drained: what it cost, against Before."""
+
+    before: Before
+    drain_s: float
+    dropped: dict[str, float]  # items dropped since, by reason
+    threads: int
+    fds: int
+
+    def figures(self) -> dict[str, object]:
+        return {
+            "drain_s": self.drain_s,
+            "dropped_cancelled": self.dropped["cancelled"],
+            "dropped_expired": self.dropped["expired"],
+            "threads": f"{self.before.threads}->{self.threads}",
+            "fds": f"{self.before.fds}->{self.fds}",
+        }
+
+    def assert_nothing_leaked(self) -> None:
+        assert self.threads <= self.before.threads + 4
+        assert self.fds <= self.before.fds + 16
+
+
+@dataclass
 class FaultServer:
     process: ServerProcess
     metrics_port: int
@@ -88,6 +121,17 @@ class FaultServer:
         tree = process_tree(self.process.process.pid)
         assert len(tree) == self.process.tree_size(), "a supervisor, an engine and a front end"
         return sum(p.num_threads() for p in tree), sum(p.num_fds() for p in tree)
+
+    def before(self) -> Before:
+        return Before(*self.resources(), self.dropped())
+
+    def after(self, before: Before) -> After:
+        """Recovered (a drained queue, a fresh request answered as before), then the drops
+        since `before` once settled, and the tree's threads and files."""
+        drain_s = self.recovered()
+        dropped = self.dropped(after=before.dropped)
+        since = {reason: dropped[reason] - before.dropped[reason] for reason in dropped}
+        return After(before, drain_s, since, *self.resources())
 
     def recovered(self) -> float:
         """Wait for an empty queue, then check a fresh request; returns the drain time."""
@@ -144,8 +188,7 @@ def codes(futures: list[grpc.Future]) -> Counter[str]:
 
 def test_cancellation_storm(faults: FaultServer, record_property) -> None:
     """Thousands of unary calls cancelled at once or after a few ms, and streams cut mid-way."""
-    threads_before, fds_before = faults.resources()
-    dropped_before = faults.dropped()
+    before = faults.before()
     rng = random.Random(3)
     started = time.monotonic()
     futures, waiting = [], []
@@ -179,9 +222,7 @@ def test_cancellation_storm(faults: FaultServer, record_property) -> None:
         assert call.code() == grpc.StatusCode.CANCELLED
     storm_s = time.monotonic() - started
 
-    drained_s = faults.recovered()
-    dropped = faults.dropped(after=dropped_before)
-    threads_after, fds_after = faults.resources()
+    after = faults.after(before)
     report(
         record_property,
         "faults_cancellation_storm",
@@ -190,18 +231,13 @@ def test_cancellation_storm(faults: FaultServer, record_property) -> None:
         streams=ABRUPT_STREAMS,
         stream_answers=stream_answers,
         seconds=storm_s,
-        drain_s=drained_s,
-        dropped_cancelled=dropped["cancelled"] - dropped_before["cancelled"],
-        dropped_expired=dropped["expired"] - dropped_before["expired"],
-        threads=f"{threads_before}->{threads_after}",
-        fds=f"{fds_before}->{fds_after}",
+        **after.figures(),
     )
     # A call can also be refused (QUEUE_FULL) before its cancellation lands.
     assert set(unary_codes) <= {"OK", "CANCELLED", "RESOURCE_EXHAUSTED"}, unary_codes
     assert unary_codes["CANCELLED"] >= STORM_CALLS // 2
-    assert dropped["cancelled"] > dropped_before["cancelled"], "no queued work was dropped"
-    assert threads_after <= threads_before + 4
-    assert fds_after <= fds_before + 16
+    assert after.dropped["cancelled"] > 0, "no queued work was dropped"
+    after.assert_nothing_leaked()
 
 
 VANISHING_CLIENT = textwrap.dedent(
@@ -228,8 +264,7 @@ VANISHING_CLIENT = textwrap.dedent(
 
 def test_client_killed_mid_stream(faults: FaultServer, record_property) -> None:
     """A client process opens a stream, sends 50 requests of 8 long texts and is SIGKILLed."""
-    threads_before, fds_before = faults.resources()
-    dropped_before = faults.dropped()
+    before = faults.before()
     client = subprocess.Popen(
         [sys.executable, "-c", VANISHING_CLIENT, faults.process.address],
         stdout=subprocess.PIPE,
@@ -249,27 +284,15 @@ def test_client_killed_mid_stream(faults: FaultServer, record_property) -> None:
         if client.poll() is None:
             client.kill()
             client.wait(30)
-    drained_s = faults.recovered()
-    dropped = faults.dropped(after=dropped_before)
-    threads_after, fds_after = faults.resources()
-    report(
-        record_property,
-        "faults_vanished_client",
-        queued_at_kill=int(depth),
-        drain_s=drained_s,
-        dropped_cancelled=dropped["cancelled"] - dropped_before["cancelled"],
-        threads=f"{threads_before}->{threads_after}",
-        fds=f"{fds_before}->{fds_after}",
-    )
+    after = faults.after(before)
+    report(record_property, "faults_vanished_client", queued_at_kill=int(depth), **after.figures())
     assert depth > 0, "the queue was already empty when the client died: nothing was tested"
-    assert dropped["cancelled"] > dropped_before["cancelled"], "the dead client's work ran on"
-    assert threads_after <= threads_before + 4
-    assert fds_after <= fds_before + 16
+    assert after.dropped["cancelled"] > 0, "the dead client's work ran on"
+    after.assert_nothing_leaked()
 
 
 def test_deadlines_shorter_than_the_queue_wait(faults: FaultServer, record_property) -> None:
-    threads_before, fds_before = faults.resources()
-    dropped_before = faults.dropped()
+    before = faults.before()
     rng = random.Random(5)
     busy = [faults.stub.Pool.future(long_request(32), timeout=120) for _ in range(30)]
     try:
@@ -311,9 +334,7 @@ def test_deadlines_shorter_than_the_queue_wait(faults: FaultServer, record_prope
     finally:
         for future in busy:
             future.cancel()
-    drained_s = faults.recovered()
-    dropped = faults.dropped(after=dropped_before)
-    threads_after, fds_after = faults.resources()
+    after = faults.after(before)
     report(
         record_property,
         "faults_short_deadlines",
@@ -321,18 +342,13 @@ def test_deadlines_shorter_than_the_queue_wait(faults: FaultServer, record_prope
         codes=dict(late_codes),
         stream_codes=dict(stream_codes),
         seconds=seconds,
-        drain_s=drained_s,
-        dropped_cancelled=dropped["cancelled"] - dropped_before["cancelled"],
-        dropped_expired=dropped["expired"] - dropped_before["expired"],
-        threads=f"{threads_before}->{threads_after}",
-        fds=f"{fds_before}->{fds_after}",
+        **after.figures(),
     )
     assert late_codes == {"DEADLINE_EXCEEDED": DEADLINE_CALLS}, late_codes
     assert unary_errors == [grpc.StatusCode.DEADLINE_EXCEEDED] * 20
     assert stream_codes["stream DEADLINE_EXCEEDED"] == STREAM_DEADLINES, stream_codes
-    assert sum(dropped.values()) > sum(dropped_before.values())
-    assert threads_after <= threads_before + 4
-    assert fds_after <= fds_before + 16
+    assert sum(after.dropped.values()) > 0
+    after.assert_nothing_leaked()
 
 
 def test_overload_is_refused_with_retry_info(faults: FaultServer, record_property) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +22,7 @@ from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL
 from tests.reliability.support import assert_alive, embed_request, report, same_vector, vector
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server
 
 STREAMS = 200
 ITEMS_PER_STREAM = 50
@@ -78,9 +77,7 @@ def load_server(
 ) -> Iterator[ServerProcess]:
     args = ["--model", DEFAULT_MODEL, "--model", f"tiny={model_folders['tiny-bert']}"]
     args += ["--dtype", "float32", "--max-client-batch-size", "64"]
-    process = start_server(args, tmp_path_factory.mktemp("load"), "load")
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(args, tmp_path_factory.mktemp("load"), "load")
 
 
 def references(server: ServerProcess, texts: list[str]) -> dict[tuple[str, str], np.ndarray]:
@@ -96,17 +93,15 @@ def references(server: ServerProcess, texts: list[str]) -> dict[tuple[str, str],
 
 @dataclass
 class Tally:
+    """One kind of caller's requests, checked against the references of the vocabulary."""
+
+    texts: list[str]
+    refs: dict[tuple[str, str], np.ndarray]
     requests: int = 0
     items: int = 0
     failures: list[str] = field(default_factory=list)
 
-    def check(
-        self,
-        where: str,
-        request: pb.PoolRequest,
-        response: pb.PoolResponse,
-        refs: dict[tuple[str, str], np.ndarray],
-    ) -> None:
+    def check(self, where: str, request: pb.PoolRequest, response: pb.PoolResponse) -> None:
         self.requests += 1
         texts = list(request.embed.texts)
         self.items += len(texts)
@@ -116,7 +111,7 @@ class Tally:
             self.failures.append(f"{where}: wrong id or count for {request.request_id}")
             return
         for i, text in enumerate(texts):
-            if not same_vector(vector(response, i), refs[request.model, text]):
+            if not same_vector(vector(response, i), self.refs[request.model, text]):
                 self.failures.append(f"{where}: {request.request_id} text {i} differs")
 
 
@@ -131,17 +126,11 @@ def random_request(
     return embed_request(chosen, model, request_id)
 
 
-async def run_stream(
-    stub: pooling_pb2_grpc.PoolingServiceStub,
-    index: int,
-    texts: list[str],
-    refs: dict[tuple[str, str], np.ndarray],
-    tally: Tally,
-) -> None:
+async def run_stream(stub: pooling_pb2_grpc.PoolingServiceStub, index: int, tally: Tally) -> None:
     rng = random.Random(1000 + index)
     count = BIG_STREAM_ITEMS if index < BIG_STREAMS else ITEMS_PER_STREAM
     requests = {
-        f"s{index}-{k}": random_request(rng, f"s{index}-{k}", texts, 3) for k in range(count)
+        f"s{index}-{k}": random_request(rng, f"s{index}-{k}", tally.texts, 3) for k in range(count)
     }
 
     async def send() -> AsyncIterator[pb.PoolStreamRequest]:
@@ -155,7 +144,7 @@ async def run_stream(
             if message.WhichOneof("result") != "response":
                 tally.failures.append(f"stream {index}: {message.request_id} failed: {message}")
             elif message.request_id in requests:
-                tally.check(f"stream {index}", requests[message.request_id], message.response, refs)
+                tally.check(f"stream {index}", requests[message.request_id], message.response)
     except grpc.RpcError as error:
         tally.failures.append(f"stream {index} ended with {error.code()}: {error.details()}")
     missing = set(requests) - set(answered)
@@ -169,21 +158,17 @@ async def run_stream(
 
 
 async def run_unary_caller(
-    stub: pooling_pb2_grpc.PoolingServiceStub,
-    index: int,
-    texts: list[str],
-    refs: dict[tuple[str, str], np.ndarray],
-    tally: Tally,
+    stub: pooling_pb2_grpc.PoolingServiceStub, index: int, tally: Tally
 ) -> None:
     rng = random.Random(5000 + index)
     for k in range(CALLS_PER_CALLER):
-        request = random_request(rng, f"u{index}-{k}", texts, 4)
+        request = random_request(rng, f"u{index}-{k}", tally.texts, 4)
         try:
             response = await stub.Pool(request, timeout=60)
         except grpc.RpcError as error:
             tally.failures.append(f"unary {request.request_id}: {error.code()}")
             continue
-        tally.check(f"unary {index}", request, response, refs)
+        tally.check(f"unary {index}", request, response)
 
 
 async def run_load(
@@ -191,13 +176,10 @@ async def run_load(
 ) -> tuple[Tally, Tally]:
     channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
     stubs = [pooling_pb2_grpc.PoolingServiceStub(channel) for channel in channels]
-    streams, unary = Tally(), Tally()
+    streams, unary = Tally(texts, refs), Tally(texts, refs)
     try:
-        jobs = [run_stream(stubs[i % CHANNELS], i, texts, refs, streams) for i in range(STREAMS)]
-        jobs += [
-            run_unary_caller(stubs[i % CHANNELS], i, texts, refs, unary)
-            for i in range(UNARY_CALLERS)
-        ]
+        jobs = [run_stream(stubs[i % CHANNELS], i, streams) for i in range(STREAMS)]
+        jobs += [run_unary_caller(stubs[i % CHANNELS], i, unary) for i in range(UNARY_CALLERS)]
         await asyncio.wait_for(asyncio.gather(*jobs), TIME_LIMIT_S)
     finally:
         for channel in channels:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -40,7 +39,7 @@ from tests.reliability.support import (
     vector,
 )
 from tests.rpc_errors import decode_rpc_error, decode_status
-from tests.server_process import ServerProcess, process_tree, start_server
+from tests.server_process import ServerProcess, process_tree, running_server
 
 WARM_UP_S = 40.0  # and at least WARM_UP_REQUESTS answered
 WARM_UP_REQUESTS = 4_000
@@ -62,9 +61,7 @@ def soak_server(
 ) -> Iterator[ServerProcess]:
     args = ["--model", DEFAULT_MODEL, "--model", f"tiny={model_folders['tiny-bert']}"]
     args += ["--dtype", "float32"]
-    process = start_server(args, tmp_path_factory.mktemp("soak"), "soak")
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(args, tmp_path_factory.mktemp("soak"), "soak")
 
 
 # Single-token words and a few lengths: batches take a bounded set of shapes, all seen
