@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_config_flags(models)
     _device_flags(models)
     _backend_flags(models)
+    _repository_flags(models)
     _batching_flags(parser.add_argument_group("limits and batching"))
     life = parser.add_argument_group("lifecycle")
     _process_flags(life)
@@ -363,6 +364,14 @@ def _security_flags(security: Group) -> None:
         "reflection stay open",
     )
     security.add_argument("--api-key-file", help="a file of accepted keys, one per line")
+    security.add_argument(
+        "--admin-key",
+        action="append",
+        default=[],
+        help="accept `authorization: Bearer KEY` on the ModelRepository service and the "
+        "/v2/repository routes, which load and unload models (repeatable; --api-key does not "
+        "open them). Without one they are not served (docs/model-repository.md)",
+    )
 
 
 def _observability_flags(observe: Group) -> None:
@@ -562,6 +571,37 @@ def _backend_flags(models: Group) -> None:
         "--attn-implementation",
         default=None,
         help="transformers attention implementation (default: the fastest available, sdpa)",
+    )
+
+
+def _repository_flags(models: Group) -> None:
+    """Models loaded and unloaded at run time (service/repository.py)."""
+    models.add_argument(
+        "--model-repository",
+        metavar="DIR_OR_FILE",
+        help="models that load on demand when a request names them: a folder of model "
+        "folders (each served by its folder's name), or a JSON or YAML file mapping names to "
+        "folders or hub ids (or to {source, options})",
+    )
+    models.add_argument(
+        "--max-loaded-models",
+        type=count,
+        default=0,
+        help="the most models loaded at once; loading one more evicts the least recently "
+        "used model with no call in flight (--model models are never evicted). 0: no bound",
+    )
+    models.add_argument(
+        "--model-memory-gb",
+        type=positive_float,
+        help="the memory the loaded models' weights may take, in GB; loading past it evicts "
+        "as --max-loaded-models does. Unset: no bound",
+    )
+    models.add_argument(
+        "--failed-load-ttl-s",
+        type=positive_float,
+        default=30.0,
+        help="how long a model that failed to load is refused at once (MODEL_LOAD_FAILED) "
+        "before a request may try it again",
     )
 
 
@@ -855,6 +895,9 @@ def type_equals_prompt(value: str) -> str:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if (args.admin_key or args.model_repository) and args.frontends not in (0, 1):
+        # A load or unload reaches one front end; the others would not route to it.
+        raise SystemExit("--admin-key and --model-repository need --frontends 0 or 1")
     return ServerConfig(
         models=model_specs(args),
         host=args.host,
@@ -932,6 +975,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         data_parallel=args.data_parallel,
         engines_per_device=args.engines_per_device,
         engine_stall_s=args.engine_stall_s,
+        admin_keys=[key for key in args.admin_key if key],
+        model_repository=args.model_repository,
+        max_loaded_models=args.max_loaded_models,
+        model_memory_bytes=int((args.model_memory_gb or 0) * 1e9),
+        failed_load_ttl_s=args.failed_load_ttl_s,
     )
 
 

@@ -92,6 +92,11 @@ TABLE: dict[tuple[ErrorKind, str], Row] = {
     (ErrorKind.NOT_FOUND, ""): Row(_G.NOT_FOUND, 404, (422, "Validation"), 404),
     (ErrorKind.NOT_FOUND, "NOT_FOUND"): Row(_G.UNIMPLEMENTED, 404, (404, "Validation"), 404),
     (ErrorKind.FAILED_PRECONDITION, ""): Row(_G.FAILED_PRECONDITION, 412, (424, "Backend"), 400),
+    # A model that would not load (at run time, service/repository.py): HTTP's Failed
+    # Dependency, remembered for --failed-load-ttl-s, its Retry-After.
+    (ErrorKind.FAILED_PRECONDITION, "MODEL_LOAD_FAILED"): Row(
+        _G.FAILED_PRECONDITION, 424, (424, "Backend"), 424
+    ),
     (ErrorKind.RESOURCE_EXHAUSTED, ""): Row(_G.RESOURCE_EXHAUSTED, 429, (429, "Overloaded"), 429),
     (ErrorKind.RESOURCE_EXHAUSTED, "REQUEST_ENTITY_TOO_LARGE"): Row(
         _G.RESOURCE_EXHAUSTED, 413, (413, "Validation"), 413

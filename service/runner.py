@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pooling_server.engine.errors import ErrorKind, PoolingError, clip, internal_error
 from pooling_server.engine.models.model_info import ModelInfo
@@ -36,6 +36,9 @@ from pooling_server.engine.scheduling.engine import Engine, Timings, Tokenized, 
 from pooling_server.service.errors import status_label, unavailable
 from pooling_server.service.ops.memory import trimmer
 from pooling_server.service.ops.telemetry import RequestRecord, Telemetry
+
+if TYPE_CHECKING:
+    from pooling_server.service.repository import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,9 @@ class RequestRunner:
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         self.engine: Engine | None = None  # set once the models are loaded
+        # Models loaded at run time and on demand (service/repository.py); None: only
+        # those loaded at start are served.
+        self.repository: ModelManager | None = None
         # Large Tokenize calls take turns on one thread: each holds ~100 MB while its token
         # arrays and answer exist, which four at once would quadruple. A turn lasts as long
         # as its thread works, even past a caller's deadline.
@@ -95,6 +101,12 @@ class RequestRunner:
         if self.engine is None:
             raise unavailable("the models are still loading; retry shortly")
         return self.engine
+
+    async def on_demand(self, engine: Engine, model: str, deadline: float | None) -> None:
+        """A call naming a repository model not loaded: load it (or share its load) within
+        the call's deadline, before the model is resolved."""
+        if self.repository is not None and not engine.serves(model):
+            await self.repository.ensure(model, deadline)
 
     @property
     def limits(self) -> Limits:
@@ -137,6 +149,7 @@ class RequestRunner:
         task = request.task.value if request.task is not None else "none"
         with _Outcome(self, call, request.request_id, task, _pool_inputs(request)) as outcome:
             engine = self.ready()
+            await self.on_demand(engine, request.model, call.deadline)
             model = outcome.resolve(engine, request.model)
             if prepare is not None:
                 request = prepare(model.info)
@@ -167,6 +180,7 @@ class RequestRunner:
         items = len(request.documents)
         with _Outcome(self, call, request.request_id, "score", inputs, items) as outcome:
             engine = self.ready()
+            await self.on_demand(engine, request.model, call.deadline)
             model = outcome.resolve(engine, request.model)
             result = await engine.rerank(
                 request,
@@ -194,6 +208,7 @@ class RequestRunner:
         inputs = lambda: {"texts": list(texts)}  # noqa: E731
         with _Outcome(self, call, "", "tokenize", inputs, len(texts)) as outcome:
             engine = self.ready()
+            await self.on_demand(engine, model, call.deadline)
             served = outcome.resolve(engine, model)
             timings = outcome.timings
 
@@ -221,6 +236,7 @@ class RequestRunner:
         """Token ids back to texts (TEI's /decode): many ids are decoded on a worker thread."""
         with _Outcome(self, call, "", "decode", dict, len(sequences)) as outcome:
             engine = self.ready()
+            await self.on_demand(engine, model, call.deadline)
             served = outcome.resolve(engine, model)
             if sum(map(len, sequences)) > OFF_LOOP_IDS:
                 decoding = asyncio.to_thread(engine.decode, served, sequences, skip_special)

@@ -14,6 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry import trace
 
+from pooling_server.engine.scheduling.batch_queue import BatchQueue
+from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
 from pooling_server.service.grpc.handlers import add_pooling_service
 from pooling_server.service.grpc.health import HealthServicer
@@ -24,6 +26,8 @@ from pooling_server.service.grpc.node_door import (
     unary_request_paths,
 )
 from pooling_server.service.grpc.read_gate import ReadGate
+from pooling_server.service.grpc.repository import SERVICE as REPOSITORY_SERVICE
+from pooling_server.service.grpc.repository import RepositoryServicer, add_repository_service
 from pooling_server.service.grpc.servicer import PoolingServicer
 from pooling_server.service.grpc.stream_limit import AnswerBudget, unsent_per_connection
 from pooling_server.service.http.app import HttpApi
@@ -36,8 +40,16 @@ from pooling_server.service.ops.metrics import Metrics
 from pooling_server.service.ops.telemetry import Telemetry
 from pooling_server.service.ops.telemetry import tracer_provider as make_tracer_provider
 from pooling_server.service.proto import pooling_pb2
+from pooling_server.service.repository import (
+    LocalHost,
+    ModelHost,
+    ModelManager,
+    RemoteHost,
+    RepositoryMetrics,
+)
 from pooling_server.service.runner import RequestRunner
 from pooling_server.service.split.frontend import FrontendRole, connect_engine
+from pooling_server.service.split.layout import weight_bytes
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +81,10 @@ class PoolingServer:
         )
         self.runner = RequestRunner(telemetry)
         self.servicer = PoolingServicer(self.runner, config.max_stream_inflight)
+        # Models loaded at run time: served only with an admin key (docs/model-repository.md).
+        self.repository = (
+            RepositoryServicer(self.runner, config.admin_keys) if config.admin_keys else None
+        )
         self.health = HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.door: NodeDoor | None = None
@@ -86,6 +102,7 @@ class PoolingServer:
             self.http = HttpApi(self.runner, config.api_keys)
             self.http.cohere_prompts = input_type_prompts(config.cohere_input_type_prompts)
             self.http.max_response_bytes = config.max_http_response_bytes
+            self.http.admin_keys = config.admin_keys
 
     def _grpcio_server(self) -> grpc.aio.Server:
         config, transport = self.config, self.config.transport
@@ -108,6 +125,8 @@ class PoolingServer:
             copies=2,
         )
         add_pooling_service(self.servicer, server, gate, answers, transport.handshake_timeout_s)
+        if self.repository is not None:
+            add_repository_service(self.repository, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(REFLECTED, server)
         return server
@@ -117,11 +136,15 @@ class PoolingServer:
         itself, so the gate here takes none: it only trims after a large one."""
         handlers = HandlerSet()
         add_pooling_service(self.servicer, handlers, ReadGate(0, 0.0, after_large=trimmer()))
+        if self.repository is not None:
+            add_repository_service(self.repository, handlers)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, handlers)
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
             reflection.aio.ReflectionServicer(REFLECTED), handlers
         )
-        whole = unary_request_paths(SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"])
+        whole = unary_request_paths(
+            SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"], REPOSITORY_SERVICE
+        )
         return NodeDoor(self.config, handlers, whole, self._door_exited)
 
     def _door_exited(self, code: int) -> None:
@@ -202,8 +225,33 @@ class PoolingServer:
             engine = connect_engine(self.config, self.frontend)
         await engine.start()
         self.metrics.attach(engine)
+        self.runner.repository = self._model_manager(engine)
         self.runner.engine = engine
         log.info("loaded %d model(s)", len(engine.model_infos))
+
+    def _model_manager(self, engine: Engine) -> ModelManager | None:
+        """Models loaded at run time: with an admin key or a repository, else none (and no
+        cost on any call)."""
+        config = self.config
+        if not (config.admin_keys or config.model_repository):
+            return None
+        metrics = RepositoryMetrics(self.metrics.registry)
+
+        def observe(name: str, queue: BatchQueue) -> None:
+            self.metrics.utilization.track(name, queue.config)
+            queue.observers.append(self.metrics.observe_batch)
+
+        if self.frontend is None:
+            from pooling_server.service.loading import model_bytes  # torch: only here
+
+            host: ModelHost = LocalHost(config, engine, observe)
+            names = [info.name for info in engine.model_infos]
+            sizes = {name: model_bytes(engine.model_named(name)) for name in names}  # type: ignore[arg-type]
+        else:
+            host = RemoteHost(engine, config.engines_per_device)
+            # The engines hold the --model models: their weight files, as near as is known.
+            sizes = {spec.served_name: weight_bytes([spec.source]) for spec in config.models}
+        return ModelManager(config, engine, host, metrics, sizes)
 
     def _remote_client(self) -> RemoteEngineClient | None:
         client = self.runner.engine.client if self.runner.engine is not None else None

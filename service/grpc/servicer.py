@@ -26,6 +26,7 @@ from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import to_grpc_status, to_status_proto
 from pooling_server.service.grpc import convert
 from pooling_server.service.grpc.handlers import Malformed
+from pooling_server.service.grpc.repository import add_states
 from pooling_server.service.grpc.stream_limit import InflightLimit
 from pooling_server.service.ops.version import server_version
 from pooling_server.service.proto import pooling_pb2 as pb
@@ -144,12 +145,14 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             raise
 
     def _render_models(self, engine: Engine) -> pb.ListModelsResponse:
-        return pb.ListModelsResponse(
+        response = pb.ListModelsResponse(
             models=[convert.model_card(info) for info in engine.model_infos],
             max_client_batch_size=engine.limits.max_client_batch_size,
             max_stream_inflight=self.max_stream_inflight,
             server_version=server_version(),
         )
+        add_states(response, self.runner.repository)  # service/grpc/repository.py
+        return response
 
     async def Tokenize(
         self, request: pb.TokenizeRequest | Malformed, context: grpc.aio.ServicerContext

@@ -30,7 +30,7 @@ from pooling_server.engine.requests.outputs import values_in
 from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import Family, FieldMap, from_http, http_error
 from pooling_server.service.http import door as http_doors
-from pooling_server.service.http import openapi, tei
+from pooling_server.service.http import openapi, repository, tei
 from pooling_server.service.http.cohere import (
     COHERE_BODIES,
     COHERE_FIELDS,
@@ -94,6 +94,8 @@ class HttpApi:
         self._rpcs["/v1/models"] = "ListModels"
         self._paths: dict[str, dict[str, tuple[type, ...]]] = {}  # what /openapi.json lists
         self._openapi: bytes | None = None
+        # --admin-key: the /v2/repository routes are served, and open to these keys only.
+        self.admin_keys: Sequence[str] = ()
 
     def app(
         self, max_body: int = 16 * 1024 * 1024, guard: ConnectionGuard | None = None
@@ -112,6 +114,8 @@ class HttpApi:
         routes = [web.post(path, handler) for path, handler in post.items()]
         routes += [web.get("/v1/models", self.models), web.get("/health", self.health)]
         routes.append(web.get("/openapi.json", self.openapi))
+        if self.admin_keys:  # service/http/repository.py: Triton's routes
+            routes += repository.RepositoryRoutes(self.runner).routes()
         for family, family_routes, rpcs in (
             (Family.TEI, tei_routes.routes(), tei.TEI_RPCS),
             (Family.COHERE, CohereRoutes(self, self.cohere_prompts).routes(), COHERE_RPCS),
@@ -232,7 +236,10 @@ class HttpApi:
         return response
 
     def _refused(self, request: web.Request) -> bool:
-        """A protected route without a valid key: answered 401 before anything is read."""
+        """A protected route without a valid key: answered 401 before anything is read.
+        The repository's routes take the admin key, never an API key."""
+        if self.admin_keys and request.path.startswith(repository.PREFIX):
+            return not BearerKeys(self.admin_keys).allow(request.headers.get("Authorization"))
         if not self._keys or request.path in UNPROTECTED:
             return False
         return not self._keys.allow(request.headers.get("Authorization"))
@@ -280,7 +287,7 @@ class HttpApi:
                 }
                 for info in engine.model_infos
             ]
-            return {"object": "list", "data": data}
+            return {"object": "list", "data": repository.with_states(data, self.runner.repository)}
 
         ran = await self.runner.models(http_doors.call(request, "ListModels"), render)
         return _ok(ran.result)
@@ -321,6 +328,7 @@ def _paths(routes: Sequence[web.RouteDef]) -> dict[str, dict[str, tuple[type, ..
         bodies = BODIES.get(route.path, ()) if route.method == "POST" else ()
         paths.setdefault(route.path, {})[route.method] = bodies
     return paths
+
 
 
 def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:

@@ -231,6 +231,14 @@ class ServerConfig:
     engine_stall_s: float = (
         DEFAULT_STALL_S  # a front end's stall check (engine/scheduling/remote_client.py); 0: off
     )
+    # Models managed at run time (service/repository.py): the ModelRepository service and
+    # /v2/repository routes are served only with an admin key; --model-repository names
+    # what may load on demand; 0 and None: no bound.
+    admin_keys: Sequence[str] = ()
+    model_repository: str | None = None
+    max_loaded_models: int = 0
+    model_memory_bytes: int = 0
+    failed_load_ttl_s: float = 30.0
 
 
 def load_keys(keys: Iterable[str], key_file: str | None) -> list[str]:

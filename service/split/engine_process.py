@@ -19,14 +19,21 @@ import gc
 import logging
 import os
 from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from pooling_server.engine.models.served import ModelDescription
+from pooling_server.engine.scheduling.batch_queue import BatchConfig
 from pooling_server.engine.scheduling.core import EngineCore
-from pooling_server.engine.scheduling.ipc import EngineReady
+from pooling_server.engine.scheduling.ipc import EngineReady, LoadModel
 from pooling_server.service.ops import logs
 from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.ops.metrics import EngineStats, Metrics
 from pooling_server.service.split.run_dir import engine_address, write_ready
+
+if TYPE_CHECKING:
+    from pooling_server.engine.models.model_runner import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,33 @@ def engine_config(config: ServerConfig, index: int) -> ServerConfig:
         cores = len(os.sched_getaffinity(0))
         return replace(config, torch_threads=max(1, cores // count))
     return config
+
+
+class RunTimeModels:
+    """Models this engine loads at run time when a front end asks (service/repository.py's
+    RemoteHost): parsed by the command line's parser, loaded on a worker thread."""
+
+    def __init__(self, config: ServerConfig, batch: BatchConfig) -> None:
+        self.config = config
+        self.batch = batch
+
+    async def load(self, message: LoadModel) -> tuple[LoadedModel, bytes, int]:
+        from pooling_server.service.loading import load_aside, load_one, model_bytes
+        from pooling_server.service.repository import load_spec
+
+        own = [spec for spec in self.config.models if spec.served_name == message.name]
+        if message.startup and own:
+            spec, dtype = own[0], None
+        else:
+            spec, dtype = load_spec(message.name, message.source, message.options)
+        loaded = await load_aside(load_one, self.config, spec, self.batch, False, dtype)
+        description = msgspec.json.encode(ModelDescription(loaded.info, loaded.tokenizer.spec))
+        return loaded, description, model_bytes(loaded)
+
+    async def release(self) -> None:
+        from pooling_server.service.loading import release_memory
+
+        await asyncio.to_thread(release_memory)
 
 
 async def run_engine(
@@ -81,7 +115,10 @@ async def run_engine(
         os._exit(0)
     stopped.cancel()
     models, batch = loading.result()
-    core = EngineCore(models, batch, engine_address(run_dir, index))
+    run_time = (
+        RunTimeModels(config, batch) if config.admin_keys or config.model_repository else None
+    )
+    core = EngineCore(models, batch, engine_address(run_dir, index), run_time)
     await core.start()
     device = models[0].info.device if models else config.device
     engines = config.data_parallel * config.engines_per_device

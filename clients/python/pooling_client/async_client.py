@@ -31,12 +31,14 @@ from pooling_client.outputs import (
     ModelInfo,
     PoolingRequestOutput,
     PoolingResults,
+    RepositoryModel,
     RerankRequestOutput,
     ScoringRequestOutput,
     SparseEmbeddingRequestOutput,
     TextOutputsRequestOutput,
     TokenizeOutput,
     model_infos,
+    repository_models,
     rerank_request_output,
     tokenize_outputs,
 )
@@ -60,6 +62,8 @@ class AsyncPoolingClient:
         root_certificates, private_key, certificate_chain: PEM bytes for TLS (mutual TLS
             with key and chain). Without any TLS argument the channel is insecure.
         api_key: sent as "authorization: Bearer <key>" metadata on every call.
+        admin_key: sent in its place on the model repository's calls (load_model,
+            unload_model), which a server serves only with --admin-key.
         metadata: extra metadata pairs, or a callable returning them, evaluated per call.
         options: gRPC channel options.
         compression: channel compression.
@@ -84,6 +88,7 @@ class AsyncPoolingClient:
         private_key: bytes | None = None,
         certificate_chain: bytes | None = None,
         api_key: str | None = None,
+        admin_key: str | None = None,
         metadata: MetadataArg = None,
         options: Sequence[tuple[str, Any]] | None = None,
         compression: grpc.Compression | None = None,
@@ -93,7 +98,9 @@ class AsyncPoolingClient:
         merged = channel_options(options)
         self._channel = _io.open_channel(channel_target(target), creds, merged, compression)
         self._stub = pooling_pb2_grpc.PoolingServiceStub(self._channel)
+        self._repository = pooling_pb2_grpc.ModelRepositoryServiceStub(self._channel)
         self._config = ClientConfig(model, timeout, metadata, api_key)
+        self._admin = ClientConfig(model, timeout, metadata, admin_key)
         self._batch_size = _chunking.check_batch_size(batch_size)
         self._limits: _chunking.StreamLimits | None = None
 
@@ -391,6 +398,41 @@ class AsyncPoolingClient:
         self._limits = _chunking.StreamLimits.from_proto(response)
         return model_infos(response)
 
+    async def list_models(self, *, timeout: float | None = None) -> list[RepositoryModel]:
+        """Every model the server knows, with its state: the served ones ("loaded", each
+        with its ``info``), then its repository's others ("available", "loading",
+        "failed"). Needs only the API key."""
+        response = await self._call(self._stub.ListModels, pooling_pb2.ListModelsRequest(), timeout)
+        return repository_models(response)
+
+    async def load_model(
+        self,
+        name: str,
+        source: str | None = None,
+        *,
+        options: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> RepositoryModel:
+        """Load a model at run time (``admin_key``): from ``source`` (a folder or hub id)
+        with ``options`` (per-model flags by name: ``{"pooling-type": "mean", "dtype":
+        "float32"}``), or from the server's repository by name. Returns once every engine
+        has loaded it; a failed load raises MODEL_LOAD_FAILED naming the engines."""
+        request = pooling_pb2.LoadRequest(
+            name=name,
+            source=source or "",
+            options={key: _option(value) for key, value in (options or {}).items()},
+        )
+        response = await self._admin_call(self._repository.Load, request, timeout)
+        info = ModelInfo.from_proto(response.card) if response.HasField("card") else None
+        return RepositoryModel.from_proto(response.model, info)
+
+    async def unload_model(self, name: str, *, timeout: float | None = None) -> RepositoryModel:
+        """Unload a model (``admin_key``): out of routing first, its accepted calls
+        finished, then its memory freed."""
+        request = pooling_pb2.UnloadRequest(name=name)
+        response = await self._admin_call(self._repository.Unload, request, timeout)
+        return RepositoryModel.from_proto(response.model)
+
     async def tokenize(
         self,
         prompts: str | Sequence[str],
@@ -489,7 +531,25 @@ class AsyncPoolingClient:
             method, request, self._config.timeout_for(timeout), self._config.call_metadata()
         )
 
+    async def _admin_call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        """A model repository call: the admin key in place of the API key."""
+        response, _ = await _io.unary(
+            method, request, self._admin.timeout_for(timeout), self._admin.call_metadata()
+        )
+        return response
+
     async def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         """Invoke a unary method with the client's metadata, mapping failures to PoolingError."""
         response, _ = await self._call_with_trailers(method, request, timeout)
         return response
+
+
+def _option(value: Any) -> str:
+    """A per-model flag's value as the command line would take it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        import json
+
+        return json.dumps(value)
+    return str(value)

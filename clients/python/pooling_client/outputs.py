@@ -282,6 +282,9 @@ class ModelInfo:
     image_size: int = 0
     #: A multi-output (bge-m3) model's outputs: "dense", "sparse" and "multi"; [] for others.
     outputs: list[str] = field(default_factory=list)
+    #: "loaded" for a served model; what its weights take in memory, in bytes (per engine).
+    state: str = "loaded"
+    memory_bytes: int = 0
 
     @classmethod
     def from_proto(cls, card: pooling_pb2.ModelCard) -> ModelInfo:
@@ -324,7 +327,53 @@ class ModelInfo:
             modalities=_modalities(card),
             image_size=card.image_size,
             outputs=list(card.outputs),
+            state=_state(card.state) or "loaded",
+            memory_bytes=card.memory_bytes,
         )
+
+
+@dataclass
+class RepositoryModel:
+    """One model the server's repository knows, and where it stands (a ``RepositoryModel``):
+    ``state`` is "loaded", "loading", "available", "failed" or "unloading"."""
+
+    name: str
+    state: str
+    source: str = ""
+    #: What its weights take in memory, in bytes (per engine), while loaded.
+    memory_bytes: int = 0
+    #: Why its last load failed; a failed model is refused until ``retry_after_s`` passes.
+    reason: str = ""
+    retry_after_s: float = 0.0
+    load_seconds: float = 0.0
+    in_flight: int = 0
+    #: Given with --model at start: never evicted.
+    pinned: bool = False
+    #: The served model's card, where it is loaded and the answer carried it.
+    info: ModelInfo | None = None
+
+    @classmethod
+    def from_proto(
+        cls, model: pooling_pb2.RepositoryModel, info: ModelInfo | None = None
+    ) -> RepositoryModel:
+        return cls(
+            name=model.name,
+            state=_state(model.state),
+            source=model.source,
+            memory_bytes=model.memory_bytes,
+            reason=model.reason,
+            retry_after_s=model.retry_after_s,
+            load_seconds=model.load_seconds,
+            in_flight=model.in_flight,
+            pinned=model.pinned,
+            info=info,
+        )
+
+
+def _state(state: int) -> str:
+    if state == pooling_pb2.MODEL_STATE_UNSPECIFIED:
+        return ""
+    return _enum_suffix(pooling_pb2.ModelState, state, "MODEL_STATE_")
 
 
 def _modalities(card: pooling_pb2.ModelCard) -> list[str]:
@@ -673,6 +722,18 @@ def _embeddings_numpy(embeddings: Sequence[EmbeddingOutput]) -> Any:
 def model_infos(response: pooling_pb2.ListModelsResponse) -> list[ModelInfo]:
     """One ModelInfo per served model, the default first (server order)."""
     return [ModelInfo.from_proto(card) for card in response.models]
+
+
+def repository_models(response: pooling_pb2.ListModelsResponse) -> list[RepositoryModel]:
+    """Every model the server knows: the served ones (loaded, with their cards), then the
+    repository's others (available, loading or failed)."""
+    served = [
+        RepositoryModel(
+            card.name, "loaded", memory_bytes=card.memory_bytes, info=ModelInfo.from_proto(card)
+        )
+        for card in response.models
+    ]
+    return served + [RepositoryModel.from_proto(model) for model in response.repository]
 
 
 def tokenize_outputs(response: pooling_pb2.TokenizeResponse) -> list[TokenizeOutput]:

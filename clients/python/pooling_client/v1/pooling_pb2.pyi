@@ -52,6 +52,15 @@ class ChunkRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHUNK_RULE_UNSPECIFIED: _ClassVar[ChunkRule]
     CHUNK_RULE_SENTENCES: _ClassVar[ChunkRule]
     CHUNK_RULE_TOKENS: _ClassVar[ChunkRule]
+
+class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODEL_STATE_UNSPECIFIED: _ClassVar[ModelState]
+    MODEL_STATE_AVAILABLE: _ClassVar[ModelState]
+    MODEL_STATE_LOADING: _ClassVar[ModelState]
+    MODEL_STATE_LOADED: _ClassVar[ModelState]
+    MODEL_STATE_FAILED: _ClassVar[ModelState]
+    MODEL_STATE_UNLOADING: _ClassVar[ModelState]
 POOLING_TASK_UNSPECIFIED: PoolingTask
 POOLING_TASK_EMBED: PoolingTask
 POOLING_TASK_CLASSIFY: PoolingTask
@@ -82,6 +91,12 @@ EMBEDDING_ENCODING_UINT8: EmbeddingEncoding
 CHUNK_RULE_UNSPECIFIED: ChunkRule
 CHUNK_RULE_SENTENCES: ChunkRule
 CHUNK_RULE_TOKENS: ChunkRule
+MODEL_STATE_UNSPECIFIED: ModelState
+MODEL_STATE_AVAILABLE: ModelState
+MODEL_STATE_LOADING: ModelState
+MODEL_STATE_LOADED: ModelState
+MODEL_STATE_FAILED: ModelState
+MODEL_STATE_UNLOADING: ModelState
 
 class PoolingParams(_message.Message):
     __slots__ = ("use_activation", "dimensions", "task", "truncate_prompt_tokens", "output_weights")
@@ -438,7 +453,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source", "multi_vector", "modalities", "image_size", "outputs")
+    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source", "multi_vector", "modalities", "image_size", "outputs", "state", "memory_bytes")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -475,6 +490,8 @@ class ModelCard(_message.Message):
     MODALITIES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     tasks: _containers.RepeatedScalarFieldContainer[PoolingTask]
     hidden_size: int
@@ -504,7 +521,9 @@ class ModelCard(_message.Message):
     modalities: _containers.RepeatedScalarFieldContainer[Modality]
     image_size: int
     outputs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ..., multi_vector: _Optional[_Union[MultiVectorSettings, _Mapping]] = ..., modalities: _Optional[_Iterable[_Union[Modality, str]]] = ..., image_size: _Optional[int] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
+    state: ModelState
+    memory_bytes: int
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ..., multi_vector: _Optional[_Union[MultiVectorSettings, _Mapping]] = ..., modalities: _Optional[_Iterable[_Union[Modality, str]]] = ..., image_size: _Optional[int] = ..., outputs: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class MultiVectorSettings(_message.Message):
     __slots__ = ("query_prefix", "document_prefix", "query_length", "document_length", "query_expansion", "attend_to_expansion_tokens", "skiplist_words")
@@ -525,16 +544,18 @@ class MultiVectorSettings(_message.Message):
     def __init__(self, query_prefix: _Optional[str] = ..., document_prefix: _Optional[str] = ..., query_length: _Optional[int] = ..., document_length: _Optional[int] = ..., query_expansion: _Optional[bool] = ..., attend_to_expansion_tokens: _Optional[bool] = ..., skiplist_words: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models", "max_client_batch_size", "max_stream_inflight", "server_version")
+    __slots__ = ("models", "max_client_batch_size", "max_stream_inflight", "server_version", "repository")
     MODELS_FIELD_NUMBER: _ClassVar[int]
     MAX_CLIENT_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAM_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPOSITORY_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelCard]
     max_client_batch_size: int
     max_stream_inflight: int
     server_version: str
-    def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ..., max_client_batch_size: _Optional[int] = ..., max_stream_inflight: _Optional[int] = ..., server_version: _Optional[str] = ...) -> None: ...
+    repository: _containers.RepeatedCompositeFieldContainer[RepositoryModel]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ..., max_client_batch_size: _Optional[int] = ..., max_stream_inflight: _Optional[int] = ..., server_version: _Optional[str] = ..., repository: _Optional[_Iterable[_Union[RepositoryModel, _Mapping]]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "texts", "add_special_tokens")
@@ -611,3 +632,72 @@ class RerankResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[RerankResult]
     usage: Usage
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
+class RepositoryModel(_message.Message):
+    __slots__ = ("name", "state", "source", "memory_bytes", "reason", "load_seconds", "in_flight", "pinned", "retry_after_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: ModelState
+    source: str
+    memory_bytes: int
+    reason: str
+    load_seconds: float
+    in_flight: int
+    pinned: bool
+    retry_after_s: float
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., source: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., load_seconds: _Optional[float] = ..., in_flight: _Optional[int] = ..., pinned: _Optional[bool] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("name", "source", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    source: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class LoadResponse(_message.Message):
+    __slots__ = ("model", "card")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    model: RepositoryModel
+    card: ModelCard
+    def __init__(self, model: _Optional[_Union[RepositoryModel, _Mapping]] = ..., card: _Optional[_Union[ModelCard, _Mapping]] = ...) -> None: ...
+
+class UnloadRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadResponse(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: RepositoryModel
+    def __init__(self, model: _Optional[_Union[RepositoryModel, _Mapping]] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[RepositoryModel]
+    def __init__(self, models: _Optional[_Iterable[_Union[RepositoryModel, _Mapping]]] = ...) -> None: ...

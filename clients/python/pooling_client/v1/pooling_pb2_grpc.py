@@ -276,3 +276,175 @@ class PoolingService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ModelRepositoryServiceStub:
+    """ModelRepositoryService loads and unloads models at run time. It is served only with
+    --admin-key, and every call must carry `authorization: Bearer ADMIN_KEY` (an
+    --api-key is not enough).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Load = channel.unary_unary(
+                '/pooling.v1.ModelRepositoryService/Load',
+                request_serializer=pooling_dot_v1_dot_pooling__pb2.LoadRequest.SerializeToString,
+                response_deserializer=pooling_dot_v1_dot_pooling__pb2.LoadResponse.FromString,
+                _registered_method=True)
+        self.Unload = channel.unary_unary(
+                '/pooling.v1.ModelRepositoryService/Unload',
+                request_serializer=pooling_dot_v1_dot_pooling__pb2.UnloadRequest.SerializeToString,
+                response_deserializer=pooling_dot_v1_dot_pooling__pb2.UnloadResponse.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/pooling.v1.ModelRepositoryService/List',
+                request_serializer=pooling_dot_v1_dot_pooling__pb2.ListRequest.SerializeToString,
+                response_deserializer=pooling_dot_v1_dot_pooling__pb2.ListResponse.FromString,
+                _registered_method=True)
+
+
+class ModelRepositoryServiceServicer:
+    """ModelRepositoryService loads and unloads models at run time. It is served only with
+    --admin-key, and every call must carry `authorization: Bearer ADMIN_KEY` (an
+    --api-key is not enough).
+    """
+
+    def Load(self, request, context):
+        """Load loads a model (from the repository by name, or from the source given) on
+        every engine, and answers once all have loaded it, or which failed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unload(self, request, context):
+        """Unload takes a model out of routing, lets its accepted calls finish, then
+        frees its memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """List shows every model known: loaded, loading, available and failed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ModelRepositoryServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=pooling_dot_v1_dot_pooling__pb2.LoadRequest.FromString,
+                    response_serializer=pooling_dot_v1_dot_pooling__pb2.LoadResponse.SerializeToString,
+            ),
+            'Unload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unload,
+                    request_deserializer=pooling_dot_v1_dot_pooling__pb2.UnloadRequest.FromString,
+                    response_serializer=pooling_dot_v1_dot_pooling__pb2.UnloadResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=pooling_dot_v1_dot_pooling__pb2.ListRequest.FromString,
+                    response_serializer=pooling_dot_v1_dot_pooling__pb2.ListResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'pooling.v1.ModelRepositoryService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('pooling.v1.ModelRepositoryService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ModelRepositoryService:
+    """ModelRepositoryService loads and unloads models at run time. It is served only with
+    --admin-key, and every call must carry `authorization: Bearer ADMIN_KEY` (an
+    --api-key is not enough).
+    """
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pooling.v1.ModelRepositoryService/Load',
+            pooling_dot_v1_dot_pooling__pb2.LoadRequest.SerializeToString,
+            pooling_dot_v1_dot_pooling__pb2.LoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pooling.v1.ModelRepositoryService/Unload',
+            pooling_dot_v1_dot_pooling__pb2.UnloadRequest.SerializeToString,
+            pooling_dot_v1_dot_pooling__pb2.UnloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pooling.v1.ModelRepositoryService/List',
+            pooling_dot_v1_dot_pooling__pb2.ListRequest.SerializeToString,
+            pooling_dot_v1_dot_pooling__pb2.ListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
