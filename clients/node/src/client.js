@@ -7,7 +7,7 @@ import * as grpc from '@grpc/grpc-js';
 
 import { ChunkedJob, checkBatchSize, chunkSize, chunksInFlight, needsLimits } from './chunking.js';
 import { PoolingError } from './errors.js';
-import { convertOutputs, modelInfos, rerankOutput, tokenizeOutputs } from './outputs.js';
+import { convertOutputs, modelInfos, repositoryModel, repositoryModels, rerankOutput, tokenizeOutputs } from './outputs.js';
 import { loadPoolingService } from './proto.js';
 import {
   asInputs,
@@ -70,6 +70,8 @@ export const DEFAULT_CHANNEL_OPTIONS = Object.freeze({
  * @property {number|null} [timeout] default per-call deadline in SECONDS (as in the Python
  *   client); unset waits indefinitely.
  * @property {string} [apiKey] sent as "authorization: Bearer <key>" on every call.
+ * @property {string} [adminKey] sent in its place on the model repository's calls
+ *   (loadModel, unloadModel), which a server serves only with --admin-key.
  * @property {MetadataArg} [metadata] extra metadata, or a function returning it, per call.
  * @property {Record<string, unknown>} [channelOptions] gRPC channel options.
  * @property {number|null} [batchSize] most inputs per request; bigger jobs go out in chunks
@@ -165,13 +167,19 @@ export class PoolingClient {
    * @param {ClientOptions} [options]
    */
   constructor(target, options = {}) {
-    const { Service } = loadPoolingService({ protoPath: options.protoPath, includeDirs: options.includeDirs });
+    const { Service, RepositoryService } = loadPoolingService({ protoPath: options.protoPath, includeDirs: options.includeDirs });
     const channelOptions = { ...DEFAULT_CHANNEL_OPTIONS, ...(options.channelOptions ?? {}) };
     /** The raw grpc-js PoolingService client, for requests this client would refuse to send. */
     this.stub = new Service(channelTarget(target), channelCredentials(options), channelOptions);
     this.model = options.model ?? null;
     this.timeout = options.timeout ?? null;
     this.apiKey = options.apiKey ?? null;
+    this.adminKey = options.adminKey ?? null;
+    /** The raw ModelRepositoryService client, on the same channel. */
+    this.repository = new RepositoryService(channelTarget(target), channelCredentials(options), {
+      ...channelOptions,
+      channelOverride: this.stub.getChannel(),
+    });
     this.metadata = options.metadata ?? null;
     this.batchSize = checkBatchSize(options.batchSize);
     /** @type {import('./chunking.js').StreamLimits|null} */
@@ -291,6 +299,64 @@ export class PoolingClient {
   }
 
   /**
+   * Every model the server knows, with its state: the served ones ("loaded", each with its
+   * info), then its repository's others ("available", "loading", "failed"). Needs only the
+   * API key.
+   * @param {{timeout?: number|null}} [options]
+   * @returns {Promise<import('./outputs.js').RepositoryModel[]>}
+   */
+  async listModels(options = {}) {
+    return repositoryModels(await this.rawCall('ListModels', {}, options));
+  }
+
+  /**
+   * Load a model at run time (adminKey): from `source` (a folder or hub id) with `options`
+   * (per-model flags by name: {"pooling-type": "mean", dtype: "float32"}), or from the
+   * server's repository by name. Resolves once every engine has loaded it.
+   * @param {string} name
+   * @param {{source?: string, options?: Record<string, string|number|boolean>, timeout?: number|null}} [call]
+   * @returns {Promise<import('./outputs.js').RepositoryModel>}
+   */
+  async loadModel(name, call = {}) {
+    /** @type {Record<string, string>} */
+    const options = {};
+    for (const [key, value] of Object.entries(call.options ?? {})) {
+      options[key] = typeof value === 'object' ? JSON.stringify(value) : String(value);
+    }
+    const response = await this.#adminCall('Load', { name, source: call.source ?? '', options }, call);
+    return repositoryModel(response.model, response.card ? modelInfos({ models: [response.card] })[0] : null);
+  }
+
+  /**
+   * Unload a model (adminKey): out of routing first, its accepted calls finished, then its
+   * memory freed.
+   * @param {string} name
+   * @param {{timeout?: number|null}} [call]
+   * @returns {Promise<import('./outputs.js').RepositoryModel>}
+   */
+  async unloadModel(name, call = {}) {
+    return repositoryModel((await this.#adminCall('Unload', { name }, call)).model, null);
+  }
+
+  /**
+   * @param {'Load'|'Unload'|'List'} method
+   * @param {Record<string, unknown>} request
+   * @param {{timeout?: number|null}} options
+   * @returns {Promise<any>}
+   */
+  #adminCall(method, request, options) {
+    const metadata = new grpc.Metadata();
+    addMetadata(metadata, typeof this.metadata === 'function' ? this.metadata() : this.metadata);
+    if (this.adminKey !== null) metadata.add('authorization', `Bearer ${this.adminKey}`);
+    return new Promise((resolve, reject) => {
+      this.repository[method](request, metadata, this.#callOptions(options.timeout), (/** @type {any} */ error, /** @type {any} */ response) => {
+        if (error) reject(PoolingError.fromServiceError(error));
+        else resolve(response);
+      });
+    });
+  }
+
+  /**
    * The tokens the model would see for each text (special tokens added by default).
    * @param {string|string[]} texts
    * @param {{model?: string|null, addSpecialTokens?: boolean, timeout?: number|null}} [options]
@@ -326,7 +392,7 @@ export class PoolingClient {
 
   /** Close the channel; calls in flight are cancelled. */
   close() {
-    this.stub.close();
+    this.stub.close(); // the repository client shares its channel
   }
 
   /**

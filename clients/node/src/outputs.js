@@ -96,6 +96,8 @@ import { decodeRows, decodeValues, encodingName } from './encodings.js';
  * @property {string} scoreTemplateSource an LLM reranker's template origin
  *   ("--score-template", "score_template.json" or "chat_template"); "" for other models
  * @property {MultiVectorSettings|null} multiVector a ColBERT model's modes; null for others
+ * @property {string} state "loaded" for a served model
+ * @property {number} memoryBytes what its weights take in memory (per engine)
  * @property {string[]} modalities the inputs it takes: "text", and "image" for CLIP and
  *   SigLIP models, "audio" for CLAP models (["text"] from a server that does not say)
  * @property {number} imageSize an image model's input size in pixels; 0 for others
@@ -339,7 +341,65 @@ export function modelInfos(response) {
     modalities: modalities(card.modalities),
     imageSize: card.image_size ?? 0,
     outputs: [...(card.outputs ?? [])],
+    state: modelState(card.state) || 'loaded',
+    memoryBytes: Number(card.memory_bytes ?? 0),
   }));
+}
+
+/**
+ * @typedef {object} RepositoryModel One model the server's repository knows.
+ * @property {string} name
+ * @property {string} state "loaded", "loading", "available", "failed" or "unloading"
+ * @property {string} source the folder or hub id it loads from
+ * @property {number} memoryBytes what its weights take (per engine) while loaded
+ * @property {string} reason why its last load failed
+ * @property {number} retryAfterS seconds until a failed model may be tried again
+ * @property {number} loadSeconds
+ * @property {number} inFlight calls in flight on it
+ * @property {boolean} pinned given with --model: never evicted
+ * @property {ModelInfo|null} info the served model's card, where the answer carried it
+ */
+
+/**
+ * @param {string|undefined} state a ModelState name
+ * @returns {string}
+ */
+function modelState(state) {
+  return !state || state === 'MODEL_STATE_UNSPECIFIED' ? '' : enumSuffix(state, 'MODEL_STATE_');
+}
+
+/**
+ * @param {any} model a RepositoryModel message
+ * @param {ModelInfo|null} info
+ * @returns {RepositoryModel}
+ */
+export function repositoryModel(model, info) {
+  return {
+    name: model.name,
+    state: modelState(model.state),
+    source: model.source ?? '',
+    memoryBytes: Number(model.memory_bytes ?? 0),
+    reason: model.reason ?? '',
+    retryAfterS: model.retry_after_s ?? 0,
+    loadSeconds: model.load_seconds ?? 0,
+    inFlight: model.in_flight ?? 0,
+    pinned: model.pinned ?? false,
+    info,
+  };
+}
+
+/**
+ * Every model a ListModelsResponse names: the served ones (loaded, with their info), then
+ * the repository's others.
+ * @param {any} response
+ * @returns {RepositoryModel[]}
+ */
+export function repositoryModels(response) {
+  const served = modelInfos(response).map((info) => ({
+    ...repositoryModel({ name: info.name, state: 'MODEL_STATE_LOADED' }, info),
+    memoryBytes: info.memoryBytes,
+  }));
+  return [...served, ...(response.repository ?? []).map((model) => repositoryModel(model, null))];
 }
 
 /**

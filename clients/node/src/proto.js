@@ -59,7 +59,7 @@ const serviceCache = new Map();
  *   protoPath: the pooling.proto to load (default: the repository's copy).
  *   includeDirs: import roots; default: the folder two levels above the proto's own folder
  *   (the one holding pooling/v1/) plus google-proto-files.
- * @returns {{Service: grpc.ServiceClientConstructor, packageDefinition: protoLoader.PackageDefinition}}
+ * @returns {{Service: grpc.ServiceClientConstructor, RepositoryService: grpc.ServiceClientConstructor, packageDefinition: protoLoader.PackageDefinition}}
  */
 export function loadPoolingService(options = {}) {
   const protoPath = path.resolve(options.protoPath ?? DEFAULT_PROTO_PATH);
@@ -73,7 +73,9 @@ export function loadPoolingService(options = {}) {
     const packageDefinition = protoLoader.loadSync(protoPath, { ...LOADER_OPTIONS, includeDirs });
     const grpcObject = grpc.loadPackageDefinition(packageDefinition);
     const Service = /** @type {any} */ (grpcObject).pooling.v1.PoolingService;
-    loaded = { Service, packageDefinition };
+    // Models at run time (served with --admin-key): Load, Unload, List.
+    const RepositoryService = /** @type {any} */ (grpcObject).pooling.v1.ModelRepositoryService;
+    loaded = { Service, RepositoryService, packageDefinition };
     serviceCache.set(key, loaded);
   }
   return loaded;
