@@ -640,6 +640,41 @@ def _batching_flags(batching: Group) -> None:
         default=Limits.max_images_per_request,
         help="the most images in one request (TOO_MANY_IMAGES; default %(default)s)",
     )
+    # Audio clips (CLAP models): each bound read from the bytes or the header, before decoding.
+    batching.add_argument(
+        "--max-audio-bytes",
+        type=positive_int,
+        default=Limits.max_audio_bytes,
+        help="the most encoded bytes of one audio clip (default %(default)s: 20 MiB); more is "
+        "refused (AUDIO_TOO_LARGE) before decoding",
+    )
+    batching.add_argument(
+        "--max-audio-seconds",
+        type=positive_float,
+        default=Limits.max_audio_seconds,
+        help="the longest audio clip, by its header (AUDIO_TOO_LONG; default %(default)s); "
+        "a clip longer than the model's (CLAP: 10 s) is cut to its head",
+    )
+    batching.add_argument(
+        "--max-audio-sample-rate",
+        type=positive_int,
+        default=Limits.max_audio_sample_rate,
+        help="the highest sample rate of an audio clip, in Hz (AUDIO_SAMPLE_RATE_UNSUPPORTED "
+        "above it or under 1000; default %(default)s)",
+    )
+    batching.add_argument(
+        "--max-audio-channels",
+        type=positive_int,
+        default=Limits.max_audio_channels,
+        help="the most channels of an audio clip, mixed to mono (AUDIO_TOO_MANY_CHANNELS; "
+        "default %(default)s)",
+    )
+    batching.add_argument(
+        "--max-audio-clips-per-request",
+        type=positive_int,
+        default=Limits.max_audio_clips_per_request,
+        help="the most audio clips in one request (TOO_MANY_AUDIO_CLIPS; default %(default)s)",
+    )
     batching.add_argument(
         "--max-batch-tokens",
         type=positive_int,
@@ -916,6 +951,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_image_bytes=args.max_image_bytes,
             max_image_pixels=args.max_image_pixels,
             max_images_per_request=args.max_images_per_request,
+            max_audio_bytes=args.max_audio_bytes,
+            max_audio_seconds=args.max_audio_seconds,
+            max_audio_sample_rate=args.max_audio_sample_rate,
+            max_audio_channels=args.max_audio_channels,
+            max_audio_clips_per_request=args.max_audio_clips_per_request,
             response=ResponseBudget(max_bytes=args.max_message_mb * MIB),
         ),
         batch=BatchConfig(

@@ -73,6 +73,12 @@ TABLE: dict[tuple[ErrorKind, str], Row] = {
     # kind's row.
     (ErrorKind.INVALID_ARGUMENT, "IMAGE_TOO_LARGE"): _SIZE,
     (ErrorKind.INVALID_ARGUMENT, "TOO_MANY_IMAGES"): _SIZE,
+    # Audio clips as images: bytes, duration or clips over the limits are sizes;
+    # AUDIO_INVALID, AUDIO_FORMAT_UNSUPPORTED, AUDIO_SAMPLE_RATE_UNSUPPORTED,
+    # AUDIO_TOO_MANY_CHANNELS and AUDIO_URL_NOT_ALLOWED take the kind's row.
+    (ErrorKind.INVALID_ARGUMENT, "AUDIO_TOO_LARGE"): _SIZE,
+    (ErrorKind.INVALID_ARGUMENT, "AUDIO_TOO_LONG"): _SIZE,
+    (ErrorKind.INVALID_ARGUMENT, "TOO_MANY_AUDIO_CLIPS"): _SIZE,
     # HTTP's own refusals, before a route reads the request.
     (ErrorKind.INVALID_ARGUMENT, "METHOD_NOT_ALLOWED"): Row(
         _G.UNIMPLEMENTED, 405, (405, "Validation"), 405

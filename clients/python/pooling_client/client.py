@@ -134,7 +134,8 @@ class PoolingClient:
         text) is prepended to every text, as sentence-transformers' ``encode`` does; with
         neither the model's default prompt applies, and ``prompt=""`` sends none.
         On an image-text model (CLIP, SigLIP) any input may be an image: bytes, a
-        ``pathlib.Path`` to a file, or a PIL image (a str is always a text).
+        ``pathlib.Path`` to a file, or a PIL image (a str is always a text); on an
+        audio-text model (CLAP) an audio clip: a WAV, FLAC or OGG file's bytes or path.
         ``late_chunking`` (a :class:`LateChunking`: spans of the one text, or a rule) gives
         each text's chunks instead, as a ``ChunkedEmbeddingOutput`` of spans and vectors
         (computed on the server from one pass over the whole text); not with numpy output.
@@ -173,7 +174,9 @@ class PoolingClient:
 
         On an image-text model (CLIP, SigLIP), inputs may be images (as for :meth:`embed`)
         and the classes are ``candidate_labels`` (zero-shot), each put in
-        ``label_template`` ("{label}" replaced; None: the server's "a photo of a {label}.").
+        ``label_template`` ("{label}" replaced; None: the server's "a photo of a {label}.");
+        on an audio-text model (CLAP) inputs may be audio clips, zero-shot alike (the
+        server's template: "This is a sound of {label}.").
         """
         texts = _images.as_inputs(prompts)
         options: dict[str, Any] = {}

@@ -35,7 +35,7 @@ class EmbeddingOutput:
     encoding: str | None = None
     dimensions: int | None = None
     data: bytes = field(default=b"", repr=False)
-    #: What was embedded: "text", or "image" (an image-text model's image input).
+    #: What was embedded: "text", "image" (an image-text model's image input) or "audio".
     modality: str = "text"
 
     @property
@@ -73,7 +73,7 @@ class ClassificationOutput:
     probs: list[float]
     label_id: int
     label: str
-    #: What was classified: "text", or "image" (zero-shot on an image-text model).
+    #: What was classified: "text", "image" or "audio" (zero-shot on a two-tower model).
     modality: str = "text"
 
     @property
@@ -276,7 +276,8 @@ class ModelInfo:
     #: An LLM reranker's score template source: "--score-template", "score_template.json"
     #: or "chat_template"; "" for other models (only an LLM reranker takes an instruction).
     score_template_source: str = ""
-    #: The inputs the model accepts: "text", and "image" for CLIP and SigLIP models.
+    #: The inputs the model accepts: "text", and "image" for CLIP and SigLIP models, "audio"
+    #: for CLAP models.
     modalities: list[str] = field(default_factory=lambda: ["text"])
     #: An image model's input size in pixels (its processor's, e.g. 224); 0 for others.
     image_size: int = 0
