@@ -483,6 +483,19 @@ def tiny_clip(folder: Path) -> Path:
     return folder
 
 
+def _save_siglip(model: Any, folder: Path, text_length: int) -> None:
+    """A SigLIP model (1 or 2) saved as trained ones are: a temperature and a negative bias
+    (init gives 0, 0), and texts padded to `text_length` without an attention mask."""
+    with torch.no_grad():
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-1.5)
+    model.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(
+        MINILM, model_input_names=["input_ids"], model_max_length=text_length
+    )
+    tokenizer.save_pretrained(folder)
+
+
 def tiny_siglip(folder: Path) -> Path:
     """A random-weight SiglipModel with SigLIP's processor: texts padded to a fixed length
     and no attention mask, as SigLIP's tokenizer gives them."""
@@ -492,15 +505,7 @@ def tiny_siglip(folder: Path) -> Path:
     text.update(bos_token_id=101, eos_token_id=102, pad_token_id=0)
     config = SiglipConfig(text_config=text, vision_config=vision)
     torch.manual_seed(1)
-    model = SiglipModel(config)
-    with torch.no_grad():  # as trained: a temperature and a negative bias (init gives 0, 0)
-        model.logit_scale.fill_(2.3)
-        model.logit_bias.fill_(-1.5)
-    model.save_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(
-        MINILM, model_input_names=["input_ids"], model_max_length=SIGLIP_TEXT_LENGTH
-    )
-    tokenizer.save_pretrained(folder)
+    _save_siglip(SiglipModel(config), folder, SIGLIP_TEXT_LENGTH)
     SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(folder)
     return folder
 
@@ -523,15 +528,7 @@ def tiny_siglip2(folder: Path) -> Path:
     vision.update(patch_size=NAFLEX_PATCH, num_patches=NAFLEX_MAX_PATCHES)
     config = Siglip2Config(text_config=text, vision_config=vision)
     torch.manual_seed(2)
-    model = Siglip2Model(config)
-    with torch.no_grad():
-        model.logit_scale.fill_(2.3)
-        model.logit_bias.fill_(-1.5)
-    model.save_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(
-        MINILM, model_input_names=["input_ids"], model_max_length=SIGLIP2_TEXT_LENGTH
-    )
-    tokenizer.save_pretrained(folder)
+    _save_siglip(Siglip2Model(config), folder, SIGLIP2_TEXT_LENGTH)
     Siglip2ImageProcessorPil(
         patch_size=NAFLEX_PATCH, max_num_patches=NAFLEX_MAX_PATCHES
     ).save_pretrained(folder)
