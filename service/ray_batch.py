@@ -326,7 +326,7 @@ def run_main(config: ServerConfig, job: BatchJobOptions) -> int:
 def check_models(config: ServerConfig) -> None:
     """Each model's folder found before any actor starts, so a bad path fails at once (an
     actor resolves it again where it runs)."""
-    from pooling_server.engine.models.loader import resolve_path
+    from pooling_server.engine.models.folder_reading import resolve_path
 
     for spec in config.models:
         try:

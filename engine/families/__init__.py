@@ -12,7 +12,7 @@ A new family is one package and one name in ORDER; the generic modules name no f
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from pooling_server.engine.models.model_runner import LoadedModel
     from pooling_server.engine.models.model_spec import ModelSpec
     from pooling_server.engine.models.served import ServedModel
+    from pooling_server.engine.requests.output_size import ResponseBudget
+    from pooling_server.engine.requests.params import Task
     from pooling_server.engine.requests.plan_parts import Plan
     from pooling_server.engine.requests.validation import Limits, Resolved
 
@@ -36,8 +38,8 @@ ORDER = (
     "towers",
     "clap",
     "llm_reranker",
+    "bge_m3",  # before colbert: it refuses a folder with both layouts
     "colbert",
-    "bge_m3",
     "splade",
     "token_classifier",
     "cross_encoder",
@@ -55,6 +57,20 @@ class FamilyRules:
     shape: tuple[Check, ...] = ()
     model: tuple[Check, ...] = ()
     params: tuple[Check, ...] = ()
+    # Run with `model` on the models of every OTHER family: refusing what this family
+    # alone serves (a parameter only its models read), saying so.
+    elsewhere: tuple[Check, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowSizes:
+    """The size of an answer of a row per token that a family's own tasks give
+    (embed_multi, embed_outputs), estimated before the forward pass by the output-size
+    rules (requests/validation.py's rows_bytes): the bytes of the answer to texts of
+    `tokens` tokens each, and the most tokens a text keeps (None: Resolved.token_cap)."""
+
+    answer: Callable[[Resolved, Sequence[int], ResponseBudget], int]
+    cap: Callable[[Resolved], int | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,16 @@ class Family:
     # decoding within bounds into Frames), built from the model's facts in every process
     # that plans, torch-free; None: the family takes texts only.
     preprocessor: Callable[[ModelInfo], Any] | None = None
+    # Whether it reads a score request's prompt as an instruction (an LLM reranker's
+    # template), where other models refuse a prompt on score.
+    instruction: bool = False
+    # The type of its ModelInfo.settings (a frozen dataclass), so that a front-end process
+    # gets them typed from an engine process's JSON; Any: none.
+    settings: Any = Any
+    # Why a model lacks a task, where the answer is this family: asked of every family
+    # (in ORDER) when a model refuses a task, the first non-empty text appended.
+    task_hint: Callable[[Task, ModelInfo], str] | None = None
+    rows: RowSizes | None = None  # its own tasks' rows per token (None: none)
 
 
 @dataclass(frozen=True)

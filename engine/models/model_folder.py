@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import PretrainedConfig
 
-from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
-from pooling_server.engine.families.llm_reranker.score_template import ScoreTemplate
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_info import (
     HeadKind,
@@ -51,12 +49,11 @@ class ModelFolder:
     tokenizer: ModelTokenizer
     prompts: dict[str, str]
     default_prompt_name: str | None
-    template: ScoreTemplate | None = None  # LLM_SCORE: the pairs' template
-    # A ColBERT folder: its query/document settings and its token projection's folder.
-    multi_vector: MultiVectorSettings | None = None
-    multi_vector_dense: Path | None = None
-    # A bge-m3 folder: its sparse_linear.pt and colbert_linear.pt.
-    multi_output_heads: tuple[Path, Path] | None = None
+    spec: ModelSpec  # what --model asked for, with its flags (a family's reading reads them)
+    # Why modules.json is no pipeline the generic reading knows (st is then None): the
+    # folder is refused as it loads, unless the family that reads it clears this, having
+    # read those modules itself.
+    modules_error: str = ""
 
 
 def loaded_revision(source: str, path: Path, revision: str | None) -> str:

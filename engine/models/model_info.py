@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from pooling_server.engine.families.bge_m3.multi_output import OUTPUTS, MultiOutputSettings
-from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
+import msgspec
+
 from pooling_server.engine.families.towers.settings import TowerSettings
-from pooling_server.engine.families.llm_reranker.score_template import ScoreTemplate
 from pooling_server.engine.requests.params import Task
 
 
@@ -124,16 +124,8 @@ class ModelInfo:
     precision: str = ""
     backend_file: str = ""
     engines_per_device: int = 1  # engine processes serving it on each device
-    # LLM_SCORE: the template each pair is read through, and where it came from.
-    score_template: ScoreTemplate | None = None
     # A decoder LM folder served without a template: why score is refused (else "").
     score_refusal: str = ""
-    # A ColBERT folder (PyLate or MultiVectorEncoder): its query/document settings; None
-    # for single-vector models.
-    multi_vector: MultiVectorSettings | None = None
-    # A bge-m3 folder (sparse_linear.pt and colbert_linear.pt beside the encoder): where
-    # its outputs lie in each token's row; None for other models.
-    multi_output: MultiOutputSettings | None = None
     # Dense modules project the pooled vector (sentence-transformers' Dense): a late
     # chunk's mean must be whole before it is projected (engine/requests/late_chunking.py).
     projected: bool = False
@@ -141,6 +133,17 @@ class ModelInfo:
     # model's settings (image-text: CLIP, SigLIP; audio-text: CLAP).
     modalities: tuple[str, ...] = ("text",)
     towers: TowerSettings | None = None
+    # The family's own facts (a frozen dataclass of its package: an LLM reranker's
+    # ScoreTemplate, SPLADE's pooling, ...), or None. JSON carries them to a front-end
+    # process as plain values, typed again here (Family.settings).
+    settings: Any = None
+
+    def __post_init__(self) -> None:
+        if type(self.settings) is dict:  # decoded from an engine process's description
+            from pooling_server.engine.families import family
+
+            typed = msgspec.convert(self.settings, family(self.family).settings)
+            object.__setattr__(self, "settings", typed)
 
     @property
     def accepts_images(self) -> bool:
@@ -159,12 +162,14 @@ class ModelInfo:
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        """A multi-output model's outputs (ModelCard.outputs); none for others."""
-        return OUTPUTS if self.multi_output is not None else ()
+        """A multi-output model's outputs (ModelCard.outputs), as its settings name them;
+        none for others."""
+        return getattr(self.settings, "outputs", ())
 
     @property
     def score_template_source(self) -> str:
-        return self.score_template.source if self.score_template is not None else ""
+        """Where an LLM reranker's template came from (ModelCard.score_template_source)."""
+        return getattr(self.settings, "score_template_source", "")
 
     @property
     def chunks_long_input(self) -> bool:

@@ -98,7 +98,7 @@ def token_rows_bytes(
 def matrix_bytes(
     rows: Iterable[int], width: int, encoding: OutputEncoding, budget: ResponseBudget
 ) -> int:
-    """Matrices of `rows` rows of `width` values each (embed_multi's ColBERT rows, bge-m3's
+    """Matrices of `rows` rows of `width` values each (embed_multi's and embed_outputs'
     multi output): gRPC packs a matrix's values with its shape (two items' framing, about
     18 bytes measured); JSON brackets each row."""
     counts = list(rows)

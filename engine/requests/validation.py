@@ -16,16 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from pooling_server.engine.families import family
-from pooling_server.engine.families.colbert.multi_vector import QUERY
+from pooling_server.engine.families import ORDER, family
 from pooling_server.engine.models.model_info import (
     HeadKind,
     LongInput,
     ModelInfo,
     PoolingType,
-    SpladeStrategy,
 )
 from pooling_server.engine.requests.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from pooling_server.engine.requests.output_size import (
@@ -33,10 +32,8 @@ from pooling_server.engine.requests.output_size import (
     ResponseBudget,
     fewest_tokens,
     late_chunk_count,
-    matrix_bytes,
     megabytes,
     pooled_bytes,
-    sparse_bytes,
     token_rows_bytes,
     tokenize_bytes,
     word_count,
@@ -44,7 +41,6 @@ from pooling_server.engine.requests.output_size import (
 from pooling_server.engine.requests.params import (
     PROMPT_TASKS,
     TASK_PARAMS,
-    Output,
     OutputEncoding,
     Task,
 )
@@ -416,34 +412,24 @@ def _characters(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     whole = "score" if request.task is Task.SCORE else lists[0][0]
     prompt = len(r.prompt or "")  # counted with every text it precedes
     limit = info.char_limit(r.may_run_long)
-    if request.task is Task.SCORE and reads_pairs(info):
-        yield from _pair_bounds(r, lists, limit, limits)
-        return
+    if request.task is Task.SCORE and info.is_cross_encoder:
+        return  # pairs read as one sequence: its family bounds them (pair_bounds)
     yield from _character_bounds(lists, whole, limit, limits, prompt)
     if request.candidate_labels and request.task is Task.CLASSIFY:
         yield from _label_total(r, limits, sum(len(t) + prompt for _, ts in lists for t in ts))
 
 
-def reads_pairs(info: ModelInfo) -> bool:
-    """Whether the model reads each score pair as one sequence (a cross-encoder, an LLM
-    reranker), so that each pair's text is built, and a text_1 shared by N pairs (with an
-    LLM reranker's instruction and template) is read N times, as plans.py plans it."""
-    if info.towers is not None or info.multi_output is not None:
-        return False
-    if info.head is HeadKind.LLM_SCORE:
-        return True
-    return info.multi_vector is None and info.is_cross_encoder
-
-
-def _pair_bounds(
-    r: Resolved, lists: Sequence[tuple[str, Sequence[str]]], limit: int, limits: Limits
-) -> Iterator[FieldViolation]:
-    """Every text within `limit`, an LLM reranker's instruction too; and the pairs as they
-    are built (each text_1 with each of its text_2, in the template with the instruction,
-    on an LLM reranker) within the request bound: what a request multiplies counts as
-    often as it is read, before any pair's text is built."""
+def pair_bounds(r: Resolved, limits: Limits, template: Any = None) -> Iterator[FieldViolation]:
+    """For a model that reads each score pair as one sequence (a cross-encoder; an LLM
+    reranker, through its `template`: a ScoreTemplate): every text within the model's
+    limit, an instruction too; and the pairs as they are built (each text_1 with each of
+    its text_2, in the template with the instruction) within the request bound: what a
+    request multiplies counts as often as it is read, before any pair's text is built."""
     request, info = r.request, r.info
-    template = info.score_template if info.head is HeadKind.LLM_SCORE else None
+    if request.task is not Task.SCORE or request.num_items > limits.max_client_batch_size:
+        return  # _batch_size speaks for a request this large
+    lists = list(_inputs(request))
+    limit = info.char_limit(r.may_run_long)
     instruction = request.prompt
     unbounded = Limits(max_request_chars=1 << 62)  # the pairs' total is counted below
     yield from _character_bounds(lists, "score", limit, unbounded)
@@ -541,19 +527,12 @@ def _task_agrees(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 
 def _task_hint(task: Task, info: ModelInfo) -> str:
-    """Why a model lacks a task, where the reason is its family (multi-vector or not)."""
-    if task is Task.EMBED_MULTI:
-        return (
-            " (embed_multi needs a multi-vector ColBERT model: a PyLate or MultiVectorEncoder"
-            " folder)"
-        )
-    if info.multi_vector is not None and task in (Task.EMBED, Task.TOKEN_EMBED):
-        return " (a multi-vector ColBERT model gives one matrix per text by embed_multi)"
-    if task is Task.EMBED_OUTPUTS:
-        return (
-            " (embed_outputs needs a multi-output model: a bge-m3 folder with "
-            "sparse_linear.pt and colbert_linear.pt beside its encoder)"
-        )
+    """Why a model lacks a task, where the answer is a family (Family.task_hint)."""
+    for name in ORDER:
+        hint = family(name).task_hint
+        said = hint(task, info) if hint is not None else ""
+        if said:
+            return said
     return ""
 
 
@@ -646,48 +625,6 @@ def _late_chunking(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         else:
             continue
         yield FieldViolation(f"{path}.spans[{i}]", f"[{start}, {end}) {problem}", reason)
-
-
-def _outputs_asked(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """embed_outputs names the outputs it wants: at least one."""
-    request = r.request
-    if request.task is Task.EMBED_OUTPUTS and not request.outputs:
-        yield FieldViolation(
-            "embed_outputs",
-            "ask for at least one output: set dense, sparse or multi",
-            "OUTPUTS_NONE",
-        )
-
-
-def _output_weights_model(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """output_weights weigh a multi-output model's three scores: no other model has them."""
-    request, info = r.request, r.info
-    if request.params.output_weights is None or request.task is not Task.SCORE:
-        return  # on other tasks, _params_for_task refuses it
-    if info.multi_output is None:
-        yield FieldViolation(
-            "params.output_weights",
-            f'model "{info.name}" is not a multi-output (bge-m3) model: output_weights weigh '
-            "the dense, sparse and multi scores of one; leave it unset",
-            "OUTPUT_WEIGHTS_NOT_SUPPORTED",
-        )
-
-
-def _output_weights(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """Weights of a mean: none negative (or not a number), at least one positive."""
-    weights = r.request.params.output_weights
-    if weights is None or r.request.task is not Task.SCORE:
-        return
-    values = {output: weights.of(output) for output in Output}
-    bad = [f"{o.value} {v}" for o, v in values.items() if not (0 <= v < float("inf"))]
-    if bad or not any(values.values()):
-        problem = f"got {', '.join(bad)}" if bad else "all are 0"
-        yield FieldViolation(
-            "params.output_weights",
-            "output_weights must be finite and non-negative, with at least one positive "
-            f"(the combined score is their weighted mean); {problem}",
-            "OUTPUT_WEIGHTS_INVALID",
-        )
 
 
 def _late_chunking_model(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
@@ -795,7 +732,7 @@ def _prompt_for_task(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         return
     takes = ", ".join(task.value for task in Task if task in PROMPT_TASKS)
     for name in ("prompt_name", "prompt"):
-        if name == "prompt" and r.info.score_template is not None:
+        if name == "prompt" and family(r.info.family).instruction:
             continue  # an LLM reranker's instruction (its template's {instruction})
         if getattr(request, name) is None:
             continue
@@ -848,27 +785,6 @@ def _sparse_top_k(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
             f"top_k must be 0 (every non-zero weight) or a positive count, "
             f"got {request.sparse_top_k}",
             "TOP_K_INVALID",
-        )
-
-
-def _sparse_activation(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """use_activation=false skips SPLADE's log saturation after max pooling; sum pooling
-    saturates each token before summing, so it has no unsaturated form to return."""
-    request, info = r.request, r.info
-    unsaturated = request.task is Task.EMBED_SPARSE and request.params.use_activation is False
-    if unsaturated and info.multi_output is not None:
-        yield FieldViolation(
-            "params.use_activation",
-            f'model "{info.name}" gives lexical weights as relu(sparse_linear(h)), with no '
-            "other form to return; leave use_activation unset",
-            "USE_ACTIVATION_NOT_SUPPORTED",
-        )
-    elif unsaturated and info.splade_strategy is SpladeStrategy.SUM:
-        yield FieldViolation(
-            "params.use_activation",
-            f'model "{info.name}" sums saturated SPLADE weights over tokens, so its weights '
-            "cannot be returned unsaturated; leave use_activation unset",
-            "USE_ACTIVATION_NOT_SUPPORTED",
         )
 
 
@@ -942,7 +858,7 @@ def output_too_large(path: str, estimate: int, budget: ResponseBudget) -> Poolin
 def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """What the request alone says of its answer's size: one vector, class row or score per
     input; late chunks counted on the texts; for outputs of a row per token (token
-    outputs, ColBERT matrices, bge-m3's outputs), at least a row per word of every text
+    outputs, a family's own: Family.rows), at least a row per word of every text
     (counted exactly once tokenized: _token_output), so that the tokenizer never runs for
     a refusal."""
     request, info = r.request, r.info
@@ -972,18 +888,12 @@ def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 
 def _rows_cap(r: Resolved) -> int | None:
-    """The most tokens a text of a ROW_TASKS request keeps: a ColBERT model's cuts its
-    texts to the mode's length (engine/requests/plans.py's _multi_vector_texts), the others to
-    their truncation or maximum length."""
-    vectors = r.info.multi_vector
-    if r.request.task is not Task.EMBED_MULTI or vectors is None or r.info.multi_output:
+    """The most tokens a text of a ROW_TASKS request keeps: as its family cuts it
+    (Family.rows), else its truncation or the maximum length."""
+    rows = family(r.info.family).rows
+    if r.request.task in TOKEN_TASKS or rows is None or rows.cap is None:
         return r.token_cap
-    query = _query_mode(r.request, r.info)
-    length = vectors.query_length if query else vectors.document_length
-    if query and vectors.query_expansion and not vectors.expansion_truncates:
-        length = None  # "min" expansion: the query length is only a floor
-    cut = r.truncate if r.truncate not in (None, -1) else None
-    return min(n for n in (length, cut, r.info.max_input_tokens) if n is not None)
+    return rows.cap(r)
 
 
 # The tasks whose answers hold rows per token, sized from each text's tokens (rows_bytes).
@@ -992,40 +902,16 @@ ROW_TASKS = TOKEN_TASKS | {Task.EMBED_MULTI, Task.EMBED_OUTPUTS}
 
 def rows_bytes(r: Resolved, tokens: Sequence[int], budget: ResponseBudget) -> int:
     """The answer of a ROW_TASKS request whose texts have `tokens` tokens each (as
-    tokenized, truncation applied): token outputs a row per token; embed_multi a ColBERT
-    row per token (a query's filled up to its length); embed_outputs the dense vector,
-    a weight per token and a ColBERT row per token after the first."""
+    tokenized, truncation applied): token outputs a row per token; the other tasks as
+    the model's family sizes them (Family.rows; 0 where it has none: the task is
+    refused)."""
     request, info = r.request, r.info
     task, encoding, dims = request.task, request.encoding, request.params.dimensions
     assert task is not None
     if task in TOKEN_TASKS:
         return token_rows_bytes(task, tokens, info, dims, encoding, budget)
-    vectors, settings = info.multi_vector, info.multi_output
-    if settings is None:  # a ColBERT model: embed_multi
-        if vectors is None:
-            return 0  # _task_supported refuses it
-        width = vectors.dimension or info.hidden_size
-        if _query_mode(request, info) and vectors.query_expansion and vectors.query_length:
-            tokens = [max(n, vectors.query_length) for n in tokens]
-        return matrix_bytes(tokens, width, encoding, budget)
-    after_first = [max(n - 1, 0) for n in tokens]  # bge-m3 drops the cls token's
-    wanted = request.outputs if task is Task.EMBED_OUTPUTS else {Output.MULTI}
-    total = len(tokens) * budget.item_bytes  # each text's outputs, framed
-    if Output.DENSE in wanted:
-        total += matrix_bytes([1] * len(tokens), settings.hidden, encoding, budget)
-    if Output.SPARSE in wanted:
-        total += sparse_bytes(after_first, budget)
-    if Output.MULTI in wanted:
-        total += matrix_bytes(after_first, settings.multi_width, encoding, budget)
-    return total
-
-
-def _query_mode(request: PoolRequest, info: ModelInfo) -> bool:
-    """embed_multi in ColBERT's query mode (engine/requests/plans.py's _plan_multi)."""
-    named = request.prompt_name
-    if named is None and request.prompt is None:
-        named = info.default_prompt_name
-    return named == QUERY
+    rows = family(info.family).rows
+    return 0 if rows is None else rows.answer(r, tokens, budget)
 
 
 def _late_chunks_estimate(r: Resolved, budget: ResponseBudget) -> int:
@@ -1166,7 +1052,6 @@ RULES: tuple[Stage, ...] = (
             _characters,
             _sparse_top_k,
             _late_chunking,
-            _outputs_asked,
             _items_shape,
             _candidate_labels,
         ),
@@ -1174,7 +1059,7 @@ RULES: tuple[Stage, ...] = (
     ),
     Stage(
         ErrorKind.FAILED_PRECONDITION,
-        (_task_supported, _late_chunking_model, _output_weights_model, _modalities),
+        (_task_supported, _late_chunking_model, _modalities),
         joins="model",
     ),
     Stage(
@@ -1186,8 +1071,6 @@ RULES: tuple[Stage, ...] = (
             _encoding,
             _prompt_for_task,
             _prompt_name,
-            _sparse_activation,
-            _output_weights,
             _output_size,
         ),
         joins="params",
@@ -1232,11 +1115,15 @@ def _with_family(rules: tuple[Stage, ...], name: str) -> tuple[Stage, ...]:
 
 
 def _joined(rules: tuple[Stage, ...], name: str) -> tuple[Stage, ...]:
-    """`rules` with the family's own rules joined to the stages they run in."""
+    """`rules` with the family's own rules joined to the stages they run in, and with its
+    model rules those the other families run elsewhere (FamilyRules.elsewhere)."""
     own = family(name).rules
+    others = tuple(c for n in ORDER if n != name for c in family(n).rules.elsewhere)
     joined = []
     for stage in rules:
         extra: tuple[Check, ...] = getattr(own, stage.joins) if stage.joins else ()
+        if stage.joins == "model":
+            extra += others
         if stage.rerank:
             extra = tuple(map(_for_rerank, extra))
         joined.append(replace(stage, checks=stage.checks + extra))

@@ -181,7 +181,7 @@ def test_colbert_estimate_is_at_least_the_answer(colbert: LoadedModel, mode: str
     result = Counted(colbert).run(request)
     assert all(isinstance(o, MultiVector) for o in result)
     resolved = validate_request(request, colbert.info, Limits())
-    settings = colbert.info.multi_vector
+    settings = colbert.info.settings
     assert settings is not None
     prompt = settings.query_prefix if mode else settings.document_prefix
     cut = settings.query_length if mode else settings.document_length
@@ -278,7 +278,7 @@ def test_entity_estimate_is_at_least_the_answer(ner: LoadedModel, aggregation: s
 def test_colbert_floor_counts_rows_as_the_mode_cuts_them(colbert: LoadedModel) -> None:
     """Documents past the document length keep that many rows: a request whose texts
     are long but whose matrices are small is served, not refused by its words."""
-    settings = colbert.info.multi_vector
+    settings = colbert.info.settings
     assert settings is not None and settings.document_length is not None
     width = settings.dimension * 4
     # Each text's words alone would be 64 KB of rows at the maximum length; cut, 1.3 KB.

@@ -91,7 +91,7 @@ def test_dense_projection_matches_sentence_transformers(
 def test_untrusted_activation_refuses_to_load(folders: dict[str, Path], tmp_path: Path) -> None:
     """An activation outside torch.nn would run code the folder names: refused at load."""
     from pooling_server.engine.models.dense import load_dense
-    from pooling_server.engine.models.loader import read_sentence_transformers
+    from pooling_server.engine.models.folder_reading import read_sentence_transformers
 
     config_path = folders["tanh"] / "2_Dense" / "config.json"
     config = json.loads(config_path.read_text())

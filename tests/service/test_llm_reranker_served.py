@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pooling_client.v1 import pooling_pb2 as pb
 from pooling_client.v1 import pooling_pb2_grpc
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
-from tests.engine.test_llm_reranker import CARD_TASK, card_format, card_inputs, card_scores
+from tests.engine.families.test_llm_reranker import CARD_TASK, card_format, card_inputs, card_scores
 from tests.fixture_models import QWEN3_RERANKER_TEMPLATE, tiny_qwen3_reranker
 from tests.responses import in_document_order
 from tests.rpc_errors import decode_rpc_error

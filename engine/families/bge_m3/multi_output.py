@@ -43,6 +43,11 @@ class MultiOutputSettings:
     unused_ids: tuple[int, ...] = ()
 
     @property
+    def outputs(self) -> tuple[str, ...]:
+        """Its outputs as ModelCard.outputs names them (ModelInfo.outputs)."""
+        return OUTPUTS
+
+    @property
     def width(self) -> int:
         """Values per token row: row 0 the dense vector, the others weight and vector."""
         return max(self.hidden, 1 + self.multi_width)

@@ -28,7 +28,7 @@ MODES = (QUERY, DOCUMENT)
 
 @dataclass(frozen=True)
 class MultiVectorSettings:
-    """How query and document texts become token sequences (ModelInfo.multi_vector)."""
+    """How query and document texts become token sequences (ModelInfo.settings)."""
 
     query_prefix: str
     document_prefix: str
@@ -41,6 +41,26 @@ class MultiVectorSettings:
     skiplist_words: tuple[str, ...] = ()
     skiplist_ids: tuple[int, ...] = ()
     dimension: int = 0
+
+    def kept_tokens(self, query: bool, truncate: int | None, maximum: int) -> int:
+        """The most tokens a text of the mode keeps: the mode's length (a query's only a
+        floor under "min" expansion), the request's truncation and the maximum length."""
+        length = self.query_length if query else self.document_length
+        if query and self.query_expansion and not self.expansion_truncates:
+            length = None
+        cut = truncate if truncate not in (None, -1) else None
+        return min(n for n in (length, cut, maximum) if n is not None)
+
+
+def query_mode(
+    prompt_name: str | None, prompt: str | None, default_prompt_name: str | None
+) -> bool:
+    """Whether embed_multi runs in query mode: prompt_name "query", or with neither a name
+    nor a prompt given, a model whose default prompt name is "query"."""
+    named = prompt_name
+    if named is None and prompt is None:
+        named = default_prompt_name
+    return named == QUERY
 
 
 @dataclass(frozen=True)

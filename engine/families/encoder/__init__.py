@@ -1,7 +1,8 @@
 """The pooled text encoder: a transformer's token states pooled into one vector per text
-(embed, token_embed, score by cosine; late chunking is a plan over it)."""
+(embed, token_embed, score by cosine; late chunking is a plan over it, in requests/).
+loading.py loads it (with sentence-transformers' Dense modules), plan.py plans it."""
 
 from pooling_server.engine.families import Family
-from pooling_server.engine.requests.plans import plan_encoder
+from pooling_server.engine.families.encoder.plan import plan
 
-FAMILY = Family(name="encoder", plan=plan_encoder, loading=f"{__name__}.loading")
+FAMILY = Family(name="encoder", plan=plan, loading=f"{__name__}.loading")

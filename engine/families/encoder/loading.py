@@ -1,16 +1,59 @@
-"""Loading a pooled text encoder: any folder no other family claims (AutoModel)."""
+"""Loading a pooled text encoder (AutoModel): any folder of token states no other family
+claims, with sentence-transformers' Dense modules projecting its pooled vectors."""
 
 from __future__ import annotations
 
+from transformers import AutoModel
+
 from pooling_server.engine.families import LoadContext
-from pooling_server.engine.models.loader import load_transformer
+from pooling_server.engine.families.llm_reranker.score_template import SCORE_TEMPLATE_FILE
+from pooling_server.engine.models.folder_reading import is_causal_lm
+from pooling_server.engine.models.loader import (
+    dense_projection,
+    module_kwargs,
+    serve_module,
+    text_facts,
+)
 from pooling_server.engine.models.model_folder import ModelFolder
+from pooling_server.engine.models.model_info import TASKS_BY_HEAD, HeadKind
 from pooling_server.engine.models.model_runner import LoadedModel
+from pooling_server.engine.requests.params import Task
 
 
 def read(folder: ModelFolder) -> object | None:
-    return folder  # last in ORDER: every folder left is an encoder's
+    return folder if folder.head is HeadKind.HIDDEN else None  # last in ORDER
 
 
 def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedModel:
-    return load_transformer(folder, context, "encoder")
+    projection = dense_projection(folder, context.device)
+    module = AutoModel.from_pretrained(folder.path, **module_kwargs(folder, context))
+    module = module.to(context.device).eval()
+    tasks = TASKS_BY_HEAD[HeadKind.HIDDEN]
+    refusal = _score_refusal(folder)
+    if refusal:  # listed without score, which it refuses saying why
+        tasks = tuple(task for task in tasks if task is not Task.SCORE)
+    info = text_facts(
+        folder,
+        context,
+        module,
+        projection,
+        family="encoder",
+        head=HeadKind.HIDDEN,
+        tasks=tasks,
+        score_refusal=refusal,
+    )
+    return serve_module(folder, context, module, info, projection)
+
+
+def _score_refusal(folder: ModelFolder) -> str:
+    """Why score is refused on a decoder LM checkpoint served without a template (its
+    cosine of last-token states is no reranker's score); "" where score means cosine (an
+    embedding model's folder: sentence-transformers modules, or a bare decoder body)."""
+    if folder.st is not None or not is_causal_lm(folder.config):
+        return ""
+    return (
+        f'model "{folder.spec.served_name}" is a decoder LM ({folder.config.architectures[0]}) '
+        "served without a score template, so it cannot score pairs as an LLM reranker does; "
+        f"serve it with --score-template and --score-tokens, or put a {SCORE_TEMPLATE_FILE} "
+        "in its folder"
+    )

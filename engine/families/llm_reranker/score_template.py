@@ -61,6 +61,11 @@ class ScoreTemplate:
     runs: tuple[tuple[str, int | None], ...] = ()
 
     @property
+    def score_template_source(self) -> str:
+        """ModelInfo.score_template_source, where this template is a model's settings."""
+        return self.source
+
+    @property
     def fixed_tokens(self) -> int:
         """The tokens every pair adds around its own."""
         return len(self.lead_ids) + len(self.prefix_ids) + len(self.suffix_ids)

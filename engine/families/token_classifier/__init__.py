@@ -1,6 +1,7 @@
-"""Token classifiers: a token-classification head, one logit row per token (token_classify)."""
+"""Token classifiers: a token-classification head, one class row per token
+(token_classify). loading.py loads it, plan.py plans it."""
 
 from pooling_server.engine.families import Family
-from pooling_server.engine.requests.plans import plan_text
+from pooling_server.engine.families.token_classifier.plan import plan
 
-FAMILY = Family(name="token_classifier", plan=plan_text, loading=f"{__name__}.loading")
+FAMILY = Family(name="token_classifier", plan=plan, loading=f"{__name__}.loading")

@@ -25,8 +25,7 @@ from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.loader import LoadedModel
 from pooling_server.engine.requests.request import RerankRequest
 from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
-from tests.engine.planned import load
-from tests.engine.test_llm_reranker import (
+from tests.engine.families.test_llm_reranker import (
     CARD_PREFIX,
     CARD_SUFFIX,
     QUERY,
@@ -36,6 +35,7 @@ from tests.engine.test_llm_reranker import (
     run,
     score_request,
 )
+from tests.engine.planned import load
 from tests.fixture_models import tiny_qwen3_reranker
 
 ATOL = 1e-5

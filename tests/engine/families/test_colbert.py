@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from sentence_transformers import MultiVectorEncoder
 
 from pooling_server.engine.backends import BackendKind, BackendOptions
 from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
 from pooling_server.engine.models.loader import LoadedModel
 from pooling_server.engine.requests.outputs import ItemOutput, MultiVector, Score
 from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
@@ -77,8 +79,8 @@ def test_loads_as_a_multi_vector_model(models: dict[str, LoadedModel]) -> None:
         assert info.tasks == (Task.EMBED_MULTI, Task.SCORE)
         assert not info.is_cross_encoder
         assert info.hidden_size == COLBERT_DIM
-        settings = info.multi_vector
-        assert settings is not None
+        settings = info.settings
+        assert info.family == "colbert" and isinstance(settings, MultiVectorSettings)
         assert (settings.query_prefix, settings.document_prefix) == ("[Q] ", "[D] ")
         assert (settings.query_length, settings.document_length) == (12, 20)
         assert settings.query_expansion and not settings.attend_to_expansion
@@ -226,6 +228,23 @@ def test_bad_requests_are_refused(models: dict[str, LoadedModel]) -> None:
 def test_exported_backends_are_refused(folders: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="multi-vector model runs on --backend torch"):
         load(folders["pylate"], backend=BackendOptions(kind=BackendKind.ONNX))
+
+
+def test_a_token_projection_without_colbert_settings_is_refused(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """The generic reading leaves a Dense on token states to the family that reads it; a
+    folder no family reads so is refused by name, not served as a plain encoder."""
+    folder = tmp_path / "unsettled"
+    shutil.copytree(folders["pylate"], folder)
+    settings = folder / "config_sentence_transformers.json"
+    config = json.loads(settings.read_text())
+    for key in ("model_type", "query_prefix", "document_prefix", "query_length"):
+        config.pop(key)
+    config.pop("do_query_expansion")
+    settings.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="a Dense module before pooling is not supported"):
+        load(folder)
 
 
 def test_a_default_prompt_name_picks_the_default_mode(models: dict[str, LoadedModel]) -> None:

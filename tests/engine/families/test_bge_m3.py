@@ -7,6 +7,7 @@ batches with ordinary embed requests; every refusal."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from pooling_server.engine.backends import BackendKind, BackendOptions
 from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.families.bge_m3.multi_output import MultiOutputSettings
 from pooling_server.engine.models.loader import LoadedModel
 from pooling_server.engine.requests.outputs import (
     Embedding,
@@ -40,7 +42,7 @@ from pooling_server.engine.requests.request import (
 from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
 from tests.bge_m3_reference import Reference, expected_score
 from tests.engine.planned import load, run_all
-from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3, tiny_mean_bert
+from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3, tiny_colbert, tiny_mean_bert
 
 ATOL = 1e-5
 TEXTS = [
@@ -105,10 +107,10 @@ def test_loads_as_a_multi_output_model(models: dict[str, LoadedModel], name: str
         Task.SCORE,
     )
     assert info.outputs == ("dense", "sparse", "multi")
-    assert info.multi_output is not None
-    assert (info.multi_output.hidden, info.multi_output.multi_width) == (32, BGE_M3_COLBERT_DIM)
+    assert info.family == "bge_m3" and isinstance(info.settings, MultiOutputSettings)
+    assert (info.settings.hidden, info.settings.multi_width) == (32, BGE_M3_COLBERT_DIM)
     assert info.hidden_size == 32 and info.backend == "torch"
-    assert models["plain"].info.outputs == () and models["plain"].info.multi_output is None
+    assert models["plain"].info.outputs == () and models["plain"].info.family == "encoder"
 
 
 @pytest.mark.parametrize("name", BODIES)
@@ -361,3 +363,9 @@ def test_refused_at_load(folders: dict[str, Path], tmp_path: Path) -> None:
     (half / "colbert_linear.pt").unlink()
     with pytest.raises(ValueError, match=r"colbert_linear\.pt is missing"):
         load(half)
+    # bge-m3's heads beside a ColBERT layout: neither family guesses which was meant.
+    both = tiny_colbert(tmp_path / "both")
+    for name in ("sparse_linear.pt", "colbert_linear.pt"):
+        shutil.copyfile(folders["xlm-roberta"] / name, both / name)
+    with pytest.raises(ValueError, match="without ColBERT settings or Dense modules"):
+        load(both)
