@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.families.colbert.multi_vector import MultiVectorSettings
 from pooling_server.engine.inputs.modality import Modality
 from pooling_server.engine.models.model_info import ModelInfo, PoolingType
 from pooling_server.engine.requests.output_size import ResponseBudget
@@ -30,6 +31,7 @@ from pooling_server.engine.requests.params import (
     Task,
 )
 from pooling_server.engine.requests.request import (
+    Audio,
     ChunkRule,
     Image,
     Item,
@@ -62,19 +64,28 @@ POOLING_TYPE_TO_PROTO = {
 }
 
 
-MODALITY_TO_PROTO = {Modality.TEXT: pb.MODALITY_TEXT, Modality.IMAGE: pb.MODALITY_IMAGE}
+MODALITY_TO_PROTO = {
+    Modality.TEXT: pb.MODALITY_TEXT,
+    Modality.IMAGE: pb.MODALITY_IMAGE,
+    Modality.AUDIO: pb.MODALITY_AUDIO,
+}
 
 
 def items_from_proto(items: Iterable[pb.Item], path: str) -> tuple[Item, ...]:
-    """Each Item as a text or an Image. An Item with neither set is refused by its field
-    path (`path[n]`, ITEM_EMPTY): read as an empty text, it was embedded as one."""
+    """Each Item as a text, an Image or an Audio clip. An Item with none set is refused by
+    its field path (`path[n]`, ITEM_EMPTY): read as an empty text, it was embedded as one."""
     read: list[Item] = []
     for index, item in enumerate(items):
         case = item.WhichOneof("content")
-        if case is None:
-            description = "the item sets neither text nor image; set one of them"
+        if case == "text":
+            read.append(item.text)
+        elif case == "image":
+            read.append(Image(item.image.data, item.image.mime_type))
+        elif case == "audio":
+            read.append(Audio(item.audio.data, item.audio.mime_type))
+        else:
+            description = "the item sets none of text, image and audio; set one of them"
             raise PoolingError.invalid([FieldViolation(f"{path}[{index}]", description, EMPTY)])
-        read.append(Image(item.image.data, item.image.mime_type) if case == "image" else item.text)
     return tuple(read)
 
 
@@ -240,10 +251,10 @@ def rerank_response_to_proto(result: RerankResult, request: pb.RerankRequest) ->
     results = response.results
     for ranked in result.ranking:
         item = results.add(index=ranked.index, relevance_score=ranked.score)
-        if ranked.modality is not None:  # the request's items: texts and images
+        if ranked.modality is not None:  # the request's items: texts, images, audio clips
             item.modality = MODALITY_TO_PROTO[ranked.modality]
             given = request.items[ranked.index]
-            if request.return_documents and given.WhichOneof("content") != "image":
+            if request.return_documents and given.WhichOneof("content") == "text":
                 item.document = given.text
         elif request.return_documents:
             item.document = request.documents[ranked.index]
@@ -395,8 +406,8 @@ def _multi_vector(matrix: MultiVector) -> pb.MultiVectorMatrix:
 
 
 def _multi_vector_settings(info: ModelInfo) -> pb.MultiVectorSettings | None:
-    settings = info.multi_vector
-    if settings is None:
+    settings = info.settings
+    if not isinstance(settings, MultiVectorSettings):
         return None
     return pb.MultiVectorSettings(
         query_prefix=settings.query_prefix,
