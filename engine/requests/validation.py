@@ -8,8 +8,10 @@ rules can rely on what earlier ones checked. Field paths follow the wire schema
 Validation returns the request `Resolved` on its model: the prompt text, the long-input
 policy (reject, truncate or chunk), the truncation and its side, decided once by
 `resolve` and read as they are by the rules, the planner and the engine. Three tables:
-RULES (before tokenizing, on the event loop), TOKENIZED_RULES (token counts, on a
-tokenizer thread) and UNKNOWN_VALUES (enum values a door cannot map, as it decodes).
+RULES (before tokenizing, on the event loop; a family's rules join their stages),
+TOKENIZED_RULES (token counts, on a tokenizer thread: size_rules.py, with the answer's size)
+and UNKNOWN_VALUES (enum values a door cannot map, as it decodes). `Resolved` and `Limits`
+are in resolved.py.
 """
 
 from __future__ import annotations
@@ -22,21 +24,14 @@ from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
 from pooling_server.engine.families import ORDER, family
 from pooling_server.engine.models.model_info import (
     HeadKind,
-    LongInput,
     ModelInfo,
     PoolingType,
 )
 from pooling_server.engine.requests.encodings import CALIBRATION_FILES, NEEDS_RANGES
 from pooling_server.engine.requests.output_size import (
-    GRPC_BUDGET,
     ResponseBudget,
     fewest_tokens,
-    late_chunk_count,
-    megabytes,
-    pooled_bytes,
-    token_rows_bytes,
     tokenize_bytes,
-    word_count,
 )
 from pooling_server.engine.requests.params import (
     PROMPT_TASKS,
@@ -51,9 +46,26 @@ from pooling_server.engine.requests.request import (
     PoolRequest,
     RerankRequest,
 )
+from pooling_server.engine.requests.resolved import TOKEN_TASKS as TOKEN_TASKS
+from pooling_server.engine.requests.resolved import Check as Check
+from pooling_server.engine.requests.resolved import Limits as Limits
+from pooling_server.engine.requests.resolved import Resolved as Resolved
+from pooling_server.engine.requests.resolved import list_path
+from pooling_server.engine.requests.resolved import prompt_text as prompt_text
+from pooling_server.engine.requests.resolved import resolve as resolve
+from pooling_server.engine.requests.size_rules import TOKENIZED_RULES as TOKENIZED_RULES
+from pooling_server.engine.requests.size_rules import answer_size
+from pooling_server.engine.requests.size_rules import check_token_output as check_token_output
+from pooling_server.engine.requests.size_rules import (
+    check_tokenize_output as check_tokenize_output,
+)
+from pooling_server.engine.requests.size_rules import check_tokenized as check_tokenized
+from pooling_server.engine.requests.size_rules import output_too_large as output_too_large
+from pooling_server.engine.requests.size_rules import output_violation as output_violation
+from pooling_server.engine.requests.size_rules import response_budget as response_budget
+from pooling_server.engine.requests.size_rules import rows_bytes as rows_bytes
 
 INPUT_CASES = ", ".join(task.value for task in Task)
-TOKEN_TASKS = frozenset({Task.TOKEN_EMBED, Task.TOKEN_CLASSIFY})  # one output row per token
 
 
 # Identifiers are echoed in answers and logs: bounded, so neither can be made huge.
@@ -61,88 +73,6 @@ MAX_REQUEST_ID_BYTES = 256
 MAX_MODEL_NAME_CHARS = 256
 # Which models take each input other than text (for a refusal's message).
 MODELS_BY_MODALITY = {"image": "CLIP, SigLIP", "audio": "CLAP"}
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_client_batch_size: int = 1024
-    max_request_chars: int = 4 * 1024 * 1024  # all texts of one request together
-    response: ResponseBudget = GRPC_BUDGET  # the largest answer (gRPC's send limit)
-    # Images (engine/inputs/images.py): encoded bytes of one image (OpenAI's own cap for an image
-    # input), its pixels as its header claims them (refused before decoding: 50 MP holds
-    # 8K frames and 48/50 MP phone photos, 150 MB as RGB; Pillow warns past 89 MP), and
-    # images in one request (each costs a decode and a tower pass).
-    max_image_bytes: int = 20 * 1024 * 1024
-    max_image_pixels: int = 50_000_000
-    max_images_per_request: int = 64
-    # Audio clips (engine/families/clap/audio.py): encoded bytes of one clip, its duration,
-    # sample rate and channels as its header claims them (refused before decoding; only
-    # the model's clip length is ever decoded), and clips in one request.
-    max_audio_bytes: int = 20 * 1024 * 1024
-    max_audio_seconds: float = 600.0
-    max_audio_sample_rate: int = 384_000
-    max_audio_channels: int = 8
-    max_audio_clips_per_request: int = 64
-
-
-@dataclass(slots=True)  # not frozen: a frozen __init__ costs microseconds per request
-class Resolved:
-    """A request with the facts it settles on its model, found once (by `resolve`, before
-    the rules run) and then read, never changed, by the rules, the planner and the engine.
-
-    `long_input` is this request's own policy for a text past the maximum length: TRUNCATE
-    where it sets truncate_prompt_tokens or the model truncates, CHUNK where the model
-    chunks (and can), else REJECT. `truncate` is what the tokenizer truncates to (-1: the
-    maximum length; None: it does not truncate), cutting the `side` end. `rerank` is the
-    rerank request this score request computes, if any.
-    """
-
-    request: PoolRequest
-    info: ModelInfo
-    prompt: str | None  # prepended to every input (see prompt_text)
-    long_input: LongInput
-    truncate: int | None
-    side: str
-    rerank: RerankRequest | None = None
-
-    @property
-    def may_run_long(self) -> bool:
-        """Whether a text may rightly run past the maximum length, so that the long-text
-        character bound applies: truncated, or chunked into pooled outputs (chunked token
-        outputs grow with the text, so those keep the tighter bound)."""
-        if self.long_input is LongInput.CHUNK:
-            return self.request.task not in TOKEN_TASKS
-        return self.long_input is LongInput.TRUNCATE
-
-    @property
-    def token_cap(self) -> int | None:
-        """The most tokens of one text's output rows: its truncation, or the maximum length
-        (past which the length rule refuses it); None where long texts are chunked."""
-        if self.truncate is not None and self.truncate > 0:
-            return self.truncate
-        if self.long_input is LongInput.CHUNK:
-            return None
-        return self.info.max_input_tokens
-
-
-def resolve(request: PoolRequest, info: ModelInfo, rerank: RerankRequest | None = None) -> Resolved:
-    """The one place a request's prompt, long-input policy and truncation are decided."""
-    truncate = request.params.truncate_prompt_tokens
-    if request.late_chunking is not None:  # macro-windows read the whole text
-        policy, truncate = LongInput.CHUNK, None
-    elif truncate is not None:
-        policy = LongInput.TRUNCATE
-    elif info.long_input is LongInput.TRUNCATE:
-        policy, truncate = LongInput.TRUNCATE, -1
-    elif info.chunks_long_input:
-        policy = LongInput.CHUNK
-    else:
-        policy = LongInput.REJECT
-    side = request.truncation_side or info.truncation_side
-    return Resolved(request, info, prompt_text(request, info), policy, truncate, side, rerank)
-
-
-Check = Callable[[Resolved, Limits], Iterator[FieldViolation]]
 
 
 def _input_present(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
@@ -181,15 +111,8 @@ def _score_shape(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 def _batch_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request = r.request
     if request.task is not None and request.num_items > limits.max_client_batch_size:
-        path = _list_path(request)
+        path = list_path(request)
         yield too_many_inputs(path, request.num_items, limits.max_client_batch_size)
-
-
-def _list_path(request: PoolRequest) -> str:
-    """The path of a request's (second) input list, as the request gave it."""
-    if request.task is Task.SCORE:
-        return "score.items_2" if request.items_2 else "score.text_2"
-    return f"{request.task}.items" if request.items else f"{request.task}.texts"
 
 
 def too_many_inputs(path: str, count: int | None, limit: int) -> FieldViolation:
@@ -704,18 +627,6 @@ def _truncate(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     )
 
 
-def prompt_text(request: PoolRequest, info: ModelInfo) -> str | None:
-    """The text prepended to every input: the request's prompt, else its named prompt, else
-    the model's default. None where no prompt applies: a task without prompts (see
-    PROMPT_TASKS), or an unknown name (which _prompt_name reports)."""
-    if request.task not in PROMPT_TASKS:
-        return None
-    if request.prompt is not None:
-        return request.prompt
-    name = request.prompt_name if request.prompt_name is not None else info.default_prompt_name
-    return None if name is None else info.prompts.get(name)
-
-
 def _prompt_conflict(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request = r.request
     if request.prompt is not None and request.prompt_name is not None:
@@ -829,205 +740,6 @@ def _calibration(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
         )
 
 
-def response_budget(request: PoolRequest, limits: Limits) -> ResponseBudget:
-    return request.response_budget or limits.response
-
-
-def output_violation(path: str, estimate: int, budget: ResponseBudget) -> FieldViolation:
-    """An answer over the door's limit: refused before the work that would make it."""
-    return FieldViolation(
-        path,
-        f"the answer would hold about {megabytes(estimate)} ({estimate} bytes), more than "
-        f"the limit of {megabytes(budget.max_bytes)} ({budget.max_bytes} bytes, "
-        f"{budget.setting}); send fewer or shorter inputs per request",
-        "OUTPUT_TOO_LARGE",
-    )
-
-
-def output_too_large(path: str, estimate: int, budget: ResponseBudget) -> PoolingError:
-    """`path`: the inputs at fault; empty where the answer as a whole is (its real size)."""
-    violation = output_violation(path, estimate, budget)
-    if path:
-        error = PoolingError.invalid([violation])
-    else:
-        error = PoolingError(ErrorKind.INVALID_ARGUMENT, violation.reason, violation.description)
-    error.metadata = {"estimated_bytes": str(estimate), "limit_bytes": str(budget.max_bytes)}
-    return error
-
-
-def _output_size(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """What the request alone says of its answer's size: one vector, class row or score per
-    input; late chunks counted on the texts; for outputs of a row per token (token
-    outputs, a family's own: Family.rows), at least a row per word of every text
-    (counted exactly once tokenized: _token_output), so that the tokenizer never runs for
-    a refusal."""
-    request, info = r.request, r.info
-    assert request.task is not None
-    budget, dims = response_budget(request, limits), request.params.dimensions
-    if dims is not None and not 1 <= dims <= info.hidden_size:
-        return  # _dimensions speaks for it
-    if request.late_chunking is not None and request.task is Task.EMBED:
-        estimate = _late_chunks_estimate(r, budget)
-    elif request.task in ROW_TASKS:
-        cap = _rows_cap(r)
-        specials = info.num_special_tokens
-        most = [len(text) + specials for text in request.texts]
-        if cap is not None:
-            most = [min(n, cap) for n in most]
-        if rows_bytes(r, most, budget) <= budget.max_bytes:
-            return  # fits even at one token per character: no words to count
-        estimate = rows_bytes(r, fewest_tokens(request.texts, specials, cap), budget)
-    else:
-        if request.candidate_labels:  # zero-shot: one value per candidate label
-            info = replace(info, labels=request.candidate_labels)
-        estimate = pooled_bytes(
-            request.task, request.num_items, info, dims, request.encoding, budget
-        )
-    if estimate > budget.max_bytes:
-        yield output_violation(_list_path(request), estimate, budget)
-
-
-def _rows_cap(r: Resolved) -> int | None:
-    """The most tokens a text of a ROW_TASKS request keeps: as its family cuts it
-    (Family.rows), else its truncation or the maximum length."""
-    rows = family(r.info.family).rows
-    if r.request.task in TOKEN_TASKS or rows is None or rows.cap is None:
-        return r.token_cap
-    return rows.cap(r)
-
-
-# The tasks whose answers hold rows per token, sized from each text's tokens (rows_bytes).
-ROW_TASKS = TOKEN_TASKS | {Task.EMBED_MULTI, Task.EMBED_OUTPUTS}
-
-
-def rows_bytes(r: Resolved, tokens: Sequence[int], budget: ResponseBudget) -> int:
-    """The answer of a ROW_TASKS request whose texts have `tokens` tokens each (as
-    tokenized, truncation applied): token outputs a row per token; the other tasks as
-    the model's family sizes them (Family.rows; 0 where it has none: the task is
-    refused)."""
-    request, info = r.request, r.info
-    task, encoding, dims = request.task, request.encoding, request.params.dimensions
-    assert task is not None
-    if task in TOKEN_TASKS:
-        return token_rows_bytes(task, tokens, info, dims, encoding, budget)
-    rows = family(info.family).rows
-    return 0 if rows is None else rows.answer(r, tokens, budget)
-
-
-def _late_chunks_estimate(r: Resolved, budget: ResponseBudget) -> int:
-    """Late chunks' vectors, counted before tokenizing: spans as given, sentences on the
-    texts (counting stops once past what the budget holds), the tokens rule at one token
-    per word at least."""
-    from pooling_server.engine.requests.late_chunking import (
-        sentence_count,  # it imports this module
-    )
-
-    request, info = r.request, r.info
-    chunking = request.late_chunking
-    assert chunking is not None
-    one = pooled_bytes(Task.EMBED, 1, info, request.params.dimensions, request.encoding, budget)
-    most = budget.max_bytes // max(one, 1) + 1  # chunks past this are refused alike
-    if chunking.spans:
-        chunks = len(chunking.spans)
-    elif chunking.rule is ChunkRule.SENTENCES:
-        chunks = 0
-        for text in request.texts:
-            chunks += sentence_count(text, most - chunks)
-            if chunks >= most:
-                break
-    elif chunking.rule is ChunkRule.TOKENS and chunking.window >= 1:
-        chunks, stride = 0, chunking.window - chunking.overlap
-        for text in request.texts:  # words past those `most` chunks need are not counted
-            words = word_count(text, chunking.window + (most - chunks) * stride)
-            chunks += late_chunk_count(words, chunking.window, chunking.overlap)
-            if chunks >= most:
-                break
-    else:
-        return 0  # _late_chunking speaks for it
-    return chunks * one
-
-
-# Rules that need token counts: run once tokenized (on a tokenizer thread), before the
-# forward pass, for each list of inputs. `path` names the list, `counts` holds each
-# input's tokens as tokenized (truncation applied, before chunking).
-
-TokenizedCheck = Callable[[Resolved, Limits, str, Sequence[int]], PoolingError | None]
-
-
-def _lengths(r: Resolved, limits: Limits, path: str, counts: Sequence[int]) -> PoolingError | None:
-    """Inputs over the model's maximum length, where the request neither truncates nor
-    chunks them; or over the request's own max_tokens, where it sets one."""
-    own, limit = r.request.max_tokens, r.info.max_input_tokens
-    if own is None and r.long_input is not LongInput.REJECT:
-        return None
-    bound = "the model's maximum"
-    if own is not None and own < limit:
-        limit, bound = max(own, r.info.num_special_tokens), "the request's max_tokens"
-    if max(counts, default=0) <= limit:
-        return None
-    return PoolingError.invalid(
-        [
-            FieldViolation(
-                f"{path}[{i}]",
-                f"has {count} tokens, more than {bound} of {limit}; "
-                "shorten it or set params.truncate_prompt_tokens (-1 truncates to the maximum)",
-                "INPUT_TOO_LONG",
-            )
-            for i, count in enumerate(counts)
-            if count > limit
-        ]
-    )
-
-
-def _token_output(
-    r: Resolved, limits: Limits, path: str, counts: Sequence[int]
-) -> PoolingError | None:
-    """Outputs of rows per token (ROW_TASKS): each text's rows counted on its tokens (its
-    chunks joined back), before the forward pass."""
-    request = r.request
-    task = request.task
-    if task not in ROW_TASKS:
-        return None
-    budget = response_budget(request, limits)
-    estimate = rows_bytes(r, counts, budget)
-    if estimate <= budget.max_bytes:
-        return None
-    return output_too_large(f"{task}.texts", estimate, budget)
-
-
-TOKENIZED_RULES: tuple[TokenizedCheck, ...] = (_lengths, _token_output)
-
-
-def check_token_output(
-    request: PoolRequest, info: ModelInfo, limits: Limits, rows: Sequence[int]
-) -> None:
-    """The token-output rule alone, for a request not yet resolved: `rows` tokens per text."""
-    error = _token_output(resolve(request, info), limits, f"{request.task}.texts", rows)
-    if error is not None:
-        raise error
-
-
-def check_tokenized(r: Resolved, limits: Limits, path: str, counts: Sequence[int]) -> None:
-    """Raise the first error of TOKENIZED_RULES for one tokenized list of inputs."""
-    for check in TOKENIZED_RULES:
-        error = check(r, limits, path, counts)
-        if error is not None:
-            raise error
-
-
-def check_tokenize_output(
-    tokens_and_lengths: Sequence[tuple[int, int]],
-    limits: Limits,
-    budget: ResponseBudget | None = None,
-) -> None:
-    """Once tokenized, before the ids become token strings and messages; `budget`: the
-    answering door's (gRPC's by default)."""
-    budget = budget or limits.response
-    estimate = tokenize_bytes(tokens_and_lengths, budget)
-    if estimate > budget.max_bytes:
-        raise output_too_large("texts", estimate, budget)
-
-
 @dataclass(frozen=True)
 class Stage:
     kind: ErrorKind
@@ -1071,7 +783,7 @@ RULES: tuple[Stage, ...] = (
             _encoding,
             _prompt_for_task,
             _prompt_name,
-            _output_size,
+            answer_size,
         ),
         joins="params",
     ),
