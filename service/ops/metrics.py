@@ -374,8 +374,19 @@ class Metrics:
         """`code`: the protocol's own status; `ok` says whether it is a success."""
         ok = code == "OK" if ok is None else ok
         request = (rpc, task, model, code, protocol, ok, timings.total_s, timings.tokenize_s)
-        if self._turn is None or not self._turn.add(request, items, tokens):
-            self._count([request], [items], [tokens])
+        if self._turn is not None and self._turn.add(request, items, tokens):
+            return
+        key = (rpc, task, model, code, protocol)
+        count = self._requests.get(key)
+        if count is None:  # label sets are few (RPCs x tasks x models x codes x protocols)
+            count = self._requests[key] = self.requests.labels(*key)
+        count.inc()
+        c = self._children(model)
+        c.request_seconds[rpc].observe(timings.total_s)
+        if ok:
+            c.items[task].inc(items)
+            c.tokens[task].inc(tokens)
+            c.tokenize_seconds.observe(timings.tokenize_s)
 
     def _count(
         self,
