@@ -102,11 +102,22 @@ class RequestRunner:
             raise unavailable("the models are still loading; retry shortly")
         return self.engine
 
-    async def on_demand(self, engine: Engine, model: str, deadline: float | None) -> None:
-        """A call naming a repository model not loaded: load it (or share its load) within
-        the call's deadline, before the model is resolved."""
-        if self.repository is not None and not engine.serves(model):
-            await self.repository.ensure(model, deadline)
+    async def on_demand(
+        self,
+        outcome: _Outcome,
+        engine: Engine,
+        model: str,
+        deadline: float | None,
+        unknown: PoolingError,
+    ) -> ServedModel:
+        """The unknown-model branch: a call naming a model the engine does not serve. A
+        repository model is loaded (or its load shared) within the call's deadline, then
+        resolved; any other name is refused as it was (`unknown`). A served model's call
+        never comes here, so the repository adds no step to its walk."""
+        if self.repository is None or unknown.reason != "MODEL_NOT_FOUND":
+            raise unknown
+        await self.repository.ensure(model, deadline)
+        return outcome.resolve(engine, model)
 
     @property
     def limits(self) -> Limits:
@@ -149,8 +160,10 @@ class RequestRunner:
         task = request.task.value if request.task is not None else "none"
         with _Outcome(self, call, request.request_id, task, _pool_inputs(request)) as outcome:
             engine = self.ready()
-            await self.on_demand(engine, request.model, call.deadline)
-            model = outcome.resolve(engine, request.model)
+            try:
+                model = outcome.resolve(engine, request.model)
+            except PoolingError as unknown:
+                model = await self.on_demand(outcome, engine, request.model, call.deadline, unknown)
             if prepare is not None:
                 request = prepare(model.info)
             result = await engine.pool(
@@ -180,8 +193,10 @@ class RequestRunner:
         items = len(request.documents)
         with _Outcome(self, call, request.request_id, "score", inputs, items) as outcome:
             engine = self.ready()
-            await self.on_demand(engine, request.model, call.deadline)
-            model = outcome.resolve(engine, request.model)
+            try:
+                model = outcome.resolve(engine, request.model)
+            except PoolingError as unknown:
+                model = await self.on_demand(outcome, engine, request.model, call.deadline, unknown)
             result = await engine.rerank(
                 request,
                 deadline=call.deadline,
@@ -208,8 +223,10 @@ class RequestRunner:
         inputs = lambda: {"texts": list(texts)}  # noqa: E731
         with _Outcome(self, call, "", "tokenize", inputs, len(texts)) as outcome:
             engine = self.ready()
-            await self.on_demand(engine, model, call.deadline)
-            served = outcome.resolve(engine, model)
+            try:
+                served = outcome.resolve(engine, model)
+            except PoolingError as unknown:
+                served = await self.on_demand(outcome, engine, model, call.deadline, unknown)
             timings = outcome.timings
 
             def work() -> R:
@@ -236,8 +253,10 @@ class RequestRunner:
         """Token ids back to texts (TEI's /decode): many ids are decoded on a worker thread."""
         with _Outcome(self, call, "", "decode", dict, len(sequences)) as outcome:
             engine = self.ready()
-            await self.on_demand(engine, model, call.deadline)
-            served = outcome.resolve(engine, model)
+            try:
+                served = outcome.resolve(engine, model)
+            except PoolingError as unknown:
+                served = await self.on_demand(outcome, engine, model, call.deadline, unknown)
             if sum(map(len, sequences)) > OFF_LOOP_IDS:
                 decoding = asyncio.to_thread(engine.decode, served, sequences, skip_special)
                 texts = await _within(call.deadline, decoding)
