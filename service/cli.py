@@ -930,9 +930,6 @@ def type_equals_prompt(value: str) -> str:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    if (args.admin_key or args.model_repository) and args.frontends not in (0, 1):
-        # A load or unload reaches one front end; the others would not route to it.
-        raise SystemExit("--admin-key and --model-repository need --frontends 0 or 1")
     return ServerConfig(
         models=model_specs(args),
         host=args.host,

@@ -43,6 +43,7 @@ from pooling_server.service.split.layout import weight_bytes
 
 if TYPE_CHECKING:
     from pooling_server.engine.scheduling.engine import Engine
+    from pooling_server.engine.scheduling.ipc import ModelChanged
     from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
 
 log = logging.getLogger(__name__)
@@ -190,10 +191,14 @@ class RemoteHost:
                 f"{said or 'no engine is serving'}"
                 + (f" (engines {loaded} had loaded it, and unloaded it again)" if loaded else ""),
             )
-        description = msgspec.json.decode(answers[0][1].description, type=ModelDescription)
-        # The tokenizer and any image processor read from the folder: off the loop.
-        served = await asyncio.to_thread(description.served, self.engines_per_device)
+        served = await self.served(answers[0][1].description)
         return served, max(a.memory_bytes for _, a in answers)
+
+    async def served(self, description: bytes) -> ServedModel:
+        """A model's served side from an engine's description of it. The tokenizer and
+        any image processor are read from the folder: off the loop."""
+        decoded = msgspec.json.decode(description, type=ModelDescription)
+        return await asyncio.to_thread(decoded.served, self.engines_per_device)
 
     async def unload(self, name: str) -> None:
         from pooling_server.engine.scheduling.ipc import UnloadModel
@@ -256,6 +261,12 @@ class ModelManager:
             self._entries[name] = entry
         self._specs: dict[str, ModelSpec] = {spec.served_name: spec for spec in config.models}
         self._turn = asyncio.Lock()  # loads and evictions take turns
+        # A split server's other front ends' loads and unloads, as the engines tell of
+        # them (`learned`): the engines that have each model loaded, and the unloads
+        # under way here (each engine's notice answered once its calls are).
+        self._told: dict[str, set[int]] = {}
+        self._withdrawals: dict[str, asyncio.Task[None]] = {}
+        self._draining: dict[str, Any] = {}
         self.refresh()
 
     # ---------------------------------------------------------------- the catalog
@@ -403,7 +414,8 @@ class ModelManager:
                 await self._make_room(entry, estimate)
                 log.info("loading model %s from %s", name, entry.source)
                 served, size = await self.host.load(entry, spec, dtype)
-                self.engine.add_model(served)
+                if not self.engine.serves(name):  # else learned from another front end
+                    self.engine.add_model(served)
                 entry.load_seconds = time.monotonic() - started
                 entry.memory_bytes = size
                 entry.state, entry.reason, entry.failed_until = ModelState.LOADED, "", 0.0
@@ -475,16 +487,86 @@ class ModelManager:
         entry.state = ModelState.UNLOADING
         started = time.monotonic()
         try:
-            use = self.engine.remove_model(entry.name)
-            await use.drained()
+            if self.engine.serves(entry.name):  # else withdrawn for another front end
+                use = self._draining[entry.name] = self.engine.remove_model(entry.name)
+                await use.drained()
             await self.host.unload(entry.name)
         finally:
+            self._draining.pop(entry.name, None)
             entry.state, entry.memory_bytes = ModelState.AVAILABLE, 0
             if not (entry.on_demand or entry.pinned):  # an admin's load, unloaded: gone
                 self._entries.pop(entry.name, None)
         log.info("model %s unloaded in %.2fs", entry.name, time.monotonic() - started)
         if self.metrics is not None:
             self.metrics.unloads.labels(entry.name).inc()
+
+    # ------------------------------------------- what other front ends did (split server)
+
+    def learned(self, engine: int, change: ModelChanged) -> None:
+        """On the loop: engine `engine` says another front end loaded `change.name` on it
+        (with its description), or is unloading it (none). A load is routed here once
+        every live engine has told of it; an unload is answered to each engine once the
+        model is out of routing here and its calls are answered."""
+        name = change.name
+        if change.description:
+            told = self._told.setdefault(name, set())
+            told.add(engine)
+            client = self.engine.client
+            live = set(range(len(client.engines))) - client.dead  # type: ignore[attr-defined]
+            if live <= told and not self.engine.serves(name):
+                task = asyncio.create_task(self._adopt(change), name=f"adopt {name}")
+                task.add_done_callback(_retrieved)
+            return
+        self._told.pop(name, None)
+        withdrawal = self._withdrawals.get(name)
+        if withdrawal is None:
+            withdrawal = self._withdrawals[name] = asyncio.create_task(self._withdraw(name))
+            withdrawal.add_done_callback(lambda _: self._withdrawals.pop(name, None))
+        client = self.engine.client
+        withdrawal.add_done_callback(lambda _: client.withdrawn(engine, change.id))  # type: ignore[attr-defined]
+
+    async def _adopt(self, change: ModelChanged) -> None:
+        """Route a model another front end loaded on every engine."""
+        name = change.name
+        entry = self._entries.get(name)
+        if entry is not None and entry.loading is not None:
+            return  # this front end's own load of it answers and routes it
+        served = await self.host.served(change.description)  # type: ignore[attr-defined]
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = Entry(name, change.source)
+        if entry.loading is not None or self.engine.serves(name) or name not in self._told:
+            return  # loading here meanwhile, already routed, or unloaded since
+        self.engine.add_model(served)
+        entry.state, entry.reason, entry.failed_until = ModelState.LOADED, "", 0.0
+        entry.memory_bytes = change.memory_bytes
+        log.info("model %s loaded by another front end: routed here too", name)
+
+    async def _withdraw(self, name: str) -> None:
+        """Out of routing here, and every call here to it answered (another front end is
+        unloading it)."""
+        draining = self._draining.get(name)
+        if draining is None and self.engine.serves(name):
+            entry = self._entries.get(name)
+            if entry is not None:
+                entry.state = ModelState.UNLOADING
+            draining = self.engine.remove_model(name)
+            try:
+                await draining.drained()
+            finally:
+                if entry is not None and entry.state is ModelState.UNLOADING:
+                    entry.state, entry.memory_bytes = ModelState.AVAILABLE, 0
+                    if not (entry.on_demand or entry.pinned):
+                        self._entries.pop(name, None)
+            log.info("model %s unloaded by another front end: out of routing here", name)
+        elif draining is not None:
+            await draining.drained()
+
+
+def in_process(config: ServerConfig, engine: Engine) -> ModelManager:
+    """On-demand loading from --model-repository for a job with no server around its
+    engine (`pooling-server batch`, the Ray stage): weights loaded in this process."""
+    return ModelManager(config, engine, LocalHost(config, engine, lambda name, queue: None))
 
 
 # ------------------------------------------------------------------------ helpers
@@ -498,7 +580,7 @@ def _retrieved(task: asyncio.Task[None]) -> None:
 
 
 def _check_name(name: str) -> None:
-    from pooling_server.engine.requests.validation import MAX_MODEL_NAME_CHARS
+    from pooling_server.engine.requests.shape_rules import MAX_MODEL_NAME_CHARS
 
     if not name or len(name) > MAX_MODEL_NAME_CHARS:
         raise PoolingError.invalid(

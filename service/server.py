@@ -251,7 +251,10 @@ class PoolingServer:
             host = RemoteHost(engine, config.engines_per_device)
             # The engines hold the --model models: their weight files, as near as is known.
             sizes = {spec.served_name: weight_bytes([spec.source]) for spec in config.models}
-        return ModelManager(config, engine, host, metrics, sizes)
+        manager = ModelManager(config, engine, host, metrics, sizes)
+        if self.frontend is not None:  # the other front ends' loads and unloads, told here
+            engine.client.on_model_changed = manager.learned  # type: ignore[attr-defined]
+        return manager
 
     def _remote_client(self) -> RemoteEngineClient | None:
         client = self.runner.engine.client if self.runner.engine is not None else None

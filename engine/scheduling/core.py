@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import math
 import os
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.inputs.modality import PixelFrame
+from pooling_server.engine.inputs.modality import Frame
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
 from pooling_server.engine.scheduling.engine_client import LocalEngineClient
@@ -39,11 +40,13 @@ from pooling_server.engine.scheduling.ipc import (
     JobResult,
     Link,
     LoadModel,
+    ModelChanged,
     ModelLoaded,
     Pong,
     Results,
     Submit,
     UnloadModel,
+    Withdrawn,
     encoder,
     start_daemon,
     to_engine_decoder,
@@ -66,13 +69,15 @@ def _raws(raws: list[np.ndarray]) -> list[np.ndarray]:
 
 
 class _FrontEnd:
-    """A connected front end: its link, and its jobs not yet answered, by id."""
+    """A connected front end: its link, its jobs not yet answered, by id, and the unloads
+    it has been told of and not yet answered (`Withdrawn`), by id."""
 
-    __slots__ = ("jobs", "link")
+    __slots__ = ("jobs", "link", "withdrawing")
 
     def __init__(self, link: Link) -> None:
         self.link = link
         self.jobs: dict[int, Job] = {}
+        self.withdrawing: dict[int, asyncio.Future[None]] = {}
 
 
 class RunTimeModels(Protocol):
@@ -103,6 +108,11 @@ class EngineCore:
         self._acceptor: threading.Thread | None = None
         self._readers: list[threading.Thread] = []
         self._stopping = False
+        # Run-time models: each name's one load or unload under way, shared by every front
+        # end asking for it; and each loaded one's answer (description, bytes, source).
+        self._managing: dict[str, asyncio.Task[tuple[bytes, int]]] = {}
+        self._loaded: dict[str, tuple[bytes, int, str]] = {}
+        self._keys = itertools.count(1)
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
@@ -174,6 +184,8 @@ class EngineCore:
                 elif isinstance(decoded, (LoadModel, UnloadModel)):  # on the loop, off this
                     # reader: Pings are answered while the weights load
                     asyncio.run_coroutine_threadsafe(self._manage(front_end, decoded), self._loop)
+                elif isinstance(decoded, Withdrawn):
+                    self._loop.call_soon_threadsafe(self._withdrawn, front_end, decoded.id)
                 else:  # a stall check: answered from here, so a wedged process is seen
                     with contextlib.suppress(OSError):
                         front_end.link.send(encoder.encode(Pong(decoded.sent)))
@@ -181,6 +193,8 @@ class EngineCore:
                 log.exception("dropped a message the engine could not read")
         with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
             self._loop.call_soon_threadsafe(self._cancel, front_end, list(front_end.jobs))
+            for key in list(front_end.withdrawing):  # a front end gone routes nothing
+                self._loop.call_soon_threadsafe(self._withdrawn, front_end, key)
 
     def _submit(self, front_end: _FrontEnd, message: Submit, payload: bytearray) -> None:
         """On the front end's reader thread: the message's jobs into their models' queues."""
@@ -205,7 +219,7 @@ class EngineCore:
                     size = math.prod(shape)
                     frame = frames[:size].reshape(shape)
                     frames = frames[size:]
-                    work.append((PixelFrame(frame, patches), header.keep_tokens))
+                    work.append((Frame(frame, patches), header.keep_tokens))
                     continue
                 end = offset + n
                 token_types = None if types is None else types[offset:end]
@@ -242,7 +256,8 @@ class EngineCore:
     async def _manage(self, front_end: _FrontEnd, message: LoadModel | UnloadModel) -> None:
         """Load a model (warm, its queue delivering to the links) or unload one (its queue
         stopped: the front ends route nothing to it and its calls are answered), then say
-        so to the front end that asked."""
+        so to the front end that asked. Front ends asking for the same model at once share
+        its one load (or unload); a model already loaded is answered as it is."""
         try:
             if self.run_time is None:
                 raise PoolingError(
@@ -250,17 +265,33 @@ class EngineCore:
                     "MODEL_LOAD_FAILED",
                     "this engine loads no models at run time",
                 )
+            name = message.name
+            while (under_way := self._managing.get(name)) is not None:
+                await asyncio.wait({under_way})
+                if isinstance(message, UnloadModel) or name in self._loaded:
+                    break  # what it asks was just done (a failed load: tried again below)
             if isinstance(message, LoadModel):
-                loaded, description, size = await self.run_time.load(message)
-                queue = await self.client.add_model(loaded)
-                queue.deliver = self._send
-                queue.told_of_cancels = True
-                del loaded
+                if name in self._loaded and name in self.queues:
+                    description, size, _ = self._loaded[name]
+                else:
+                    work = self._load(front_end, message)
+                    self._managing[name] = task = asyncio.ensure_future(work)
+                    try:
+                        description, size = await asyncio.shield(task)
+                    finally:
+                        if self._managing.get(name) is task:
+                            del self._managing[name]
                 answer = ModelLoaded(message.id, description, size)
             else:
-                if message.name in self.queues:
-                    await self.client.remove_model(message.name)
-                await self.run_time.release()
+                if name in self._loaded or name in self.queues:
+                    self._managing[name] = task = asyncio.ensure_future(
+                        self._unload(front_end, name)
+                    )
+                    try:
+                        await asyncio.shield(task)
+                    finally:
+                        if self._managing.get(name) is task:
+                            del self._managing[name]
                 answer = ModelLoaded(message.id)
         except Exception as exc:
             if not isinstance(exc, PoolingError):
@@ -271,6 +302,51 @@ class EngineCore:
             answer = ModelLoaded(message.id, error=ErrorInfo.of(exc))
         with contextlib.suppress(OSError):  # the front end is gone
             front_end.link.send(encoder.encode(answer))
+
+    async def _load(self, asker: _FrontEnd, message: LoadModel) -> tuple[bytes, int]:
+        """The model loaded and its queue serving; every other front end told of it."""
+        assert self.run_time is not None
+        loaded, description, size = await self.run_time.load(message)
+        queue = await self.client.add_model(loaded)
+        queue.deliver = self._send
+        queue.told_of_cancels = True
+        del loaded
+        self._loaded[message.name] = (description, size, message.source)
+        for front_end in self._front_ends:
+            if front_end is not asker:
+                change = ModelChanged(0, message.name, message.source, description, size)
+                with contextlib.suppress(OSError):
+                    front_end.link.send(encoder.encode(change))
+        return description, size
+
+    async def _unload(self, asker: _FrontEnd, name: str) -> None:
+        """Every other front end stops routing to the model and sees its calls answered
+        (`Withdrawn`), then its queue stops and its memory is handed back."""
+        assert self.run_time is not None
+        self._loaded.pop(name, None)
+        waits = []
+        for front_end in self._front_ends:
+            if front_end is asker:
+                continue
+            key = next(self._keys)
+            front_end.withdrawing[key] = told = self._loop.create_future()
+            try:
+                front_end.link.send(encoder.encode(ModelChanged(key, name)))
+            except OSError:  # gone: it routes nothing
+                front_end.withdrawing.pop(key, None)
+                continue
+            waits.append(told)
+        if waits:
+            await asyncio.wait(waits)
+        if name in self.queues:
+            await self.client.remove_model(name)
+        await self.run_time.release()
+
+    def _withdrawn(self, front_end: _FrontEnd, key: int) -> None:
+        """On the loop: a front end routes nothing more to a model being unloaded."""
+        told = front_end.withdrawing.pop(key, None)
+        if told is not None and not told.done():
+            told.set_result(None)
 
     def _cancel(self, front_end: _FrontEnd, ids: Sequence[int]) -> None:
         """On the loop: a cancelled job's queued items are dropped; nothing is sent back."""

@@ -40,7 +40,7 @@ class JobHeader(msgspec.Struct, array_like=True):
     # Late chunking: per sequence, token ranges [a0, b0, a1, b1, ...] whose mean states
     # come back (engine/requests/late_chunking.py); empty when no sequence has any.
     pools: list[list[int]] = []
-    # An image model's images (engine/inputs/modality.py's PixelFrame), per sequence: [] for a
+    # An image model's images (engine/inputs/modality.py's Frame), per sequence: [] for a
     # text, else [patches, channels, height, width]; an image's `lengths` entry is 0 ids,
     # its pixels float32 in the payload after the ids (and types). Empty: no images.
     frames: list[list[int]] = []
@@ -152,6 +152,26 @@ class ModelLoaded(msgspec.Struct, array_like=True, tag=5):
     error: ErrorInfo | None = None
 
 
+class ModelChanged(msgspec.Struct, array_like=True, tag=6):
+    """An engine tells every other front end that a model another front end asked for is
+    now loaded on it (`description`, as ModelLoaded's) or about to be unloaded (empty
+    description): a front end routes a model once every engine has told it so, and
+    answers an unload with `Withdrawn` once it routes nothing to it and its calls there are
+    answered (service/repository.py's ModelManager.learned)."""
+
+    id: int
+    name: str
+    source: str = ""
+    description: bytes = b""
+    memory_bytes: int = 0
+
+
+class Withdrawn(msgspec.Struct, array_like=True, tag=7):
+    """A front end's answer to an unloading ModelChanged (by id)."""
+
+    id: int
+
+
 class EngineReady(msgspec.Struct):
     """Written by an engine process once its models are loaded and warm."""
 
@@ -160,8 +180,8 @@ class EngineReady(msgspec.Struct):
     models: list[ModelDescription]
 
 
-ToEngine = Submit | Cancel | Ping | LoadModel | UnloadModel
-FromEngine = Results | Pong | ModelLoaded
+ToEngine = Submit | Cancel | Ping | LoadModel | UnloadModel | Withdrawn
+FromEngine = Results | Pong | ModelLoaded | ModelChanged
 to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
 from_engine_decoder = msgspec.msgpack.Decoder(FromEngine)
 encoder = msgspec.msgpack.Encoder()

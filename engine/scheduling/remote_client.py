@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.inputs.modality import PixelFrame
+from pooling_server.engine.inputs.modality import Frame
 from pooling_server.engine.scheduling.batch_queue import BatchQueue
 from pooling_server.engine.scheduling.ipc import (
     IDS,
@@ -42,12 +42,14 @@ from pooling_server.engine.scheduling.ipc import (
     JobHeader,
     Link,
     LoadModel,
+    ModelChanged,
     ModelLoaded,
     Ping,
     Pong,
     Results,
     Submit,
     UnloadModel,
+    Withdrawn,
     encoder,
     from_engine_decoder,
     start_daemon,
@@ -116,6 +118,9 @@ class RemoteEngineClient:
         self._threads: list[threading.Thread] = []
         # Loads and unloads sent to the engines (manage), by key: (engine, its answer).
         self._managing: dict[int, tuple[int, asyncio.Future[ModelLoaded]]] = {}
+        # Called on the loop with (engine, message) when an engine says another front end
+        # loaded or is unloading a model (service/repository.py's ModelManager.learned).
+        self.on_model_changed: Callable[[int, ModelChanged], None] | None = None
 
     @property
     def serving(self) -> bool:
@@ -202,6 +207,18 @@ class RemoteEngineClient:
         if waiting is not None and not waiting[1].done():
             waiting[1].set_result(answer)
 
+    def _model_changed(self, engine: int, message: ModelChanged) -> None:
+        if self.on_model_changed is not None:
+            self.on_model_changed(engine, message)
+        elif not message.description:  # nothing here routes run-time models
+            self.withdrawn(engine, message.id)
+
+    def withdrawn(self, engine: int, key: int) -> None:
+        """Tell `engine` that this front end routes nothing more to the model its unloading
+        ModelChanged `key` named, and that its calls there are answered."""
+        with contextlib.suppress(OSError):  # a dead engine waits for nothing
+            self._links[engine].send(encoder.encode(Withdrawn(key)))
+
     def _choices(self) -> list[int]:
         """The engines a job may go to (under the lock): the serving ones; while every live
         one is stalled, those (the job waits, as their calls do, in case they come back)."""
@@ -216,7 +233,7 @@ class RemoteEngineClient:
             lengths = []
             frames: list[list[int]] = []
             for sequence, _ in job.work:
-                if type(sequence) is PixelFrame:
+                if type(sequence) is Frame:
                     frames += [[] for _ in range(len(lengths) - len(frames))]
                     frames.append([sequence.patches, *sequence.pixels.shape])
                     pixels.append(sequence.pixels)
@@ -273,6 +290,8 @@ class RemoteEngineClient:
                 self._owes_pong[engine] = False
             elif isinstance(decoded, ModelLoaded):
                 self._call_in_loop(self._managed, decoded)
+            elif isinstance(decoded, ModelChanged):
+                self._call_in_loop(self._model_changed, engine, decoded)
             else:
                 self._take_results(decoded, payload)
             if engine in self.stalled:
