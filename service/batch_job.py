@@ -209,10 +209,15 @@ async def answer_lines(lines: LineRunner, raws: list[bytes], first_number: int) 
     return [a if isinstance(a, bytes) else await a for a in answers]
 
 
-def new_runner(engine: Engine) -> RequestRunner:
-    """A request runner over an engine already loaded, without a server around it."""
+def new_runner(engine: Engine, config: ServerConfig | None = None) -> RequestRunner:
+    """A request runner over an engine already loaded, without a server around it. With
+    `config`'s --model-repository, a line naming a repository model loads it (once)."""
     runner = RequestRunner(Telemetry(Metrics()))
     runner.engine = engine
+    if config is not None and config.model_repository:
+        from pooling_server.service.repository import in_process
+
+        runner.repository = in_process(config, engine)
     return runner
 
 
@@ -273,9 +278,12 @@ def _chunks(stream: IO[bytes]) -> Iterator[list[bytes]]:
 # ------------------------------------------------------------------ the job
 
 
-async def run_job(engine: Engine, options: BatchJobOptions) -> JobStats:
-    """Answer every line of the input; the engine is started and stopped by the caller."""
-    lines = LineRunner(new_runner(engine))
+async def run_job(
+    engine: Engine, options: BatchJobOptions, config: ServerConfig | None = None
+) -> JobStats:
+    """Answer every line of the input; the engine is started and stopped by the caller.
+    `config`: its --model-repository's models load on demand (`new_runner`)."""
+    lines = LineRunner(new_runner(engine, config))
     stats = JobStats()
     begun = time.monotonic()
     done = read_done(options.output) if options.resume else collections.Counter()
@@ -381,7 +389,7 @@ async def run_main(config: ServerConfig, options: BatchJobOptions) -> int:
     engine = await asyncio.to_thread(load_engine, config)
     await engine.start()
     try:
-        stats = await run_job(engine, options)
+        stats = await run_job(engine, options, config)
     finally:
         await engine.stop()
     log.info(

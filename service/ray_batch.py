@@ -155,7 +155,7 @@ class ShardAnswerer:
 
         self.engine = load_engine(config)
         self.path = path
-        self.lines = LineRunner(new_runner(self.engine))
+        self.lines = LineRunner(new_runner(self.engine, config))
         self._started: asyncio.Future[None] | None = None
 
     async def __call__(self, batch: dict[str, Any]) -> Any:

@@ -253,7 +253,8 @@ class EngineCaller:
         from pooling_server.engine.errors import PoolingError
         from pooling_server.service.loading import load_engine
 
-        self.engine = load_engine(server_config(server_args))
+        self.config = server_config(server_args)
+        self.engine = load_engine(self.config)
         self.options = options
         self._error = PoolingError
         self._started: asyncio.Future[None] | None = None
@@ -263,8 +264,18 @@ class EngineCaller:
     async def start(self) -> None:
         """Start the engine once, in the loop of the batches in flight (several at once)."""
         if self._started is None:
-            self._started = asyncio.ensure_future(self.engine.start())
+            self._started = asyncio.ensure_future(self._start())
         await self._started
+
+    async def _start(self) -> None:
+        """The engine started, and the stage's model loaded first if it is one of
+        --model-repository's (service/repository.py): its rows then never wait on it."""
+        await self.engine.start()
+        model = self.options.model
+        if model and self.config.model_repository and not self.engine.serves(model):
+            from pooling_server.service.repository import in_process
+
+            await in_process(self.config, self.engine).ensure(model, None)
 
     async def stop(self) -> None:
         if self._started is not None:

@@ -387,3 +387,42 @@ def test_batch_line_answers_as_the_http_route(
             same_body(answer["response"]["body"], got, url)
     finally:
         server.stop(signal.SIGTERM)
+
+
+def test_a_line_naming_a_repository_model_loads_it_once(
+    model_folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """--model-repository: the first lines naming a repository model load it (one load for
+    them all, however many wait), and its answers equal a job given the model with --model."""
+    repository = tmp_path / "models"
+    repository.mkdir()
+    (repository / "rep-st").symlink_to(model_folders["tiny-st-mean"], target_is_directory=True)
+    texts = [f"repository line {i}" for i in range(12)]
+    source = tmp_path / "in.jsonl"
+    bodies = [
+        line(f"r{i}", "/v1/embeddings", {"model": "rep-st", "input": t})
+        for i, t in enumerate(texts)
+    ]
+    bodies.append(line("other", "/v1/embeddings", {"model": "no-such-model", "input": "x"}))
+    source.write_text("".join(b + "\n" for b in bodies))
+
+    on_demand, given = tmp_path / "on-demand.jsonl", tmp_path / "given.jsonl"
+    args = ["--input", str(source), "--model-repository", str(repository)]
+    done = run_job(cli(model_folders, *args, "--output", str(on_demand), embed_only=True))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("loading model rep-st from") == 1, done.stderr[-3000:]
+    loaded = read_output(on_demand)
+    assert loaded[-1]["response"]["status_code"] == 404
+    assert loaded[-1]["response"]["body"]["error"]["code"] == "MODEL_NOT_FOUND"
+
+    started = ["--model", f"rep-st={model_folders['tiny-st-mean']}", "--input", str(source)]
+    done = run_job(cli(model_folders, *started, "--output", str(given), embed_only=True))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for got, want in zip(loaded[:-1], read_output(given)[:-1], strict=True):
+        assert got["response"]["status_code"] == 200, got
+        np.testing.assert_allclose(
+            got["response"]["body"]["data"][0]["embedding"],
+            want["response"]["body"]["data"][0]["embedding"],
+            rtol=1e-5,
+            atol=1e-6,
+        )

@@ -192,6 +192,23 @@ def test_sparse_and_images_equal_the_engine(cluster: str, folders: dict) -> None
         np.testing.assert_allclose(row["sparse_values"], output.values, atol=1e-6)
 
 
+def test_a_stage_naming_a_repository_model_loads_it(
+    cluster: str, folders: dict, tmp_path: Path
+) -> None:
+    """--model-repository: the actor loads the stage's model on its first batch, and its
+    rows equal an engine given that model with --model."""
+    repository = tmp_path / "models"
+    repository.mkdir()
+    (repository / "rep-st").symlink_to(folders["tiny-st-mean"], target_is_directory=True)
+    args = ["--model", str(folders["tiny-bert"]), *TORCH, "--model-repository", str(repository)]
+    got = staged([{"text": t} for t in TEXTS], server_args=args, task="embed", model="rep-st")
+    given = ["--model", f"rep-st={folders['tiny-st-mean']}", *TORCH]
+    want = Reference(given).pool(PoolRequest(task=Task.EMBED, texts=tuple(TEXTS)))
+    for row, output in zip(got, want.outputs, strict=True):
+        assert row["error"] is None, row
+        np.testing.assert_allclose(row["embedding"], output.values, atol=1e-6)
+
+
 def test_a_bad_row_is_an_error_on_that_row_and_parquet_takes_the_columns(
     cluster: str, folders: dict, tmp_path: Path
 ) -> None:
