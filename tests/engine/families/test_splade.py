@@ -21,7 +21,7 @@ import pytest
 import torch
 from sentence_transformers import SparseEncoder
 from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling, Transformer
-from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
+from transformers import AutoModelForMaskedLM, AutoTokenizer, BertForMaskedLM, BertModel
 
 from pooling_client import AsyncPoolingClient, PoolingClient, PoolingError, PoolingParams
 from pooling_client.v1 import pooling_pb2 as pb
@@ -30,34 +30,18 @@ from pooling_server.engine.models.loader import load_model
 from pooling_server.engine.models.model_info import PoolingType
 from pooling_server.engine.models.model_spec import ModelSpec
 from tests.conftest import Served, server_args
-from tests.fixture_models import MINILM
+from tests.engine.test_task_parity import TEXTS  # varied texts, all within 128 positions
+from tests.fixture_models import MINILM, _bert_config
 from tests.rpc_errors import decode_rpc_error
-from tests.server_process import ServerProcess, start_server
+from tests.server_process import ServerProcess, running_server, start_server
 
 ATOL = 1e-5
 MAX_POSITIONS = 128
-TEXTS = [
-    "Hello world",
-    "",
-    "The quick brown fox jumps over the lazy dog.",
-    "Ünïcödé façade: naïve café, Straße, 東京タワー and an emoji 🙂",
-    "?!... ,;:'\"()[]{} --- ***",
-    " ".join(["the powerhouse of the cell is the mitochondria"] * 8),
-    "Numbers 12345 and 67.89, MixedCASE words, e-mail: someone@example.com",
-]
 LONG_TEXT = " ".join(f"Sentence {i} mentions topic {i * 7 % 13}, and Zürich." for i in range(30))
 
 
 def _mlm() -> BertForMaskedLM:
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_POSITIONS,
-    )
-    model = BertForMaskedLM(config)
+    model = BertForMaskedLM(_bert_config())  # fixture_models' tiny BERT, 128 positions
     with torch.no_grad():  # logits are ~N(0, 0.11): keep a few hundred positive per text
         model.cls.predictions.bias.fill_(-0.35)
     return model
@@ -102,21 +86,10 @@ def server(
     folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     args = [*server_args(_served(folders)), "--dtype", "float32"]
-    process = start_server(args, tmp_path_factory.mktemp("sparse-logs"))
-    yield process
-    process.stop(signal.SIGTERM)
+    yield from running_server(args, tmp_path_factory.mktemp("sparse-logs"))
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[PoolingClient]:
-    with PoolingClient(server.address, timeout=60) as pooling_client:
-        yield pooling_client
-
-
-@pytest.fixture(scope="module")
-def stub(server: ServerProcess) -> Iterator[pooling_pb2_grpc.PoolingServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
-        yield pooling_pb2_grpc.PoolingServiceStub(channel)
+# `client` and `stub`: tests/conftest.py's, on this module's server.
 
 
 class References:
