@@ -97,6 +97,9 @@ class Family:
     # Why a model lacks a task, where the answer is this family: asked of every family
     # (in ORDER) when a model refuses a task, the first non-empty text appended.
     task_hint: Callable[[Task, ModelInfo], str] | None = None
+    # Its own refusal of a task its model lacks, in place of TASK_NOT_SUPPORTED (a decoder
+    # LM served as an encoder without a score template: SCORE_TEMPLATE_MISSING).
+    task_refusal: Callable[[Task, ModelInfo], FieldViolation | None] | None = None
     rows: RowSizes | None = None  # its own tasks' rows per token (None: none)
 
 

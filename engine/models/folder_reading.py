@@ -22,13 +22,7 @@ from pooling_server.engine.models.model_folder import (
     fast_tokenizer,
     max_input_tokens,
 )
-from pooling_server.engine.models.model_info import (
-    Activation,
-    HeadKind,
-    PoolingType,
-    SpladeActivation,
-    SpladeStrategy,
-)
+from pooling_server.engine.models.model_info import Activation, HeadKind, PoolingType
 from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -116,7 +110,7 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     pooling_type = None
     normalize = False
     include_prompt = True
-    splade = None
+    pooling_folder = None
     dense: list[Path] = []
     for module in modules:
         kind = module.get("type", "").rsplit(".", 1)[-1]
@@ -126,11 +120,12 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
             dense.append(path / module.get("path", ""))
             continue
         if kind == "Pooling":
-            pooling_type = _st_pooling_type(path / module.get("path", ""))
-            include_prompt = _st_include_prompt(path / module.get("path", ""))
-        elif kind == "SpladePooling":
+            pooling_folder = path / module.get("path", "")
+            pooling_type = _st_pooling_type(pooling_folder)
+            include_prompt = _st_include_prompt(pooling_folder)
+        elif kind == "SpladePooling":  # its settings read by the splade family
             pooling_type = PoolingType.SPLADE
-            splade = _st_splade(path / module.get("path", ""))
+            pooling_folder = path / module.get("path", "")
         elif kind == "Normalize":
             normalize = True
         elif kind not in ("Transformer", "MLMTransformer", "CLIPModel"):
@@ -144,7 +139,12 @@ def read_sentence_transformers(path: Path) -> SentenceTransformersConfig | None:
     if dense and not include_prompt:
         raise ValueError(f"{path}: Dense modules with include_prompt false are not supported")
     return SentenceTransformersConfig(
-        pooling_type, normalize, max_seq_length, include_prompt, splade=splade, dense=tuple(dense)
+        pooling_type,
+        normalize,
+        max_seq_length,
+        include_prompt,
+        pooling_folder=pooling_folder,
+        dense=tuple(dense),
     )
 
 
@@ -162,22 +162,6 @@ def st_model_folder(path: Path) -> Path:
     if kind in ("CLIPModel", "Transformer") and (inner / "config.json").is_file():
         return inner
     return path
-
-
-def _st_splade(folder: Path) -> tuple[SpladeStrategy, SpladeActivation]:
-    """A SpladePooling module's config (its defaults when the file is absent)."""
-    config_file = folder / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    strategy = config.get("pooling_strategy", "max")
-    activation = config.get("activation_function", "relu")
-    try:
-        return SpladeStrategy(strategy), SpladeActivation(activation)
-    except ValueError:
-        raise ValueError(
-            f"{folder}: SpladePooling with pooling_strategy {strategy!r} and "
-            f"activation_function {activation!r} is not supported (max or sum; relu or "
-            "log1p_relu)"
-        ) from None
 
 
 def _st_include_prompt(folder: Path) -> bool:

@@ -8,7 +8,7 @@ graphs).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,11 +179,13 @@ def serve_module(
     info: ModelInfo,
     projection: Sequence[DenseLayer] = (),
     calibrate: bool = True,
+    pool_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> LoadedModel:
     """A family's module (on the device) with its facts, served: the forward chosen among
     the backends its family runs on (torch, or an export), its int8 ranges and CUDA graphs.
     `calibrate`: compute int8 ranges where the folder ships none (not for a module whose
-    pooled rows hold more than the embedding)."""
+    pooled rows hold more than the embedding). `pool_logits`: the family's own pooling of
+    per-token logits (ModelRunner's)."""
     spec, device = context.spec, context.device
     attn_implementation, runtime = context.attn_implementation, context.runtime
     if spec.long_input is LongInput.CHUNK and not info.chunks_long_input:
@@ -196,6 +198,7 @@ def serve_module(
         device,
         tokenizer.tokenize(["warm up"]),
         torch.nn.Sequential(*projection) if projection else None,
+        pool_logits=pool_logits,
     )
     del module  # the runner holds it; an export that replaces it lets it go
     choose_forward(folder, runner, context, info.family)

@@ -11,12 +11,7 @@ from typing import TYPE_CHECKING, Any
 from transformers import PretrainedConfig
 
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
-from pooling_server.engine.models.model_info import (
-    HeadKind,
-    PoolingType,
-    SpladeActivation,
-    SpladeStrategy,
-)
+from pooling_server.engine.models.model_info import HeadKind, PoolingType
 from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
 
 if TYPE_CHECKING:
@@ -31,8 +26,9 @@ class SentenceTransformersConfig:
     normalize: bool
     max_seq_length: int | None
     include_prompt: bool = True  # the Pooling module's include_prompt
-    # SpladePooling's pooling_strategy and activation_function (a SparseEncoder folder).
-    splade: tuple[SpladeStrategy, SpladeActivation] | None = None
+    # The pooling module's folder (Pooling's, or a family's own such as SpladePooling), whose
+    # config the family that pools so reads.
+    pooling_folder: Path | None = None
     dense: tuple[Path, ...] = ()  # Dense module folders, applied in order after pooling
 
 

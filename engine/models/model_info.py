@@ -22,20 +22,6 @@ class PoolingType(StrEnum):
     SPLADE = "splade"  # max over tokens of log(1 + relu(MLM logits))
 
 
-class SpladeStrategy(StrEnum):
-    """How SPLADE pools token weights (sentence-transformers' SpladePooling.pooling_strategy)."""
-
-    MAX = "max"  # SPLADE v2 and later
-    SUM = "sum"  # the original SPLADE
-
-
-class SpladeActivation(StrEnum):
-    """SpladePooling.activation_function: relu, then log1p once (relu) or twice (log1p_relu)."""
-
-    RELU = "relu"
-    LOG1P_RELU = "log1p_relu"
-
-
 class HeadKind(StrEnum):
     """What the loaded transformers module returns."""
 
@@ -115,17 +101,12 @@ class ModelInfo:
     # Where they came from: "folder" (shipped with the model), "computed" (from the
     # calibration texts at load, engine/models/calibration.py), or "" when the model has none.
     calibration_source: str = ""
-    # embed_sparse (HeadKind.SPARSE): how token weights pool into one vocabulary vector.
-    splade_strategy: SpladeStrategy = SpladeStrategy.MAX
-    splade_activation: SpladeActivation = SpladeActivation.RELU
     # What runs the transformer's forward (engine/backends): torch, onnx or openvino; its
     # precision (float32, int8, or torch's dtype) and the export file ("" for torch).
     backend: str = "torch"
     precision: str = ""
     backend_file: str = ""
     engines_per_device: int = 1  # engine processes serving it on each device
-    # A decoder LM folder served without a template: why score is refused (else "").
-    score_refusal: str = ""
     # Dense modules project the pooled vector (sentence-transformers' Dense): a late
     # chunk's mean must be whole before it is projected (engine/requests/late_chunking.py).
     projected: bool = False

@@ -1,14 +1,15 @@
 """One forward pass over a padded batch, returning each sequence's raw output on the CPU.
 
 The forward runs on a backend (engine/backends: torch, ONNX Runtime, OpenVINO), all behind
-one interface; its output goes through the same pooling, projection and SPLADE code here,
+one interface; its output goes through the same pooling and projection code here (or its
+family's own pooling of logits, SPLADE's),
 so the backend is invisible to the queue and to everything after it.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from pooling_server.engine.backends.torch_backend import TorchBackend
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.models.cuda_graphs import GraphedForward
 from pooling_server.engine.models.model_info import HeadKind, ModelInfo
-from pooling_server.engine.models.pooling import pool, pool_array, splade
+from pooling_server.engine.models.pooling import pool, pool_array
 from pooling_server.engine.models.served import ServedModel
 
 
@@ -45,7 +46,7 @@ class ModelRunner:
     when `keep_tokens`; or, where its keep value is a tuple of token ranges, late
     chunking's mean state of each range, projected, as one row each); SEQUENCE head, the
     logits; TOKEN head, the logits per token;
-    SPARSE head, the SPLADE-pooled vocabulary vector (see pooling.splade); LLM_SCORE head,
+    SPARSE head, the vocabulary vector its family's `pool_logits` pools; LLM_SCORE head,
     logit(true) - logit(false) at the last real token (engine/families/llm_reranker/llm_scorer.py).
     """
 
@@ -58,10 +59,14 @@ class ModelRunner:
         warm_up_batch: Sequence[TokenSequence] = (),
         projection: torch.nn.Module | None = None,
         backend: Backend | None = None,
+        pool_logits: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         """`projection`: sentence-transformers' Dense modules, applied to pooled vectors.
-        `backend`: what runs the forward; None: torch, on `module`."""
+        `backend`: what runs the forward; None: torch, on `module`. `pool_logits`: a
+        family's pooling of per-token logits and the mask into one row per sequence
+        (SPLADE's), for a head whose rows are pooled by its family."""
         self.projection = projection
+        self.pool_logits = pool_logits
         self.warm_up_batch = list(warm_up_batch)
         self.info = info
         self.pad_token_id = pad_token_id
@@ -163,11 +168,9 @@ class ModelRunner:
         if head is HeadKind.TOKEN:
             logits = _host(output)
             return [logits[i, :n] for i, n in enumerate(lengths)]
-        if head is HeadKind.SPARSE:
-            info = self.info
-            states, weights_mask = torch.as_tensor(output), torch.as_tensor(mask)
-            weights = splade(states, weights_mask, info.splade_strategy, info.splade_activation)
-            vocab = weights.cpu().numpy()
+        if self.pool_logits is not None:
+            pooled_logits = self.pool_logits(torch.as_tensor(output), torch.as_tensor(mask))
+            vocab = pooled_logits.cpu().numpy()
             return [vocab[i] for i in range(len(batch))]
         wanted = [not isinstance(k, tuple) and bool(k) for k in keep_tokens]  # tuple: late chunks
         rows = any(wanted)

@@ -1,12 +1,12 @@
-"""Pooling methods: token states (or masked-LM logits) of a padded batch -> one vector per
-sequence."""
+"""Pooling methods: token states of a padded batch -> one vector per sequence (a family's
+own pooling of logits, SPLADE's, lives in its room)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from pooling_server.engine.models.model_info import PoolingType, SpladeActivation, SpladeStrategy
+from pooling_server.engine.models.model_info import PoolingType
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, method: PoolingType) -> torch.Tensor:
@@ -37,26 +37,3 @@ def pool_array(hidden: np.ndarray, mask: np.ndarray, method: PoolingType) -> np.
         positions = np.where(mask.astype(bool), np.arange(mask.shape[1]), -1)
         return hidden[np.arange(hidden.shape[0]), positions.max(axis=1)]
     raise ValueError(f"{method} pooling gives one vector per token, not per sequence")
-
-
-def splade(
-    logits: torch.Tensor,
-    mask: torch.Tensor,
-    strategy: SpladeStrategy,
-    activation: SpladeActivation,
-) -> torch.Tensor:
-    """SPLADE pooling of masked-LM `logits` (batch, tokens, vocab) into (batch, vocab), in place.
-
-    Max: max over real tokens of relu(logits), *before* the log saturation. log1p is
-    monotonic, so max then saturate (`heads.saturate`, per request, which lets
-    use_activation=false skip it) equals sentence-transformers' saturate then max. Sum: the
-    saturation does not commute with a sum, so the weights come back saturated, as
-    SpladePooling computes them. Padding weighs 0, as in SpladePooling (weights are >= 0).
-    """
-    weights = logits.masked_fill_(mask.unsqueeze(-1) == 0, 0).relu_()
-    if strategy is SpladeStrategy.MAX:
-        return weights.amax(dim=1).float()
-    weights = weights.float().log1p_()
-    if activation is SpladeActivation.LOG1P_RELU:
-        weights = weights.log1p_()
-    return weights.sum(dim=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pooling_server.engine.models.model_info import Activation, SpladeActivation
+from pooling_server.engine.models.model_info import Activation
 
 
 def truncate_dimensions(values: np.ndarray, dimensions: int | None) -> np.ndarray:
@@ -29,9 +29,3 @@ def activate(logits: np.ndarray, activation: Activation) -> np.ndarray:
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(normalize(a), normalize(b)))
-
-
-def saturate(weights: np.ndarray, activation: SpladeActivation) -> np.ndarray:
-    """SPLADE's log saturation of relu'd weights: log(1 + w), twice for log1p_relu."""
-    weights = np.log1p(weights)
-    return np.log1p(weights) if activation is SpladeActivation.LOG1P_RELU else weights

@@ -461,8 +461,10 @@ def _task_hint(task: Task, info: ModelInfo) -> str:
 
 def _task_supported(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     request, info = r.request, r.info
-    if request.task is Task.SCORE and info.score_refusal:  # a decoder LM without a template
-        yield FieldViolation("model", info.score_refusal, "SCORE_TEMPLATE_MISSING")
+    refuse = family(info.family).task_refusal
+    refusal = refuse(request.task, info) if refuse and request.task is not None else None
+    if refusal is not None:  # the family's own reason (a decoder LM without a template)
+        yield refusal
         return
     if request.task is not None and request.task not in info.tasks:
         supported = ", ".join(task.value for task in info.tasks)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from transformers import AutoModel
 
 from pooling_server.engine.families import LoadContext
-from pooling_server.engine.families.llm_reranker.score_template import SCORE_TEMPLATE_FILE
+from pooling_server.engine.families.encoder.settings import EncoderSettings
 from pooling_server.engine.models.folder_reading import is_causal_lm
 from pooling_server.engine.models.loader import (
     dense_projection,
@@ -29,8 +29,10 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
     module = AutoModel.from_pretrained(folder.path, **module_kwargs(folder, context))
     module = module.to(context.device).eval()
     tasks = TASKS_BY_HEAD[HeadKind.HIDDEN]
-    refusal = _score_refusal(folder)
-    if refusal:  # listed without score, which it refuses saying why
+    # A decoder LM checkpoint (not an embedding model's folder: sentence-transformers
+    # modules, or a bare decoder body) has no score without a template.
+    refusal = folder.st is None and is_causal_lm(folder.config)
+    if refusal:  # listed without score, which it refuses saying why (settings.score_refusal)
         tasks = tuple(task for task in tasks if task is not Task.SCORE)
     info = text_facts(
         folder,
@@ -40,20 +42,6 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         family="encoder",
         head=HeadKind.HIDDEN,
         tasks=tasks,
-        score_refusal=refusal,
+        settings=EncoderSettings(decoder_lm_without_template=refusal),
     )
     return serve_module(folder, context, module, info, projection)
-
-
-def _score_refusal(folder: ModelFolder) -> str:
-    """Why score is refused on a decoder LM checkpoint served without a template (its
-    cosine of last-token states is no reranker's score); "" where score means cosine (an
-    embedding model's folder: sentence-transformers modules, or a bare decoder body)."""
-    if folder.st is not None or not is_causal_lm(folder.config):
-        return ""
-    return (
-        f'model "{folder.spec.served_name}" is a decoder LM ({folder.config.architectures[0]}) '
-        "served without a score template, so it cannot score pairs as an LLM reranker does; "
-        f"serve it with --score-template and --score-tokens, or put a {SCORE_TEMPLATE_FILE} "
-        "in its folder"
-    )

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
+from pooling_server.engine.families.encoder.settings import score_refusal
 from pooling_server.engine.models.model_info import ModelInfo
 from pooling_server.engine.models.served import ServedModel
 from pooling_server.engine.requests.heads import cosine, normalize, truncate_dimensions
@@ -35,10 +36,11 @@ from pooling_server.engine.requests.validation import Limits, Resolved
 
 
 def plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
-    """A decoder LM served without a score template refuses score (ModelInfo.score_refusal)."""
+    """A decoder LM served without a score template refuses score (settings.score_refusal)."""
     request = resolved.request
-    if request.task is Task.SCORE and model.info.score_refusal:
-        raise _no_score_template(model.info)
+    refusal = score_refusal(request.task, model.info) if request.task is not None else None
+    if refusal is not None:
+        raise _no_score_template(refusal)
     if request.late_chunking is not None:  # embed only (validation refuses the rest)
         return Plan(*plan_late_chunking(resolved, model, limits))
     if request.task is Task.SCORE:
@@ -83,8 +85,7 @@ def _plan_cosine(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan
     return Plan(vectors.work, finish)
 
 
-def _no_score_template(info: ModelInfo) -> PoolingError:
-    violation = FieldViolation("model", info.score_refusal, "SCORE_TEMPLATE_MISSING")
+def _no_score_template(violation: FieldViolation) -> PoolingError:
     error = PoolingError.invalid([violation])
     error.kind = ErrorKind.FAILED_PRECONDITION
     return error

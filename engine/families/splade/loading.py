@@ -6,30 +6,29 @@ from __future__ import annotations
 from transformers import AutoModelForMaskedLM
 
 from pooling_server.engine.families import LoadContext
+from pooling_server.engine.families.splade.pooling import SpladePooling
+from pooling_server.engine.families.splade.settings import SpladeSettings, read_splade_pooling
 from pooling_server.engine.models.loader import module_kwargs, serve_module, text_facts
 from pooling_server.engine.models.model_folder import ModelFolder
-from pooling_server.engine.models.model_info import (
-    TASKS_BY_HEAD,
-    HeadKind,
-    SpladeActivation,
-    SpladeStrategy,
-)
+from pooling_server.engine.models.model_info import TASKS_BY_HEAD, HeadKind, PoolingType
 from pooling_server.engine.models.model_runner import LoadedModel
 
 
 def read(folder: ModelFolder) -> object | None:
-    return folder if folder.head is HeadKind.SPARSE else None
+    """The folder's SpladePooling settings; SPLADE v2's max over relu under --pooling-type
+    splade without a SparseEncoder config."""
+    if folder.head is not HeadKind.SPARSE:
+        return None
+    st = folder.st
+    if st is not None and st.pooling_type is PoolingType.SPLADE and st.pooling_folder:
+        return read_splade_pooling(st.pooling_folder)
+    return SpladeSettings()
 
 
 def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedModel:
+    assert isinstance(reading, SpladeSettings)
     module = AutoModelForMaskedLM.from_pretrained(folder.path, **module_kwargs(folder, context))
     module = module.to(context.device).eval()
-    # --pooling-type splade without a SparseEncoder config: SPLADE v2's max over relu.
-    st = folder.st
-    strategy, activation = (st.splade if st else None) or (
-        SpladeStrategy.MAX,
-        SpladeActivation.RELU,
-    )
     info = text_facts(
         folder,
         context,
@@ -38,7 +37,6 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         head=HeadKind.SPARSE,
         tasks=TASKS_BY_HEAD[HeadKind.SPARSE],
         default_normalize=True,  # use_activation (SPLADE's log saturation) on by default
-        splade_strategy=strategy,
-        splade_activation=activation,
+        settings=reading,
     )
-    return serve_module(folder, context, module, info)
+    return serve_module(folder, context, module, info, pool_logits=SpladePooling(reading))

@@ -349,7 +349,7 @@ def test_a_jinja_score_template_reads_as_vllms(
 
 def test_an_ordinary_chat_template_is_no_score_template(folders: dict[str, Path]) -> None:
     chat = load(folders["chat"])
-    assert chat.info.head is HeadKind.HIDDEN and chat.info.score_refusal
+    assert chat.info.head is HeadKind.HIDDEN and chat.info.settings.decoder_lm_without_template
 
 
 def test_swapped_tokens_give_the_complementary_score(
