@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, PoolingError
-from pooling_server.engine.inputs.modality import PixelFrame
+from pooling_server.engine.inputs.modality import Frame
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.scheduling.jobs import Job, Partial, settle
 
@@ -180,7 +180,7 @@ class BatchQueue:
         self._warmed = [concurrent.futures.Future[None]() for _ in self._workers]
         self._busy = [False] * len(self._workers)
         self._computing: list[list[QueuedItem]] = [[] for _ in self._workers]  # for load()
-        # A two-tower model's batches hold one tower's items: texts or images (PixelFrame,
+        # A two-tower model's batches hold one tower's items: texts or images (Frame,
         # whose length is its patch count), never both.
         self._towers = getattr(runner.info, "towers", None) is not None
 
@@ -398,7 +398,7 @@ class BatchQueue:
         lengths = np.fromiter(map(_length, window), dtype=np.int64, count=len(window))
         images = None
         if self._towers:
-            kinds = (type(item.sequence) is PixelFrame for item in window)
+            kinds = (type(item.sequence) is Frame for item in window)
             images = np.fromiter(kinds, dtype=bool, count=len(window))
         chosen = self._choose(lengths, sizes, images)
         batch = [window[i] for i in chosen]
