@@ -50,7 +50,8 @@ class StageOptions:
     task: str = "embed"
     model: str = ""  # a served model's name; "" for the default
     text_column: str = "text"
-    image_column: str | None = None  # bytes of an encoded image; a null falls back to text
+    # Bytes of an encoded image, or of an audio clip (WAV, FLAC, OGG); a null falls back to text.
+    image_column: str | None = None
     text_1_column: str = "text_1"  # score: the pair's two sides
     text_2_column: str = "text_2"
     query_column: str = "query"  # rerank: the query and a list of documents per row
@@ -118,7 +119,7 @@ def _pair_columns(
 
 
 def row_inputs(batch: pa.Table, options: StageOptions) -> list[Any]:
-    """Each row's input: a text or image bytes, a (text_1, text_2) pair, or a (query,
+    """Each row's input: a text or media bytes, a (text_1, text_2) pair, or a (query,
     documents) rerank; a RowError where the row lacks it."""
     count = batch.num_rows
     if options.task == "score":
@@ -152,6 +153,15 @@ def row_inputs(batch: pa.Table, options: StageOptions) -> list[Any]:
         else:
             inputs.append(RowError("the row has no text (and no image)"))
     return inputs
+
+
+def media(data: bytes) -> Any:
+    """A row's bytes as the engine takes them: an audio clip where they begin as WAV, FLAC
+    or OGG (by signature, as the Python client tells them), else an image."""
+    from pooling_server.engine.families.clap.audio import sniff
+    from pooling_server.engine.requests.request import Audio, Image
+
+    return Audio(data) if sniff(data) is not None else Image(data)
 
 
 # ------------------------------------------------------------------ outputs out
@@ -291,7 +301,7 @@ class EngineCaller:
     async def run(self, inputs: list[Any]) -> list[Any]:
         """One request's outputs, in the common form; PoolingError if it is refused."""
         from pooling_server.engine.requests.params import Task
-        from pooling_server.engine.requests.request import Image, PoolRequest, RerankRequest
+        from pooling_server.engine.requests.request import PoolRequest, RerankRequest
 
         o = self.options
         if o.task == "rerank":
@@ -314,7 +324,7 @@ class EngineCaller:
             common["text_1"] = tuple(a for a, _ in inputs)
             common["text_2"] = tuple(b for _, b in inputs)
         elif any(isinstance(i, bytes) for i in inputs) or o.candidate_labels:
-            common["items"] = tuple(Image(i) if isinstance(i, bytes) else i for i in inputs)
+            common["items"] = tuple(media(i) if isinstance(i, bytes) else i for i in inputs)
             common["candidate_labels"] = o.candidate_labels
         else:
             common["texts"] = tuple(inputs)

@@ -19,11 +19,12 @@ import pytest
 from PIL import Image as PILImage
 
 from pooling_server.engine.requests.params import Task
-from pooling_server.engine.requests.request import Image, PoolRequest
+from pooling_server.engine.requests.request import Audio, Image, PoolRequest
 from pooling_server.service.batch_job import LineRunner, answer_lines, new_runner
 from pooling_server.service.loading import load_engine
 from pooling_server.service.ray_stage import PoolingStage, pool_dataset, server_config
-from tests.fixture_models import tiny_clip, tiny_colbert, tiny_mlm
+from tests.audio_clips import clip
+from tests.fixture_models import tiny_clap, tiny_clip, tiny_colbert, tiny_mlm
 from tests.server_process import ServerProcess, running_server
 from tests.service.ray_cluster import CPU_PER_ACTOR, ray, start_cluster
 
@@ -43,6 +44,7 @@ def folders(model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFac
         **model_folders,
         "colbert": tiny_colbert(root / "colbert"),
         "clip": tiny_clip(root / "clip"),
+        "clap": tiny_clap(root / "clap"),
         "tiny-mlm": tiny_mlm(root / "tiny-mlm"),
     }
 
@@ -190,6 +192,21 @@ def test_sparse_and_images_equal_the_engine(cluster: str, folders: dict) -> None
     for row, output in zip(sparse, Reference(splade).pool(request).outputs, strict=True):
         assert row["sparse_indices"] == output.indices.tolist()
         np.testing.assert_allclose(row["sparse_values"], output.values, atol=1e-6)
+
+
+def test_audio_bytes_are_sent_as_audio(cluster: str, folders: dict) -> None:
+    """A media column's WAV, FLAC and OGG bytes reach a CLAP model as audio clips (by their
+    signature, as the Python client tells them), not as images it would refuse."""
+    args = ["--model", str(folders["clap"]), *TORCH]
+    formats = ("WAV", "FLAC", "OGG")
+    clips = [clip(fmt=fmt, frequency=220.0 * (k + 1)) for k, fmt in enumerate(formats)]
+    rows = [{"text": "a low hum", "media": None}] + [{"text": None, "media": c} for c in clips]
+    got = staged(rows, server_args=args, task="embed", image_column="media")
+    items = ("a low hum", *(Audio(c) for c in clips))
+    want = Reference(args).pool(PoolRequest(task=Task.EMBED, items=items))
+    for row, output in zip(got, want.outputs, strict=True):
+        assert row["error"] is None
+        np.testing.assert_allclose(row["embedding"], output.values, atol=1e-6)
 
 
 def test_a_stage_naming_a_repository_model_loads_it(
