@@ -330,7 +330,6 @@ def _paths(routes: Sequence[web.RouteDef]) -> dict[str, dict[str, tuple[type, ..
     return paths
 
 
-
 def _ok(payload: dict[str, Any], status: int = 200) -> web.Response:
     return web.Response(body=_json.encode(payload), status=status, content_type="application/json")
 
