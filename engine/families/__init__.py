@@ -12,8 +12,8 @@ A new family is one package and one name in ORDER; the generic modules name no f
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -101,6 +101,10 @@ class Family:
     # LM served as an encoder without a score template: SCORE_TEMPLATE_MISSING).
     task_refusal: Callable[[Task, ModelInfo], FieldViolation | None] | None = None
     rows: RowSizes | None = None  # its own tasks' rows per token (None: none)
+    # Slow tokenizers its folders ship that transformers cannot convert to a fast one: the
+    # class name -> the tokenizer as a `tokenizers.Tokenizer` (models/model_folder.py's
+    # fast_tokenizer checks it against the slow one).
+    converters: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

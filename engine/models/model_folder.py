@@ -93,8 +93,8 @@ def max_input_tokens(config: PretrainedConfig, tokenizer: Any, st_max: int | Non
 # Texts a converted tokenizer must tokenize as the slow one does before it is served:
 # case, punctuation, runs of spaces, tabs and newlines, accents, CJK, digits, the
 # SentencePiece word mark, and nothing at all. Not special tokens written out in a text
-# ("a</s>b"): the slow SiglipTokenizer marks no word start after one, and appends no
-# "</s>" to a text that ends with one (a quirk not reproduced).
+# ("a</s>b"): the slow SiglipTokenizer, for one, marks no word start after one, and appends
+# no "</s>" to a text that ends with one (a quirk its converter does not reproduce).
 PROBES = (
     "a photo of a cat",
     "  A  Photo, of THE cat!!  ",
@@ -114,8 +114,9 @@ PROBES = (
 
 def fast_tokenizer(tokenizer: Any, path: Path) -> Any:
     """The folder's tokenizer with a Rust (`tokenizers`) backend, which the front ends
-    tokenize with: itself when it has one; else converted from the slow one, as publishers
-    ship SentencePiece models alone (SigLIP's `spiece.model` and SiglipTokenizer).
+    tokenize with: itself when it has one; else converted from the slow one (any class
+    transformers converts, or one a family converts: Family.converters), as publishers
+    ship SentencePiece models alone (SigLIP's `spiece.model`).
 
     The conversion is checked against the slow tokenizer on PROBES, and the model refused
     by name where any of them differs: a tokenizer that tokenizes otherwise than the model
@@ -155,56 +156,17 @@ def fast_tokenizer(tokenizer: Any, path: Path) -> Any:
 
 
 def _convert(tokenizer: Any) -> Any:
-    """A `tokenizers.Tokenizer` equal to the slow `tokenizer`: transformers' converter for
-    its class, or SigLIP's below (transformers has none)."""
+    """A `tokenizers.Tokenizer` equal to the slow `tokenizer`: the converter a family has
+    for its class (where transformers has none), else transformers' own."""
     from transformers.convert_slow_tokenizer import SLOW_TO_FAST_CONVERTERS
 
+    from pooling_server.engine.families import ORDER, family
+
     kind = type(tokenizer).__name__
-    if kind == "SiglipTokenizer":
-        return _siglip_converter()(tokenizer).converted()
+    for name in ORDER:
+        converter = family(name).converters.get(kind)
+        if converter is not None:
+            return converter(tokenizer)
     if kind not in SLOW_TO_FAST_CONVERTERS:
         raise ValueError(f"transformers converts none of class {kind}")
     return SLOW_TO_FAST_CONVERTERS[kind](tokenizer).converted()
-
-
-def _siglip_converter() -> type:
-    """SiglipTokenizer as a fast tokenizer: its SentencePiece model (Unigram), after the
-    canonicalisation SigLIP's slow tokenizer applies to every text (lower case when
-    do_lower_case, ASCII punctuation removed, each run of white space one space, the ends
-    stripped), each word marked with "▁", and "</s>" appended."""
-    import string
-
-    from tokenizers import Regex, normalizers, pre_tokenizers, processors
-    from transformers.convert_slow_tokenizer import SpmConverter
-
-    # Python's \s, which the slow tokenizer's re.sub(r"\s+", " ", text) matches.
-    spaces = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())
-    space_class = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in spaces) + "]+"
-    punctuation = "[" + "".join(f"\\x{{{ord(c):x}}}" for c in string.punctuation) + "]"
-
-    class SiglipConverter(SpmConverter):  # type: ignore[misc]
-        def normalizer(self, proto: Any) -> Any:
-            steps = [normalizers.Replace("\u2581", " ")]
-            if getattr(self.original_tokenizer, "do_lower_case", True):
-                steps.append(normalizers.Lowercase())
-            steps += [
-                normalizers.Replace(Regex(punctuation), ""),
-                normalizers.Replace(Regex(space_class), " "),
-                normalizers.Strip(),
-            ]
-            charsmap = proto.normalizer_spec.precompiled_charsmap
-            if charsmap:
-                steps.append(normalizers.Precompiled(charsmap))
-            return normalizers.Sequence(steps)
-
-        def pre_tokenizer(self, replacement: str, add_prefix_space: bool) -> Any:
-            return pre_tokenizers.Metaspace(replacement=replacement, prepend_scheme="always")
-
-        def post_processor(self) -> Any:
-            eos = str(self.original_tokenizer.eos_token)
-            eos_id = self.original_tokenizer.convert_tokens_to_ids(eos)
-            return processors.TemplateProcessing(
-                single=["$A", eos], pair=["$A", eos, "$B", eos], special_tokens=[(eos, eos_id)]
-            )
-
-    return SiglipConverter

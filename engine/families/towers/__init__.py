@@ -1,8 +1,9 @@
 """Two towers (CLIP, SigLIP): texts and images into one space.
 
 Its rules (rules.py), its plans over texts and frames (towers.py, which CLAP's family
-shares), its settings (settings.py), its image processor for the front ends (here), and
-its loading and forward (loading.py, towers_loader.py, runner.py: where models load)."""
+shares), its settings (settings.py), its image processor for the front ends (here), the
+fast form of SigLIP's slow tokenizer (tokenizer.py), and its loading and forward
+(loading.py, towers_loader.py, runner.py: where models load)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pooling_server.engine.families import Family, FamilyRules, deferred
 from pooling_server.engine.families.towers.rules import zero_shot_labels
+from pooling_server.engine.families.towers.tokenizer import convert_siglip
 
 if TYPE_CHECKING:
     from pooling_server.engine.models.model_info import ModelInfo
@@ -43,4 +45,5 @@ FAMILY = Family(
     loading=f"{__name__}.loading",
     rules=FamilyRules(params=(zero_shot_labels,)),
     preprocessor=image_preprocessor,
+    converters={"SiglipTokenizer": convert_siglip},  # SigLIP ships spiece.model alone
 )
