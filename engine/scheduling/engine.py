@@ -1,20 +1,17 @@
 """The engine: served models, each with its tokenizer and batching queue.
 
 A request flows one way. On the event loop: resolve the model and validate. On a
-tokenizer thread: tokenize and queue the sequences. On a forward worker: run the batch and
-apply the heads of every request it completes. Back on the loop: one call per batch
-resolves the waiting futures. The loop never tokenizes and never touches an item.
+tokenizer thread (intake.py): tokenize and queue the sequences. On a forward worker: run
+the batch and apply the heads of every request it completes. Back on the loop: one call
+per batch resolves the waiting futures. The loop never tokenizes and never touches an item.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from queue import Empty, SimpleQueue
 
 import numpy as np
 
@@ -23,38 +20,25 @@ from pooling_server.engine.inputs.modality import Modality
 from pooling_server.engine.inputs.tokenization import Vocabulary
 from pooling_server.engine.models.model_info import ModelInfo
 from pooling_server.engine.models.served import ServedModel
+from pooling_server.engine.requests.character_rules import validate_tokenize
 from pooling_server.engine.requests.output_size import ResponseBudget
 from pooling_server.engine.requests.outputs import PoolResult, Ranked, RerankResult, Score
-from pooling_server.engine.requests.plans import Plan, plan_request
-from pooling_server.engine.requests.request import PoolRequest, RerankRequest, has_media
+from pooling_server.engine.requests.prompt_rules import named_prompt
+from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.shape_rules import MAX_MODEL_NAME_CHARS
 from pooling_server.engine.requests.validation import (
-    MAX_MODEL_NAME_CHARS,
     Limits,
     Resolved,
     check_tokenize_output,
-    named_prompt,
     rerank_error,
     unknown_token_id,
     validate_request,
     validate_rerank,
-    validate_tokenize,
 )
 from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
 from pooling_server.engine.scheduling.engine_client import EngineClient, LocalEngineClient
-from pooling_server.engine.scheduling.jobs import Job, RequestTiming, settle
-
-# Requests one tokenizer thread takes at once: enough to queue a batch with one wake-up.
-INTAKE_BATCH = 64
-# A request whose texts (characters, plus this much per input) pass BULK_SIZE is tokenized
-# on the bulk thread: 1,024 documents of a ColBERT's 512 tokens took the one tokenizer
-# thread seconds, and every small call waited behind it (issue 43, row 8).
-BULK_PER_INPUT = 32
-BULK_SIZE = 1 << 16
-# Large requests tokenized and not yet answered, at most: each holds its token lists (a
-# 1,024-document rerank of 512 tokens each, ~130 MB of them) until answered, and three at
-# once grew a front end by 400 MB. The next one waits its turn on the bulk thread; the
-# engine is busy with the one in flight meanwhile, so little throughput is lost.
-BULK_IN_FLIGHT = 1
+from pooling_server.engine.scheduling.intake import Entry, Intake
+from pooling_server.engine.scheduling.jobs import RequestTiming
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,35 +108,9 @@ class Engine:
         # eviction orders by (service/repository.py); kept on the loop's thread only.
         self.use: dict[str, ModelUse] = {name: ModelUse() for name in self._models}
         self.client = client or LocalEngineClient(models, self.batch_config)  # type: ignore[arg-type]
-        # Requests to tokenize and queue; each thread has its own tokenizer (ModelTokenizer).
-        self._intake: SimpleQueue[_Intake | None] = SimpleQueue()
-        self._tokenizers = [
-            threading.Thread(
-                target=self._tokenize_and_queue, args=(self._intake,), name=f"tokenize-{k}"
-            )
-            for k in range(max(1, tokenizer_threads))
-        ]
-        # Requests with images (or audio clips) take turns on a thread of their own, one
-        # decoded at a time: a decode of tens of megapixels neither holds up the texts
-        # behind it nor multiplies its memory by the requests that send one at once.
-        self._pictures: SimpleQueue[_Intake | None] = SimpleQueue()
-        if any(model.info.accepts_media for model in models):
-            self._tokenizers.append(
-                threading.Thread(
-                    target=self._tokenize_and_queue, args=(self._pictures,), name="images"
-                )
-            )
-        # Large requests take turns on a thread of their own, so that tokenizing one (seconds
-        # for a thousand long documents) never holds the small calls behind it; the GIL is
-        # shared, but the tokenizer's Rust releases it, and Python switches threads every 5 ms.
-        self._bulk: SimpleQueue[_Intake | None] = SimpleQueue()
-        self._bulk_slots = threading.Semaphore(BULK_IN_FLIGHT)
-        self._stopping = False
-        self._tokenizers.append(
-            threading.Thread(target=self._tokenize_and_queue, args=(self._bulk,), name="bulk")
-        )
-        for thread in self._tokenizers:
-            thread.daemon = True
+        # The tokenizer threads and their lanes (intake.py).
+        media = any(model.info.accepts_media for model in models)
+        self._intake = Intake(self.limits, self.client, tokenizer_threads, media)
 
     @property
     def model_infos(self) -> list[ModelInfo]:
@@ -161,7 +119,7 @@ class Engine:
     @property
     def tokenizer_threads(self) -> int:
         """Threads tokenizing requests (--tokenizer-threads), as TEI's /info reports them."""
-        return sum(thread.name.startswith("tokenize") for thread in self._tokenizers)
+        return sum(thread.name.startswith("tokenize") for thread in self._intake.threads)
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
@@ -174,13 +132,8 @@ class Engine:
         name = model.info.name
         if name in self._models:
             raise ValueError(f"model {name!r} is already served")
-        if model.info.accepts_media and not any(t.name == "images" for t in self._tokenizers):
-            lane = threading.Thread(
-                target=self._tokenize_and_queue, args=(self._pictures,), name="images"
-            )
-            lane.daemon = True
-            self._tokenizers.append(lane)
-            lane.start()
+        if model.info.accepts_media:
+            self._intake.add_media_lane()
         self.use[name] = ModelUse(last_used=time.monotonic())
         self._models[name] = model
 
@@ -196,16 +149,10 @@ class Engine:
 
     async def start(self) -> None:
         await self.client.start()
-        for thread in self._tokenizers:
-            thread.start()
+        self._intake.start()
 
     async def stop(self) -> None:
-        self._stopping = True
-        for thread in self._tokenizers:
-            self._lane(thread.name).put(None)
-        for thread in self._tokenizers:
-            if thread.is_alive():
-                await asyncio.to_thread(thread.join)
+        await self._intake.stop()
         await self.client.stop()
 
     def serves(self, name: str) -> bool:
@@ -286,13 +233,8 @@ class Engine:
         use.in_flight += 1
         use.last_used = started
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
-        intake = _Intake(request, model, deadline, timings, future, started, client)
-        if model.info.accepts_media and has_media(request.request):
-            self._pictures.put(intake)
-        elif _size(request.request) > BULK_SIZE:
-            self._bulk.put(intake)
-        else:
-            self._intake.put(intake)
+        intake = Entry(request, model, deadline, timings, future, started, client)
+        self._intake.put(intake)
         try:
             result = await future  # a cancelled caller cancels the future: its items are dropped
         except asyncio.CancelledError:
@@ -312,80 +254,6 @@ class Engine:
             timings.queue_s = batches.started - batches.enqueued
             timings.inference_s = batches.finished - batches.started
         return result
-
-    def _lane(self, thread: str) -> SimpleQueue[_Intake | None]:
-        """The intake a tokenizer thread (by its name) takes its requests from."""
-        if thread == "images":
-            return self._pictures
-        return self._bulk if thread == "bulk" else self._intake
-
-    def _tokenize_and_queue(self, intake: SimpleQueue[_Intake | None]) -> None:
-        """A tokenizer thread: take every request waiting, plan each (tokenize, check
-        lengths; decode images), then queue the jobs with one lock and one wake-up per model."""
-        bulk = intake is self._bulk
-        while True:
-            entries = _take_intake(intake, 1 if bulk else INTAKE_BATCH)
-            stopping = None in entries
-            self._plan_and_queue(entries, bulk)
-            # Not kept until the next request comes: each entry holds its job, and so its
-            # token lists (a large request's, 100 MB and more, held while the server idles).
-            entries = []
-            if stopping:
-                return
-
-    def _plan_and_queue(self, entries: list[_Intake | None], bulk: bool) -> None:
-        """Plan each request taken (tokenize, check lengths; decode images), then queue the
-        jobs with one lock and one wake-up per model; fail the ones refused."""
-        jobs: dict[str, list[Job]] = {}
-        failed: list[tuple[Job | _Intake, BaseException]] = []
-        for entry in entries:
-            if entry is None or entry.future.done():  # stopping, or the caller went away
-                continue
-            if bulk and not self._bulk_slot(entry):
-                continue
-            try:
-                request, model = entry.request, entry.model
-                plan = plan_request(request, model, self.limits)  # tokenized here
-                entry.timings.tokenize_s = time.monotonic() - entry.started
-                finish = _finisher(request, model, plan)
-                batches = entry.timings.batches
-                job = entry.job = Job(
-                    plan.work,
-                    finish,
-                    entry.future,
-                    entry.deadline,
-                    batches,
-                    client=entry.client,
-                    fold=plan.fold,
-                )
-                jobs.setdefault(model.info.name, []).append(job)
-            except PoolingError as exc:  # the request's own error: no traceback kept,
-                # which would hold this thread's frame, and `failed` with the error in it
-                failed.append((entry, exc.with_traceback(None)))
-            except Exception as exc:  # a bug: the caller hears it
-                failed.append((entry, exc))
-        for name, queued in jobs.items():
-            failed += self.client.submit(name, queued)
-        if failed:
-            loop = failed[0][0].future.get_loop()
-            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
-                loop.call_soon_threadsafe(settle, failed)
-
-    def _bulk_slot(self, entry: _Intake) -> bool:
-        """On the bulk thread: wait for a large request's turn (BULK_IN_FLIGHT), given back
-        when its future is done, however (answered, failed, cancelled); False if its caller
-        went away meanwhile (the turn is passed on)."""
-        while not self._bulk_slots.acquire(timeout=0.5):
-            if self._stopping or entry.future.done():
-                return False
-        future = entry.future
-        release = self._bulk_slots.release
-        try:
-            future.get_loop().call_soon_threadsafe(future.add_done_callback, lambda _: release())
-        except RuntimeError:  # the loop closed at shutdown
-            release()
-            return False
-        return not future.done()
 
     def tokenize(
         self,
@@ -448,30 +316,6 @@ class ModelUse:
             await self._idle.wait()
 
 
-@dataclass(slots=True)
-class _Intake:
-    """A validated request on its way to a tokenizer thread, then its job once queued."""
-
-    request: Resolved
-    model: ServedModel
-    deadline: float | None
-    timings: Timings
-    future: asyncio.Future[PoolResult]
-    started: float
-    client: str
-    job: Job | None = None
-
-
-def _finisher(resolved: Resolved, model: ServedModel, plan: Plan) -> Callable[..., PoolResult]:
-    """Raw outputs to the request's result (heads included), run where the last batch ran."""
-    name, tokens, request = model.info.name, plan.prompt_tokens, resolved.request
-
-    def finish(raws: list[np.ndarray]) -> PoolResult:
-        return PoolResult(request.request_id, name, request.task, tokens, plan.finish(raws))
-
-    return finish
-
-
 def _modality(item: object) -> Modality:
     return Modality.TEXT if isinstance(item, str) else Modality(item.modality)  # type: ignore[attr-defined]
 
@@ -486,26 +330,3 @@ def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
     else:
         ranking = [Ranked(int(i), float(scores[i])) for i in order]
     return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)
-
-
-def _size(request: PoolRequest) -> int:
-    """What tokenizing a request costs, roughly: its texts' characters, and a little per
-    input (a request of many short texts costs per text too)."""
-    size = 0
-    for texts in (request.texts, request.text_1, request.text_2, request.candidate_labels):
-        size += sum(map(len, texts)) + BULK_PER_INPUT * len(texts)
-    for items in (request.items, request.items_1, request.items_2):
-        size += sum(len(item) if isinstance(item, str) else 0 for item in items)
-        size += BULK_PER_INPUT * len(items)
-    return size
-
-
-def _take_intake(intake: SimpleQueue[_Intake | None], bound: int) -> list[_Intake | None]:
-    """Block for one request, then take the others already waiting (up to `bound`)."""
-    entries = [intake.get()]
-    while entries[-1] is not None and len(entries) < bound:
-        try:
-            entries.append(intake.get_nowait())
-        except Empty:
-            break
-    return entries

@@ -35,7 +35,7 @@ import grpc
 from google.protobuf.message import Message
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
-from pooling_server.engine.requests.validation import too_many_inputs
+from pooling_server.engine.requests.shape_rules import too_many_inputs
 from pooling_server.service.errors import to_grpc_status
 from pooling_server.service.grpc.read_gate import ReadGate
 from pooling_server.service.grpc.stream_limit import AnswerBudget

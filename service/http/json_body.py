@@ -26,7 +26,8 @@ import msgspec
 import numpy as np
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
-from pooling_server.engine.requests.validation import UNKNOWN_VALUES, too_many_inputs, unknown_value
+from pooling_server.engine.requests.shape_rules import too_many_inputs
+from pooling_server.engine.requests.validation import UNKNOWN_VALUES, unknown_value
 from pooling_server.service.http.bodies import (
     INT32_MAX,
     INT32_MIN,

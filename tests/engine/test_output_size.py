@@ -11,6 +11,7 @@ import pytest
 
 from pooling_server.engine.errors import ErrorKind, PoolingError
 from pooling_server.engine.inputs.tokenization import Vocabulary
+from pooling_server.engine.requests.character_rules import validate_tokenize
 from pooling_server.engine.requests.output_size import (
     GRPC_BUDGET,
     ResponseBudget,
@@ -27,7 +28,6 @@ from pooling_server.engine.requests.validation import (
     check_token_output,
     check_tokenize_output,
     validate_request,
-    validate_tokenize,
 )
 from pooling_server.engine.scheduling.engine import Tokenized, TokenizedText
 from pooling_server.service.grpc import convert

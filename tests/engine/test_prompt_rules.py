@@ -1,5 +1,5 @@
-"""The prompt rules of engine/requests/validation.py, without a server: reasons, field paths,
-bounds."""
+"""The prompt rules (engine/requests/prompt_rules.py), run through the table without a
+server: reasons, field paths, bounds."""
 
 from __future__ import annotations
 

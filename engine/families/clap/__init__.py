@@ -26,7 +26,7 @@ def _clips_per_request(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """No more audio clips in one request than --max-audio-clips-per-request: each costs a
     decode, a resampling and a pass of the audio tower."""
     from pooling_server.engine.errors import FieldViolation
-    from pooling_server.engine.requests.validation import item_lists
+    from pooling_server.engine.requests.item_rules import item_lists
 
     request = r.request
     if not (request.items or request.items_1 or request.items_2):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pooling_server.engine.errors import FieldViolation
-from pooling_server.engine.requests.validation import Limits, Resolved, pair_bounds
+from pooling_server.engine.requests.character_rules import pair_bounds
+from pooling_server.engine.requests.validation import Limits, Resolved
 
 
 def pairs_in_template(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
