@@ -31,7 +31,8 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 import psutil
-from pooling_server.engine.inputs.images import load_image_processor, open_image
+from pooling_server.engine.inputs.image_decoding import open_image
+from pooling_server.engine.inputs.images import load_image_processor
 from pooling_server.engine.requests.validation import Limits
 
 class Encoded:

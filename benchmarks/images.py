@@ -88,7 +88,8 @@ def jpegs(count: int, size: int = 224) -> list[bytes]:
 def front_end_cost(folder: Path, images: list[bytes], rounds: int = 3) -> dict[str, float]:
     """Microseconds per image of the front end's work: decode (engine/inputs/images.py's
     decode_image) and preprocess (the model's processor, reproduced), on one thread."""
-    from pooling_server.engine.inputs.images import decode_image, load_image_processor
+    from pooling_server.engine.inputs.image_decoding import decode_image
+    from pooling_server.engine.inputs.images import load_image_processor
     from pooling_server.engine.requests.request import Image
     from pooling_server.engine.requests.validation import Limits
 

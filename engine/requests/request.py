@@ -35,7 +35,7 @@ class LateChunking:
 class Image:
     """One encoded image as the door received it (PNG, JPEG, WebP, GIF...).
 
-    Kept encoded until the front end's intake thread decodes it (engine/inputs/images.py),
+    Kept encoded until the front end's intake thread decodes it (engine/inputs/image_decoding.py),
     so a door never spends its event loop on pixels."""
 
     data: bytes

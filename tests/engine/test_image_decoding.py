@@ -1,6 +1,7 @@
-"""engine/inputs/images.py: every format decodes, every bad image is refused with its reason and
-field path (a decompression bomb from its header alone), awkward modes come out as RGB, and
-preprocessing equals transformers' own image processors on the same pictures."""
+"""engine/inputs/image_decoding.py, image_planes.py and images.py: every format decodes,
+every bad image is refused with its reason and field path (a decompression bomb from its
+header alone), awkward modes come out as RGB, and preprocessing equals transformers' own
+image processors on the same pictures."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from transformers import (
 )
 
 from pooling_server.engine.errors import PoolingError
-from pooling_server.engine.inputs.images import decode_image, load_image_processor, sniff
+from pooling_server.engine.inputs.image_decoding import decode_image, sniff
+from pooling_server.engine.inputs.images import load_image_processor
 from pooling_server.engine.requests.validation import Limits
 
 PATH = "embed.items[2].image"
@@ -411,11 +413,11 @@ def test_every_mode_equals_transformers_strip_by_strip(
     is many), its channels resized together or (a very tall image's way) one at a time,
     equals transformers' processor on the whole picture, its own convert_to_rgb included:
     bit for bit."""
-    import pooling_server.engine.inputs.images as images
+    import pooling_server.engine.inputs.image_planes as planes
 
-    monkeypatch.setattr(images, "STRIP_PIXELS", 97)
+    monkeypatch.setattr(planes, "STRIP_PIXELS", 97)
     if not joint:
-        monkeypatch.setattr(images, "JOINT_BYTES", 0)
+        monkeypatch.setattr(planes, "JOINT_BYTES", 0)
     build, processor = PROCESSORS_UNDER_TEST[kind]
     ours = load_image_processor(build(tmp_path, processor))
     assert ours is not None
@@ -431,9 +433,9 @@ def test_every_value_and_alpha_is_laid_on_white_as_transformers_lays_it(
     channels), where transformers' convert_to_rgb calls alpha_composite: the two round
     alike for all 65,536 (value, alpha) pairs, laid straight from an upright picture and
     from a turned strip. A size-preserving processor lets every pixel through unblurred."""
-    import pooling_server.engine.inputs.images as images
+    import pooling_server.engine.inputs.image_planes as planes
 
-    monkeypatch.setattr(images, "STRIP_PIXELS", 256 * 37)  # strips that split the rows
+    monkeypatch.setattr(planes, "STRIP_PIXELS", 256 * 37)  # strips that split the rows
     value, alpha = np.meshgrid(np.arange(256), np.arange(256))
     channels = [value, 255 - value, (value * 7) % 256, alpha]
     pairs = PILImage.fromarray(np.stack(channels, -1).astype(np.uint8), "RGBA").convert(mode)
@@ -452,7 +454,7 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
     """An EXIF turn applied a strip at a time (RGBA, RGB, LA and a palette with a
     transparent index) equals the processor on the picture that ImageOps.exif_transpose
     turns whole."""
-    import pooling_server.engine.inputs.images as images
+    from pooling_server.engine.inputs.image_decoding import open_image
 
     processor = CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size=32)
     ours = load_image_processor(clip_folder(tmp_path, processor))
@@ -461,7 +463,7 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
     exif[0x0112] = orientation
     for mode in ("RGBA", "RGB", "LA", "P-transparent"):
         image = _mode_pictures()[mode]
-        opened = images.open_image(Encoded(encode(image, "PNG", exif=exif)), LIMITS, PATH)
+        opened = open_image(Encoded(encode(image, "PNG", exif=exif)), LIMITS, PATH)
         assert opened.transpose is not None
         upright = ImageOps.exif_transpose(
             PILImage.open(io.BytesIO(encode(image, "PNG", exif=exif)))
@@ -473,14 +475,14 @@ def test_every_exif_turn_equals_the_turned_picture(tmp_path: Path, orientation: 
 def test_sixteen_bit_grey_a_strip_at_a_time_equals_the_whole(tmp_path: Path) -> None:
     """16-bit grey (scaled, not clipped: decode_image's semantics) made a strip at a time
     equals the processor on decode_image's whole RGB picture."""
-    import pooling_server.engine.inputs.images as images
+    from pooling_server.engine.inputs.image_decoding import open_image
 
     processor = CLIPImageProcessorPil()
     ours = load_image_processor(clip_folder(tmp_path, processor))
     assert ours is not None
     values = np.random.default_rng(3).integers(0, 65536, (90, 130), dtype=np.uint16)
     data = encode(PILImage.fromarray(values), "PNG")
-    opened = images.open_image(Encoded(data), LIMITS, PATH)
+    opened = open_image(Encoded(data), LIMITS, PATH)
     assert opened.picture.mode.startswith("I")
     expected = _expected(processor, decode_image(Encoded(data), LIMITS, PATH))
     np.testing.assert_array_equal(ours.one(opened.picture), expected)
@@ -491,7 +493,7 @@ def test_an_extreme_aspect_ratio_is_refused_by_its_resize_target(tmp_path: Path)
     would become 2,240,000 x 224 (501 million pixels, 2 GB). The target counts against
     --max-image-pixels before a pixel is decoded: refused at once, naming the aspect ratio
     and the target; the same ratio that fits the limit is served."""
-    import pooling_server.engine.inputs.images as images
+    from pooling_server.engine.inputs.image_decoding import open_image
 
     ours = load_image_processor(clip_folder(tmp_path, CLIPImageProcessorPil()))
     assert ours is not None
@@ -499,7 +501,7 @@ def test_an_extreme_aspect_ratio_is_refused_by_its_resize_target(tmp_path: Path)
     assert len(data) < 200
     start = time.perf_counter()
     with pytest.raises(PoolingError) as caught:
-        images.open_image(Encoded(data), LIMITS, PATH, ours.target)
+        open_image(Encoded(data), LIMITS, PATH, ours.target)
     took = time.perf_counter() - start
     error = caught.value
     assert [(v.field, v.reason) for v in error.violations] == [(PATH, "IMAGE_TOO_LARGE")]
@@ -508,9 +510,9 @@ def test_an_extreme_aspect_ratio_is_refused_by_its_resize_target(tmp_path: Path)
     # Tall, not wide: the same target turned; and a limit the target fits serves it.
     tall = encode(PILImage.new("RGB", (1, 10_000)), "PNG", optimize=True)
     with pytest.raises(PoolingError):
-        images.open_image(Encoded(tall), LIMITS, PATH, ours.target)
+        open_image(Encoded(tall), LIMITS, PATH, ours.target)
     roomy = Limits(max_image_pixels=224 * 2_240_000)
-    opened = images.open_image(Encoded(data), roomy, PATH, ours.target)
+    opened = open_image(Encoded(data), roomy, PATH, ours.target)
     assert ours.one(opened.picture).shape == (3, 224, 224)
 
 
@@ -518,7 +520,8 @@ MEASURE = r"""
 import io, json, sys
 from pathlib import Path
 import psutil
-from pooling_server.engine.inputs.images import load_image_processor, open_image
+from pooling_server.engine.inputs.image_decoding import open_image
+from pooling_server.engine.inputs.images import load_image_processor
 from pooling_server.engine.requests.validation import Limits
 
 class Encoded:

@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from pooling_server.engine.inputs.modality import Modality, PixelFrame
+from pooling_server.engine.inputs.modality import Frame, Modality
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.models.model_info import Activation, ModelInfo
 from pooling_server.engine.models.served import ServedModel
@@ -28,7 +28,7 @@ from pooling_server.engine.requests.plan_parts import Plan, finish_vector, use_a
 from pooling_server.engine.requests.request import Image, Item, Media, PoolRequest
 from pooling_server.engine.requests.validation import Limits, Resolved, check_tokenized
 
-Unit = TokenSequence | PixelFrame  # one input as a tower computes it
+Unit = TokenSequence | Frame  # one input as a tower computes it
 
 
 @runtime_checkable
@@ -36,9 +36,7 @@ class FrameMaker(Protocol):
     """A family's preprocessing of its non-text inputs (Family.preprocessor): each decoded
     within the limits, refused at its own path (`embed.items[2].audio`), into a Frame."""
 
-    def frames(
-        self, items: list[tuple[int, Media]], limits: Limits, path: str
-    ) -> list[PixelFrame]: ...
+    def frames(self, items: list[tuple[int, Media]], limits: Limits, path: str) -> list[Frame]: ...
 
 
 def plan_towers(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
@@ -91,8 +89,8 @@ def prepare(
 
 def _frames(
     model: ServedModel, limits: Limits, images: list[tuple[int, Image]], path: str
-) -> list[PixelFrame]:
-    from pooling_server.engine.inputs.images import (
+) -> list[Frame]:
+    from pooling_server.engine.inputs.image_decoding import (
         open_image,  # Pillow: loaded where images are served
     )
 
@@ -101,7 +99,7 @@ def _frames(
     # One at a time: only one decoded picture (up to --max-image-pixels) is held at once,
     # however many images the request carries; the processor's resize target is bounded
     # by the same limit before decoding, and the picture becomes RGB a channel at a time.
-    frames: list[PixelFrame] = []
+    frames: list[Frame] = []
     for i, image in images:
         opened = open_image(image, limits, f"{path}[{i}].image", processor.target)
         try:
@@ -113,7 +111,7 @@ def _frames(
 
 def _modality(info: ModelInfo, unit: Unit) -> Modality:
     """A text, or the one other modality the model takes (its frames')."""
-    return Modality(info.modalities[-1]) if type(unit) is PixelFrame else Modality.TEXT
+    return Modality(info.modalities[-1]) if type(unit) is Frame else Modality.TEXT
 
 
 def _embedding(request: PoolRequest, info: ModelInfo, unit: Unit, raw: np.ndarray) -> Embedding:
