@@ -29,10 +29,6 @@ class HeadKind(StrEnum):
     SEQUENCE = "sequence"  # AutoModelForSequenceClassification: one logit row per text
     TOKEN = "token"  # AutoModelForTokenClassification: one logit row per token
     SPARSE = "sparse"  # AutoModelForMaskedLM with SPLADE pooling: one vocabulary row per text
-    # AutoModelForCausalLM with a score template: logit(true) - logit(false) at the last
-    # position, from two rows of the LM head (engine/families/llm_reranker/score_template.py,
-    # engine/families/llm_reranker/llm_scorer.py)
-    LLM_SCORE = "llm_score"
     # A two-tower image-text model (CLIPModel, SiglipModel): get_text_features for texts,
     # get_image_features for images, both into one space (engine/families/towers/towers.py)
     TOWERS = "towers"
@@ -50,14 +46,12 @@ class LongInput(StrEnum):
     TRUNCATE = "truncate"
 
 
+# The tasks a plain head serves; a family whose module is its own (SPLADE, two towers, an
+# LLM reranker) states its tasks as it loads.
 TASKS_BY_HEAD: dict[HeadKind, tuple[Task, ...]] = {
     HeadKind.HIDDEN: (Task.EMBED, Task.TOKEN_EMBED, Task.SCORE),
     HeadKind.SEQUENCE: (Task.CLASSIFY,),
     HeadKind.TOKEN: (Task.TOKEN_CLASSIFY,),
-    HeadKind.SPARSE: (Task.EMBED_SPARSE,),
-    HeadKind.LLM_SCORE: (Task.SCORE,),
-    # classify: zero-shot over the request's candidate labels
-    HeadKind.TOWERS: (Task.EMBED, Task.SCORE, Task.CLASSIFY),
 }
 
 
@@ -138,8 +132,8 @@ class ModelInfo:
     @property
     def is_cross_encoder(self) -> bool:
         """Scores each pair in one pass (a classifier head, or an LLM reranker's template),
-        rather than by the cosine of two embeddings."""
-        return Task.SCORE in self.tasks and self.head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE)
+        rather than by the cosine of two embeddings: one row per pair."""
+        return Task.SCORE in self.tasks and self.head is HeadKind.SEQUENCE
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -156,8 +150,7 @@ class ModelInfo:
     def chunks_long_input(self) -> bool:
         """Chunking needs per-token states or a vector to average; a classifier has neither."""
         return self.long_input is LongInput.CHUNK and self.head not in (
-            HeadKind.SEQUENCE,
-            HeadKind.LLM_SCORE,
+            HeadKind.SEQUENCE,  # a classifier's, or an LLM reranker's score
             HeadKind.TOWERS,  # the text tower gives one projected vector, not token states
         )
 

@@ -46,8 +46,9 @@ class ModelRunner:
     when `keep_tokens`; or, where its keep value is a tuple of token ranges, late
     chunking's mean state of each range, projected, as one row each); SEQUENCE head, the
     logits; TOKEN head, the logits per token;
-    SPARSE head, the vocabulary vector its family's `pool_logits` pools; LLM_SCORE head,
-    logit(true) - logit(false) at the last real token (engine/families/llm_reranker/llm_scorer.py).
+    SPARSE head, the vocabulary vector its family's `pool_logits` pools. An LLM reranker's
+    scorer is a SEQUENCE head: logit(true) - logit(false) at the last real token
+    (engine/families/llm_reranker/llm_scorer.py).
     """
 
     def __init__(
@@ -162,7 +163,7 @@ class ModelRunner:
         mask = arrays["attention_mask"] if on_host else inputs["attention_mask"]
         lengths = [len(e) for e in batch]
         head = self.info.head
-        if head in (HeadKind.SEQUENCE, HeadKind.LLM_SCORE):  # one row per sequence
+        if head is HeadKind.SEQUENCE:  # one row per sequence
             logits = _host(output)
             return [logits[i] for i in range(len(batch))]
         if head is HeadKind.TOKEN:

@@ -23,7 +23,6 @@ from pooling_server.engine.inputs.modality import Frame, Modality
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_folder import ModelFolder, max_input_tokens, served_fields
 from pooling_server.engine.models.model_info import (
-    TASKS_BY_HEAD,
     Activation,
     HeadKind,
     LongInput,
@@ -31,6 +30,7 @@ from pooling_server.engine.models.model_info import (
     PoolingType,
 )
 from pooling_server.engine.models.model_runner import LoadedModel
+from pooling_server.engine.requests.params import Task
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         family="clap",
         architecture=(folder.config.architectures or ["ClapModel"])[0],
         head=HeadKind.TOWERS,
-        tasks=TASKS_BY_HEAD[HeadKind.TOWERS],
+        tasks=(Task.EMBED, Task.SCORE, Task.CLASSIFY),  # classify: zero-shot over labels
         hidden_size=int(folder.config.projection_dim),
         max_input_tokens=maximum,
         num_special_tokens=folder.hf_tokenizer.num_special_tokens_to_add(pair=False),

@@ -21,13 +21,13 @@ from pooling_server.engine.models.folder_reading import is_decoder
 from pooling_server.engine.models.loader import model_facts, module_kwargs, serve_module
 from pooling_server.engine.models.model_folder import ModelFolder
 from pooling_server.engine.models.model_info import (
-    TASKS_BY_HEAD,
     Activation,
     HeadKind,
     LongInput,
     PoolingType,
 )
 from pooling_server.engine.models.model_runner import LoadedModel
+from pooling_server.engine.requests.params import Task
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
     template = reading
     assert isinstance(template, ScoreTemplate)
     spec = context.spec
-    folder = replace(folder, head=HeadKind.LLM_SCORE)
+    # The scorer gives one row per pair, as a classifier head does (HeadKind.SEQUENCE).
+    folder = replace(folder, head=HeadKind.SEQUENCE)
     lm, loading = AutoModelForCausalLM.from_pretrained(
         folder.path, output_loading_info=True, **module_kwargs(folder, context)
     )
@@ -83,8 +84,8 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         module,
         architecture=(folder.config.architectures or [type(module).__name__])[0],
         family="llm_reranker",
-        head=HeadKind.LLM_SCORE,
-        tasks=TASKS_BY_HEAD[HeadKind.LLM_SCORE],
+        head=HeadKind.SEQUENCE,
+        tasks=(Task.SCORE,),
         hidden_size=int(folder.config.get_text_config().hidden_size),
         # The tokens every pair adds (prefix, suffix, a BOS) and one of the pair's own.
         num_special_tokens=template.fixed_tokens + 1,

@@ -10,8 +10,9 @@ from pooling_server.engine.families.splade.pooling import SpladePooling
 from pooling_server.engine.families.splade.settings import SpladeSettings, read_splade_pooling
 from pooling_server.engine.models.loader import module_kwargs, serve_module, text_facts
 from pooling_server.engine.models.model_folder import ModelFolder
-from pooling_server.engine.models.model_info import TASKS_BY_HEAD, HeadKind, PoolingType
+from pooling_server.engine.models.model_info import HeadKind, PoolingType
 from pooling_server.engine.models.model_runner import LoadedModel
+from pooling_server.engine.requests.params import Task
 
 
 def read(folder: ModelFolder) -> object | None:
@@ -35,7 +36,7 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         module,
         family="splade",
         head=HeadKind.SPARSE,
-        tasks=TASKS_BY_HEAD[HeadKind.SPARSE],
+        tasks=(Task.EMBED_SPARSE,),
         default_normalize=True,  # use_activation (SPLADE's log saturation) on by default
         settings=reading,
     )

@@ -26,7 +26,6 @@ from pooling_server.engine.inputs.modality import Modality
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.model_folder import ModelFolder, max_input_tokens, served_fields
 from pooling_server.engine.models.model_info import (
-    TASKS_BY_HEAD,
     Activation,
     HeadKind,
     LongInput,
@@ -36,6 +35,7 @@ from pooling_server.engine.models.model_info import (
 from pooling_server.engine.models.model_runner import LoadedModel
 from pooling_server.engine.models.model_spec import ModelSpec
 from pooling_server.engine.requests.encodings import read_calibration_ranges
+from pooling_server.engine.requests.params import Task
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def load_towers(
         family="towers",
         architecture=(config.architectures or [type(module).__name__])[0],
         head=HeadKind.TOWERS,
-        tasks=TASKS_BY_HEAD[HeadKind.TOWERS],
+        tasks=(Task.EMBED, Task.SCORE, Task.CLASSIFY),  # classify: zero-shot over labels
         hidden_size=0,  # the towers' shared width, measured below
         max_input_tokens=maximum,
         num_special_tokens=folder.hf_tokenizer.num_special_tokens_to_add(pair=False),

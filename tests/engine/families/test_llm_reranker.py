@@ -169,7 +169,7 @@ def score_request(
 
 def test_loads_as_a_scorer(reranker: LoadedModel) -> None:
     info = reranker.info
-    assert info.head is HeadKind.LLM_SCORE
+    assert info.family == "llm_reranker" and info.head is HeadKind.SEQUENCE
     assert info.tasks == (Task.SCORE,)
     assert info.is_cross_encoder  # served as cross-encoders are: TEI's "reranker", etc.
     assert info.score_template_source == "score_template.json"
@@ -465,7 +465,7 @@ def test_other_decoder_families_score_as_transformers(tmp_path: Path, family: st
 
     folder = tiny_decoder_reranker(tmp_path / family, family)
     model = load(folder)
-    assert model.info.head is HeadKind.LLM_SCORE
+    assert model.info.family == "llm_reranker" and model.info.head is HeadKind.SEQUENCE
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prefix, _, rest = PLAIN_TEMPLATE.partition("Query: ")
