@@ -186,7 +186,8 @@ def _st_pooling_type(folder: Path) -> PoolingType | None:
 
 
 def head_kind(config: PretrainedConfig, pooling_type: PoolingType | None = None) -> HeadKind:
-    """SPLADE pooling needs the masked-LM head; otherwise the architecture decides."""
+    """SPLADE pooling needs the masked-LM head, whose logits per token the splade family
+    pools (TOKEN); otherwise the architecture decides."""
     architectures = config.architectures or []
     if pooling_type is PoolingType.SPLADE:
         if not any(arch.endswith("ForMaskedLM") for arch in architectures):
@@ -195,7 +196,7 @@ def head_kind(config: PretrainedConfig, pooling_type: PoolingType | None = None)
                 f"splade pooling needs a masked-LM model (a *ForMaskedLM architecture in "
                 f"config.json); this one has: {found}"
             )
-        return HeadKind.SPARSE
+        return HeadKind.TOKEN
     for arch in architectures:
         if arch.endswith("ForSequenceClassification"):
             return HeadKind.SEQUENCE

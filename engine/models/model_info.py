@@ -27,8 +27,8 @@ class HeadKind(StrEnum):
 
     HIDDEN = "hidden"  # AutoModel: token states; embed, token_embed, score by cosine
     SEQUENCE = "sequence"  # AutoModelForSequenceClassification: one logit row per text
-    TOKEN = "token"  # AutoModelForTokenClassification: one logit row per token
-    SPARSE = "sparse"  # AutoModelForMaskedLM with SPLADE pooling: one vocabulary row per text
+    # AutoModelForTokenClassification, or a masked LM (SPLADE): one logit row per token
+    TOKEN = "token"
     # A two-tower image-text model (CLIPModel, SiglipModel): get_text_features for texts,
     # get_image_features for images, both into one space (engine/families/towers/towers.py)
     TOWERS = "towers"

@@ -45,8 +45,8 @@ class ModelRunner:
     Per sequence it returns: HIDDEN head, the pooled vector (or every token's state
     when `keep_tokens`; or, where its keep value is a tuple of token ranges, late
     chunking's mean state of each range, projected, as one row each); SEQUENCE head, the
-    logits; TOKEN head, the logits per token;
-    SPARSE head, the vocabulary vector its family's `pool_logits` pools. An LLM reranker's
+    logits; TOKEN head, the logits per token, or where its family pools them (`pool_logits`:
+    SPLADE's masked-LM head) one vocabulary vector. An LLM reranker's
     scorer is a SEQUENCE head: logit(true) - logit(false) at the last real token
     (engine/families/llm_reranker/llm_scorer.py).
     """
@@ -163,16 +163,16 @@ class ModelRunner:
         mask = arrays["attention_mask"] if on_host else inputs["attention_mask"]
         lengths = [len(e) for e in batch]
         head = self.info.head
+        if self.pool_logits is not None:  # its family pools the per-token logits (SPLADE)
+            pooled_logits = self.pool_logits(torch.as_tensor(output), torch.as_tensor(mask))
+            vocab = pooled_logits.cpu().numpy()
+            return [vocab[i] for i in range(len(batch))]
         if head is HeadKind.SEQUENCE:  # one row per sequence
             logits = _host(output)
             return [logits[i] for i in range(len(batch))]
         if head is HeadKind.TOKEN:
             logits = _host(output)
             return [logits[i, :n] for i, n in enumerate(lengths)]
-        if self.pool_logits is not None:
-            pooled_logits = self.pool_logits(torch.as_tensor(output), torch.as_tensor(mask))
-            vocab = pooled_logits.cpu().numpy()
-            return [vocab[i] for i in range(len(batch))]
         wanted = [not isinstance(k, tuple) and bool(k) for k in keep_tokens]  # tuple: late chunks
         rows = any(wanted)
         chunks: dict[int, np.ndarray] = {}

@@ -379,7 +379,7 @@ class TeiRoutes:
         shape = await self._decode(request, _Shape)
         served = self.runner.ready().model_named(shape.model)
         info = served.info
-        if info.head is HeadKind.TOKEN:  # InferenceClient.token_classification
+        if Task.TOKEN_CLASSIFY in info.tasks:  # InferenceClient.token_classification
             return await self.token_classify(request, served.tokenizer)
         if info.accepts_images and present(shape.parameters):
             return await self.zero_shot_image(request)  # its zero_shot_image_classification
@@ -390,7 +390,7 @@ class TeiRoutes:
             return await self.predict(request)
         if bytes(memoryview(shape.inputs)[:1]) == b"{":
             return await self.similarity(request)  # InferenceClient.sentence_similarity
-        if info.head is HeadKind.SPARSE:
+        if Task.EMBED_SPARSE in info.tasks:
             return await self.embed_sparse(request)
         return await self.embed(request)
 
@@ -760,7 +760,7 @@ def model_kind(info: ModelInfo) -> str:
     everything else an embedding model."""
     if info.is_cross_encoder:
         return "reranker"
-    if info.head in (HeadKind.SEQUENCE, HeadKind.TOKEN):
+    if info.head is HeadKind.SEQUENCE or Task.TOKEN_CLASSIFY in info.tasks:
         return "classifier"
     return "embedding"
 
@@ -768,7 +768,7 @@ def model_kind(info: ModelInfo) -> str:
 def model_type(info: ModelInfo) -> dict[str, Any]:
     kind = model_kind(info)
     if kind == "embedding":
-        pooling = "splade" if info.head is HeadKind.SPARSE else str(info.pooling_type)
+        pooling = str(info.pooling_type)  # a SPLADE model's: "splade"
         if info.pooling_type is PoolingType.LAST:
             pooling = "last_token"
         return {"embedding": {"pooling": pooling}}

@@ -18,9 +18,10 @@ from pooling_server.engine.requests.params import Task
 def read(folder: ModelFolder) -> object | None:
     """The folder's SpladePooling settings; SPLADE v2's max over relu under --pooling-type
     splade without a SparseEncoder config."""
-    if folder.head is not HeadKind.SPARSE:
-        return None
     st = folder.st
+    pooling = folder.spec.pooling_type or (st.pooling_type if st else None)
+    if folder.head is not HeadKind.TOKEN or pooling is not PoolingType.SPLADE:
+        return None
     if st is not None and st.pooling_type is PoolingType.SPLADE and st.pooling_folder:
         return read_splade_pooling(st.pooling_folder)
     return SpladeSettings()
@@ -35,7 +36,7 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         context,
         module,
         family="splade",
-        head=HeadKind.SPARSE,
+        head=HeadKind.TOKEN,  # the masked LM's logits per token, pooled by SpladePooling
         tasks=(Task.EMBED_SPARSE,),
         default_normalize=True,  # use_activation (SPLADE's log saturation) on by default
         settings=reading,

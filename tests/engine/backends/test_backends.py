@@ -42,7 +42,7 @@ MODELS = {
     "tiny-cross-encoder": (HeadKind.SEQUENCE, None),
     "tiny-classifier": (HeadKind.SEQUENCE, None),
     "tiny-ner": (HeadKind.TOKEN, None),
-    "tiny-mlm": (HeadKind.SPARSE, PoolingType.SPLADE),
+    "tiny-mlm": (HeadKind.TOKEN, PoolingType.SPLADE),
 }
 
 
