@@ -48,9 +48,6 @@ class Frame:
         return tuple(self.pixels.shape)
 
 
-PixelFrame = Frame  # an image's frame: the name the image code knows
-
-
 def is_image(sequence: object) -> bool:
     """Whether a queued item is a Frame (an image or audio clip), not a token sequence."""
     return type(sequence) is Frame
