@@ -12,6 +12,7 @@ from aiohttp import web
 
 from pooling_server.service.http import door as http_doors
 from pooling_server.service.http.app import _error_response
+from pooling_server.service.http.bodies import EmbeddingsBody
 from pooling_server.service.http.guard import ConnectionGuard, body_read
 from pooling_server.service.ops.config import LARGE_MESSAGE_BYTES, HttpLimits
 
@@ -40,9 +41,9 @@ async def _turns_pass_when_parsed() -> list[tuple[str, str]]:
         assert isinstance(body_read(request), bytearray)  # the guard's one buffer
         if name == "first":
             await parse_first.wait()
-        body = await http_doors.read_body(request, len(TEXTS))
+        body = await http_doors.read_body(request, EmbeddingsBody, len(TEXTS))
         events.append(("parsed", name))
-        return web.json_response({"texts": len(body.texts("input"))})
+        return web.json_response({"texts": len(body.items())})
 
     app = web.Application(middlewares=[guard.read_body], client_max_size=16 << 20)
     app.router.add_post("/", route)
