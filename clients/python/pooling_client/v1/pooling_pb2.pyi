@@ -99,18 +99,22 @@ MODEL_STATE_FAILED: ModelState
 MODEL_STATE_UNLOADING: ModelState
 
 class PoolingParams(_message.Message):
-    __slots__ = ("use_activation", "dimensions", "task", "truncate_prompt_tokens", "output_weights")
+    __slots__ = ("use_activation", "dimensions", "task", "truncate_prompt_tokens", "output_weights", "adapter", "bypass_cache")
     USE_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    BYPASS_CACHE_FIELD_NUMBER: _ClassVar[int]
     use_activation: bool
     dimensions: int
     task: PoolingTask
     truncate_prompt_tokens: int
     output_weights: OutputWeights
-    def __init__(self, use_activation: _Optional[bool] = ..., dimensions: _Optional[int] = ..., task: _Optional[_Union[PoolingTask, str]] = ..., truncate_prompt_tokens: _Optional[int] = ..., output_weights: _Optional[_Union[OutputWeights, _Mapping]] = ...) -> None: ...
+    adapter: str
+    bypass_cache: bool
+    def __init__(self, use_activation: _Optional[bool] = ..., dimensions: _Optional[int] = ..., task: _Optional[_Union[PoolingTask, str]] = ..., truncate_prompt_tokens: _Optional[int] = ..., output_weights: _Optional[_Union[OutputWeights, _Mapping]] = ..., adapter: _Optional[str] = ..., bypass_cache: _Optional[bool] = ...) -> None: ...
 
 class OutputWeights(_message.Message):
     __slots__ = ("dense", "sparse", "multi")
