@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import (
     PretrainedConfig,
+    PreTrainedModel,
 )
 
-from pooling_server.engine.backends import RuntimeSettings
+from pooling_server.engine.backends import BackendKind, RuntimeSettings
 from pooling_server.engine.families import ORDER, LoadContext, loading
+from pooling_server.engine.models.adapters import AdapterSet
 from pooling_server.engine.models.calibration import FOLDER
 from pooling_server.engine.models.cuda_graphs import (
     Buckets,
@@ -93,6 +96,8 @@ def load_model(
     it as its own. `runtime` and `threads`: the backends' cache and the cores their forward
     may use. `cuda_graphs`: capture the torch forward as CUDA graphs (on CUDA only); None:
     eager."""
+    if spec.adapters:  # PEFT's layers run in the torch module, eagerly
+        spec, cuda_graphs = torch_for_adapters(spec), None
     folder = read_folder(spec)
     context = LoadContext(
         spec, device, dtype, attn_implementation, is_default, runtime, threads, cuda_graphs
@@ -103,8 +108,51 @@ def load_model(
         if reading is not None:
             if folder.modules_error:  # modules.json no one reads: refused, as it was read
                 raise ValueError(folder.modules_error)
-            return family_loading.load(folder, reading, context)
+            loaded = family_loading.load(folder, reading, context)
+            for adapter, path in spec.adapters:
+                load_adapter(loaded, adapter, path)
+            return loaded
     raise ValueError(f"{folder.path}: no model family serves this folder")
+
+
+def torch_for_adapters(spec: ModelSpec) -> ModelSpec:
+    """A model given adapters runs on torch: PEFT's LoRA layers live in the torch module,
+    which an export (OpenVINO, ONNX Runtime) replaces. --backend auto becomes torch; any
+    other backend, or --quantize, is refused by name."""
+    options = spec.backend
+    if options.kind not in (BackendKind.AUTO, BackendKind.TORCH) or options.file:
+        raise ValueError(
+            f"model {spec.served_name}: LoRA adapters (--adapter) run on --backend torch, "
+            f"not {options.kind}{' with --backend-file' if options.file else ''}"
+        )
+    if options.quantize:
+        raise ValueError(
+            f"model {spec.served_name}: LoRA adapters (--adapter) run unquantized on torch; "
+            "drop --quantize"
+        )
+    return replace(spec, backend=replace(options, kind=BackendKind.TORCH))
+
+
+def load_adapter(loaded: LoadedModel, name: str, path: str) -> None:
+    """A PEFT LoRA adapter read onto a loaded model's torch module, beside its base weights
+    (engine/models/adapters.py); ValueError naming why a model cannot take one."""
+    runner = loaded.runner
+    module = runner.module
+    if not isinstance(module, PreTrainedModel) or runner.info.backend != BackendKind.TORCH:
+        where = runner.info.backend if module is not None else "an export"
+        raise ValueError(
+            f"model {loaded.info.name}: a LoRA adapter needs its transformers module on "
+            f"--backend torch (it runs on {where}; {loaded.info.family} models "
+            "take none, or start it with --backend torch or an --adapter)"
+        )
+    if runner.graphs is not None:
+        raise ValueError(
+            f"model {loaded.info.name}: a LoRA adapter cannot switch inside its CUDA graphs; "
+            "start it with --cuda-graphs off or an --adapter"
+        )
+    if runner.adapters is None:
+        runner.adapters = AdapterSet(module, loaded.info.name)
+    runner.adapters.load(name, path)
 
 
 def module_kwargs(folder: ModelFolder, context: LoadContext) -> dict[str, Any]:

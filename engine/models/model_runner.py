@@ -19,6 +19,7 @@ import torch
 from pooling_server.engine.backends import Backend
 from pooling_server.engine.backends.torch_backend import TorchBackend
 from pooling_server.engine.inputs.tokenization import TokenSequence
+from pooling_server.engine.models.adapters import AdapterSet
 from pooling_server.engine.models.cuda_graphs import GraphedForward
 from pooling_server.engine.models.model_info import HeadKind, ModelInfo
 from pooling_server.engine.models.pooling import pool, pool_array
@@ -73,6 +74,9 @@ class ModelRunner:
         self.pad_token_id = pad_token_id
         self.device = device
         self.threads: ThreadShare | None = None  # None: leave torch's setting alone
+        # LoRA adapters on the torch module (engine/models/adapters.py); None: none ever
+        # loaded, and a pass takes no turn.
+        self.adapters: AdapterSet | None = None
         self.use(backend or TorchBackend(module, info.head, device))  # type: ignore[arg-type]
 
     def use(self, backend: Backend) -> None:
@@ -136,14 +140,22 @@ class ModelRunner:
         return self.backend.feed(self.arrays(batch))
 
     def forward(
-        self, batch: Sequence[TokenSequence], keep_tokens: Sequence[bool], alone: bool = True
+        self,
+        batch: Sequence[TokenSequence],
+        keep_tokens: Sequence[bool],
+        alone: bool = True,
+        adapter: str | None = None,
     ) -> list[np.ndarray]:
-        """`alone`: no other forward pass runs beside this one (see ThreadShare)."""
+        """`alone`: no other forward pass runs beside this one (see ThreadShare).
+        `adapter`: the LoRA adapter the batch's items asked for (None: the base weights)."""
         threads = None
         if self.threads is not None:
             threads = self.threads.alone if alone else self.threads.shared
             torch.set_num_threads(threads)
-        return self._forward(batch, keep_tokens, threads)
+        if self.adapters is None:
+            return self._forward(batch, keep_tokens, threads)
+        with self.adapters.using(adapter):
+            return self._forward(batch, keep_tokens, threads)
 
     def _output(self, output: object) -> torch.Tensor:
         """The tensor of the torch module's output the runner reads (GraphedForward's)."""

@@ -36,6 +36,9 @@ class ModelSpec:
     label_template: str | None = None
     # --backend, --backend-file, --quantize, --calibration-file
     backend: BackendOptions = field(default_factory=BackendOptions)
+    # --adapter NAME=PATH after this --model: PEFT LoRA adapters served beside its base
+    # weights (engine/models/adapters.py), as (name, path) in the order given.
+    adapters: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, value: str, **options: Any) -> ModelSpec:

@@ -101,6 +101,11 @@ class PoolRequest:
     # ("{label}" replaced; None: the server's default, "a photo of a {label}.").
     candidate_labels: tuple[str, ...] = ()
     label_template: str | None = None
+    # The LoRA adapter of `model` its texts run with (PoolingParams.adapter, or a model
+    # name naming an adapter); None: the base weights. The engine resolves it before the
+    # request is queued (Engine.pool): from then on `model` is the base model's name and
+    # this the adapter's, so (model, adapter) names the weights that compute it.
+    adapter: str | None = None
 
     @property
     def num_items(self) -> int:
@@ -127,6 +132,7 @@ class RerankRequest:
     instruction: str | None = None
     # Image models: the documents as items (texts or images) in place of `documents`.
     items: tuple[Item, ...] = ()
+    adapter: str | None = None  # as PoolRequest's
 
     @cached_property
     def score(self) -> PoolRequest:
@@ -143,6 +149,7 @@ class RerankRequest:
             items_2=self.items,
             truncation_side=self.truncation_side,
             prompt=self.instruction,
+            adapter=self.adapter,
         )
 
 

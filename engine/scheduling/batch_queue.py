@@ -48,6 +48,7 @@ from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.scheduling.jobs import Job, Partial, settle
 
 if TYPE_CHECKING:  # the runner's torch is needed only where a model runs
+    from pooling_server.engine.caching.flights import ModelCache
     from pooling_server.engine.models.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,14 @@ class QueuedItem:
     length: int  # len(sequence), read for every item of the window at each batch
 
 
+@dataclass(eq=False, slots=True)
+class CachedItem(QueuedItem):
+    """An item the result cache missed, queued under its key: its output is kept, and
+    answers the requests that joined its flight meanwhile (engine/caching/flights.py)."""
+
+    key: bytes = b""
+
+
 _length = attrgetter("length")
 _job = attrgetter("job")
 
@@ -152,6 +161,9 @@ class BatchQueue:
         # sends them to the front ends from there, so no event-loop turn lies on a call's
         # path; their futures are then left unresolved (nothing awaits them).
         self.deliver: Callable[[list[tuple[Job, object]]], None] | None = None
+        # The result cache (--cache-mb, --cache-redis), this model's view of it; None: off,
+        # and no step below does any work for it.
+        self.cache: ModelCache | None = None
         # Each client's items, oldest first; the clients in turn order (the next anchor first).
         self._pending: dict[ClientKey, list[QueuedItem]] = {}
         # Clients that came with nothing queued and have not anchored since, in arrival
@@ -255,6 +267,11 @@ class BatchQueue:
 
         Safe from any thread; one call takes the lock and wakes the workers once.
         """
+        if self.cache is not None:
+            return self._enqueue_cached(jobs)
+        return self._enqueue(jobs)
+
+    def _enqueue(self, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
         now = time.monotonic()
         cap = self.config.client_cap
         refused: list[tuple[Job, PoolingError]] = []
@@ -286,6 +303,178 @@ class BatchQueue:
                     self._next_deadline = job.deadline
             self._wake_eligible()
         return refused
+
+    def _enqueue_cached(self, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
+        """`enqueue` with the result cache on: each item is looked up first (a hit never
+        enters the queue), an item in flight is joined, and only the rest are queued, each
+        opening its flight. A job's room is counted on the items the look-up missed."""
+        cache = self.cache
+        assert cache is not None
+        plain = [job for job in jobs if job.cache is None]  # bypassed
+        refused = self._enqueue(plain) if plain else []
+        cached = [job for job in jobs if job.cache is not None]
+        if not cached:
+            return refused
+        keys = [cache.keys(job) for job in cached]
+        found = cache.results.find([key for job_keys in keys for key in job_keys])
+        flights, now, cap = cache.flights, time.monotonic(), self.config.client_cap
+        outcomes: list[tuple[Job, object]] = []
+        misses = shared = offset = 0
+        with self._lock:
+            for job, job_keys in zip(cached, keys, strict=True):
+                values = found[offset : offset + len(job_keys)]
+                offset += len(job_keys)
+                count, client = values.count(None), (job.origin, job.client)
+                queued = self._pending.get(client)
+                if count:
+                    live = self._client_room(queued, count, cap) if job.client else None
+                    if live is not None:
+                        refused.append((job, self._client_full(live, cap)))
+                        continue
+                    if not self._has_room(count):
+                        refused.append((job, self._full()))
+                        continue
+                job.timing.enqueued = now
+                fresh: list[QueuedItem] = []
+                for index, key in enumerate(job_keys):
+                    sequence, keep = job.work[index]
+                    value = values[index]
+                    if value is None:  # landed since the look-up?
+                        value = cache.results.recheck(key)
+                    if value is not None:
+                        try:
+                            job.raws[index] = value if job.fold is None else job.fold(index, value)
+                        except Exception as exc:
+                            log.exception("finishing a request's output failed")
+                            job.failed = True
+                            outcomes.append((job, exc))
+                            break
+                        job.remaining -= 1
+                        job.cached += len(sequence)
+                        continue
+                    waiters = flights.get(key)
+                    if waiters is not None:
+                        waiters.append((job, index))
+                        job.cached += len(sequence)
+                        shared += 1
+                        continue
+                    flights[key] = []
+                    fresh.append(CachedItem(sequence, keep, job, index, now, len(sequence), key))
+                misses += len(fresh)
+                if job.remaining == 0 and not job.failed:
+                    outcomes.append((job, _hits_only(job)))
+                if fresh:
+                    if queued is None:
+                        queued = self._pending[client] = []
+                        self._ahead.append(client)
+                    queued.extend(fresh)
+                    self._size += len(fresh)
+                    if job.deadline is not None and job.deadline < self._next_deadline:
+                        self._next_deadline = job.deadline
+            if misses:
+                self._wake_eligible()
+        cache.results.count(misses, shared)
+        finished = []
+        for job, outcome in outcomes:  # every item a hit: heads and results, off the lock
+            if outcome is job:
+                try:
+                    outcome = job.finish(job.raws)
+                except Exception as exc:
+                    log.exception("finishing a request failed")
+                    outcome = exc
+            finished.append((job, outcome))
+        if finished:
+            self._hand_over(finished, None)
+        return refused
+
+    def _land_flights(
+        self, batch: list[QueuedItem], outputs: list[np.ndarray] | None
+    ) -> list[tuple[Job, int, np.ndarray | None]]:
+        """With the cache on, as a batch ends: each missed item's output kept (before its
+        flight closes, so a request coming meanwhile finds one or the other), and the
+        waiters of its flight, with the output each gets (folded; None: the pass failed)."""
+        cache = self.cache
+        assert cache is not None
+        keyed = [(pos, item.key) for pos, item in enumerate(batch) if type(item) is CachedItem]
+        if not keyed:
+            return []
+        kept: list[np.ndarray | None] = [None] * len(keyed)
+        if outputs is not None:
+            kept = [cache.store(key, outputs[pos]) for pos, key in keyed]
+        landed: list[tuple[Job, int, np.ndarray | None]] = []
+        with self._lock:
+            for (_, key), value in zip(keyed, kept, strict=True):
+                landed += [(job, index, value) for job, index in cache.flights.pop(key, ())]
+        for n, (job, index, value) in enumerate(landed):
+            if value is not None and job.fold is not None and not job.dead:
+                try:
+                    landed[n] = (job, index, job.fold(index, value))
+                except Exception:
+                    log.exception("finishing a request's output failed")
+                    job.failed = True
+        return landed
+
+    def _landed(
+        self,
+        landed: list[tuple[Job, int, np.ndarray | None]],
+        times: tuple[float, float],
+        error: BaseException | None,
+        parts: dict[Job, Partial],
+        completed: list[Job],
+        outcomes: list[tuple[Job, object]],
+    ) -> None:
+        """Under the lock: a flight's waiters take its output as the batch's own items do."""
+        for job, index, value in landed:
+            job.timing.add_batch(*times)
+            if job.failed:
+                continue
+            if value is None:
+                job.failed = True
+                self._maybe_dead = True
+                outcomes.append((job, _forward_error(error)))
+                continue
+            if job.streams:
+                part = parts.get(job)
+                if part is None:
+                    part = parts[job] = Partial()
+                part.indices.append(index)
+                part.raws.append(value)
+            else:
+                job.raws[index] = value
+            job.remaining -= 1
+            if job.remaining == 0:
+                completed.append(job)
+
+    def _rehome(self, orphans: list[QueuedItem], now: float) -> None:
+        """Under the lock: flights whose owner was dropped (cancelled, expired) pass to a
+        waiter still waiting, whose item is queued in its place; with none, they close."""
+        assert self.cache is not None
+        flights = self.cache.flights
+        for item in orphans:
+            waiters = flights.get(item.key)  # type: ignore[attr-defined]
+            if waiters is None:
+                continue
+            while waiters:
+                job, index = waiters.pop(0)
+                if job.dead or (job.deadline is not None and now >= job.deadline):
+                    continue
+                key: bytes = item.key  # type: ignore[attr-defined]
+                heir = CachedItem(
+                    item.sequence, item.keep_tokens, job, index, now, item.length, key
+                )
+                job.cached -= item.length  # it computes it now
+                client = (job.origin, job.client)
+                queued = self._pending.get(client)
+                if queued is None:
+                    queued = self._pending[client] = []
+                    self._ahead.append(client)
+                queued.append(heir)
+                self._size += 1
+                if job.deadline is not None and job.deadline < self._next_deadline:
+                    self._next_deadline = job.deadline
+                break
+            else:
+                del flights[item.key]  # type: ignore[attr-defined]
 
     def _wake_eligible(self) -> None:
         """Wake the workers that may take a batch now (under the lock). Waking every worker
@@ -335,6 +524,7 @@ class BatchQueue:
                 return []
             self._maybe_dead = False  # before the walk: a cancel during it sets it again
         expired: list[Job] = []
+        orphans: list[QueuedItem] = []
         for key, items in list(self._pending.items()):
             alive = [
                 item
@@ -347,12 +537,17 @@ class BatchQueue:
             ]
             if len(alive) == len(items):
                 continue
+            if self.cache is not None and self.cache.flights:
+                kept = set(map(id, alive))
+                orphans += [i for i in items if type(i) is CachedItem and id(i) not in kept]
             self._count_dropped(items, now, expired)
             self._size -= len(items) - len(alive)
             if alive:
                 self._pending[key] = alive  # its turn is kept
             else:
                 del self._pending[key]
+        if orphans:
+            self._rehome(orphans, now)
         if self.told_of_cancels:
             deadlines = [
                 job.deadline
@@ -400,6 +595,10 @@ class BatchQueue:
         if self._towers:
             kinds = (type(item.sequence) is Frame for item in window)
             images = np.fromiter(kinds, dtype=bool, count=len(window))
+        elif _has_adapters(self.runner):  # a batch of the anchor's adapter only
+            anchor_adapter = window[0].job.adapter
+            same = (item.job.adapter == anchor_adapter for item in window)
+            images = np.fromiter(same, dtype=bool, count=len(window))
         chosen = self._choose(lengths, sizes, images)
         batch = [window[i] for i in chosen]
         keep = np.ones(len(window), dtype=bool)
@@ -451,7 +650,7 @@ class BatchQueue:
         rank = owner + turns * depth  # unique, so the order is total
         distance = np.abs(lengths - lengths[0])
         order = np.argsort(distance * (turns * int(sizes.max())) + rank)  # order[0] == 0
-        if images is not None:  # a two-tower model: the anchor's tower only
+        if images is not None:  # the anchor's tower only (or its LoRA adapter's items)
             order = order[images[order] == images[0]]
         ordered = lengths[order]
         longest = np.maximum.accumulate(ordered)
@@ -563,7 +762,11 @@ class BatchQueue:
         outputs: list[np.ndarray] | None = None
         error: BaseException | None = None
         try:
-            outputs = self.runner.forward(sequences, [item.keep_tokens for item in batch], alone)
+            keep = [item.keep_tokens for item in batch]
+            if not _has_adapters(self.runner):
+                outputs = self.runner.forward(sequences, keep, alone)
+            else:  # every item of the batch has its adapter (_take_batch)
+                outputs = self.runner.forward(sequences, keep, alone, batch[0].job.adapter)
         except Exception as exc:  # one failed batch fails its items, not the server
             log.exception("forward pass failed for %d items", len(batch))
             error = exc
@@ -580,6 +783,7 @@ class BatchQueue:
         )
         completed: list[Job] = []
         outcomes: list[tuple[Job, object]] = []
+        landed = self._land_flights(batch, outputs) if self.cache is not None else None
         if outputs is not None:
             outputs = _folded(batch, outputs, outcomes)
         parts: dict[Job, Partial] = {}  # a streaming job's outputs of this batch
@@ -607,6 +811,10 @@ class BatchQueue:
                 job.remaining -= 1
                 if job.remaining == 0:
                     completed.append(job)
+            if landed:
+                self._landed(landed, (started, finished), error, parts, completed, outcomes)
+        if self.cache is not None:
+            _with_hits(parts, completed)
         for job, part in parts.items():  # sent now, whether or not they end the job
             part.last = job.remaining == 0
             outcomes.append((job, part))
@@ -641,6 +849,31 @@ class BatchQueue:
         self.stats.mixed_batches += record.origins > 1
         for observe in self.observers:
             observe(self.runner.info.name, record)
+
+
+def _has_adapters(runner: ModelRunner) -> bool:
+    """Whether the model has LoRA adapters, read once a batch (a stand-in runner has none)."""
+    return getattr(runner, "adapters", None) is not None
+
+
+def _hits_only(job: Job) -> object:
+    """A job whose every item the cache answered: a streaming job's one part, or the job
+    itself, to be finished."""
+    if job.streams:
+        return Partial(list(range(len(job.work))), list(job.raws), True)
+    return job
+
+
+def _with_hits(parts: dict[Job, Partial], completed: list[Job]) -> None:
+    """A streaming job's cache hits (kept in its raws) go out with its last part."""
+    for job in completed:
+        if job.streams and job.cached and job in parts:
+            part = parts[job]
+            taken = set(part.indices)
+            for index, raw in enumerate(job.raws):
+                if raw is not None and index not in taken:
+                    part.indices.append(index)
+                    part.raws.append(raw)
 
 
 def _folded(

@@ -241,6 +241,8 @@ class EngineCore:
             )
             if header.streams:
                 job.streams = True
+            if header.adapter is not None:
+                job.adapter = header.adapter
             front_end.jobs[header.id] = job
             by_model.setdefault(header.model, []).append(job)
         refused: list[tuple[Job, object]] = []

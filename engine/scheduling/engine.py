@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -107,6 +108,10 @@ class Engine:
         # Each served model's calls in flight and last use: what unloading waits out and
         # eviction orders by (service/repository.py); kept on the loop's thread only.
         self.use: dict[str, ModelUse] = {name: ModelUse() for name in self._models}
+        # LoRA adapters routed to, by name: the base model each belongs to. A request picks
+        # one by `adapter`, or by naming it as its model (as vLLM's do); its calls in
+        # flight are counted in `use` under its name too (an unload drains them).
+        self.adapters: dict[str, str] = {}
         self.client = client or LocalEngineClient(models, self.batch_config)  # type: ignore[arg-type]
         # The tokenizer threads and their lanes (intake.py).
         media = any(model.info.accepts_media for model in models)
@@ -143,8 +148,24 @@ class Engine:
         use (resolving and queueing take no turn of the loop between them), which
         `ModelUse.drained` waits out before the model's queue may stop."""
         self._models.pop(name)
+        for adapter in [a for a, base in self.adapters.items() if base == name]:
+            del self.adapters[adapter]  # its weights leave with the model's
+            self.use.pop(adapter, None)
         if self._default == name and self._models:
             self._default = next(iter(self._models))
+        return self.use.pop(name)
+
+    def add_adapter(self, name: str, model: str) -> None:
+        """Route calls to a LoRA adapter of `model`, loaded on every engine. On the loop."""
+        if name in self._models or name in self.adapters:
+            raise ValueError(f"{name!r} already names a served model or adapter")
+        self.adapters[name] = model
+        self.use[name] = ModelUse(last_used=time.monotonic())
+
+    def remove_adapter(self, name: str) -> ModelUse:
+        """Take an adapter out of routing (as remove_model): the use returned counts its
+        calls already resolved, which `ModelUse.drained` waits out before its weights go."""
+        del self.adapters[name]
         return self.use.pop(name)
 
     async def start(self) -> None:
@@ -169,6 +190,8 @@ class Engine:
             violation = FieldViolation("model", description, "MODEL_NAME_TOO_LONG")
             raise PoolingError.invalid([violation])
         model = self._models.get(name or self._default)
+        if model is None and name in self.adapters:  # an adapter named as the model
+            model = self._models.get(self.adapters[name])
         if model is None:
             served = ", ".join(f'"{s}"' for s in self._models)
             reason = "MODEL_NOT_FOUND"
@@ -195,6 +218,8 @@ class Engine:
         `model`: request.model as the caller already resolved it (`model_named`)."""
         started = time.monotonic()
         model = model or self.model_named(request.model)
+        if self.adapters or request.adapter is not None:
+            request = self._adapted(request, model)
         resolved = validate_request(request, model.info, self.limits)
         return await self._run(resolved, model, deadline, timings, started, client)
 
@@ -211,12 +236,46 @@ class Engine:
         cross-encoder, or cosine similarity of embeddings), then rank them, best first."""
         started = time.monotonic()
         model = model or self.model_named(request.model)
+        if self.adapters or request.adapter is not None:
+            request = self._adapted(request, model)
         resolved = validate_rerank(request, model.info, self.limits)
         try:
             result = await self._run(resolved, model, deadline, timings, started, client)
         except PoolingError as error:
             raise rerank_error(error) from None
         return _ranking(request, result)
+
+    def _adapted(self, request: R, model: ServedModel) -> R:
+        """The request with its LoRA adapter resolved on `model`: named by `adapter`, or by
+        the request's model name (an adapter's own name, as vLLM's requests name one). From
+        here `model` is the base model's name and `adapter` the adapter's (None: the base
+        weights). An adapter `model` lacks is refused by name (ADAPTER_NOT_FOUND)."""
+        adapter = request.adapter
+        if request.model in self.adapters:
+            if adapter is not None and adapter != request.model:
+                message = (
+                    f'the model name names adapter "{clip(request.model)}" and `adapter` '
+                    f'names "{clip(adapter)}"; give one'
+                )
+                violation = FieldViolation("adapter", message, "ADAPTER_CONFLICT")
+                raise PoolingError.invalid([violation])
+            adapter = request.model
+        if adapter is None:
+            return request
+        name = model.info.name
+        if self.adapters.get(adapter) != name:
+            own = sorted(a for a, base in self.adapters.items() if base == name)
+            listed = ", ".join(f'"{a}"' for a in own) or "none"
+            reason = "ADAPTER_NOT_FOUND"
+            raise PoolingError(
+                ErrorKind.NOT_FOUND,
+                reason,
+                f'adapter "{clip(adapter)}" is not loaded on model "{clip(name)}"; its '
+                f"adapters: {listed}",
+                (FieldViolation("adapter", f"unknown adapter; {name}'s: {listed}", reason),),
+                metadata={"adapter": clip(adapter), "model": clip(name)},
+            )
+        return replace(request, model=name, adapter=adapter)
 
     async def _run(
         self,
@@ -232,6 +291,11 @@ class Engine:
         use = self.use.get(model.info.name) or ModelUse()
         use.in_flight += 1
         use.last_used = started
+        adapter = request.request.adapter
+        if adapter is not None:  # its own count too, which its unload drains
+            use = _Both(use, self.use.get(adapter) or ModelUse())
+            use.second.in_flight += 1
+            use.second.last_used = started
         future: asyncio.Future[PoolResult] = asyncio.get_running_loop().create_future()
         intake = Entry(request, model, deadline, timings, future, started, client)
         self._intake.put(intake)
@@ -293,6 +357,21 @@ class Engine:
             if bad is not None:
                 raise unknown_token_id(f"ids[{n}]", bad, vocabulary)
         return tokenizer.decode(sequences, skip_special_tokens)
+
+
+R = TypeVar("R", PoolRequest, RerankRequest)
+
+
+@dataclass(slots=True)
+class _Both:
+    """A call on an adapter: counted in its model's use and in its adapter's."""
+
+    first: ModelUse
+    second: ModelUse
+
+    def left(self) -> None:
+        self.first.left()
+        self.second.left()
 
 
 @dataclass(slots=True)

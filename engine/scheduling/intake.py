@@ -166,6 +166,7 @@ class Intake:
                     batches,
                     client=entry.client,
                     fold=plan.fold,
+                    adapter=request.request.adapter,
                 )
                 jobs.setdefault(model.info.name, []).append(job)
             except PoolingError as exc:  # the request's own error: no traceback kept,

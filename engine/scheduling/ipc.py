@@ -46,6 +46,7 @@ class JobHeader(msgspec.Struct, array_like=True):
     frames: list[list[int]] = []
     # Send each batch's outputs as it ends (JobResult.indices), not all at the job's end.
     streams: bool = False
+    adapter: str | None = None  # the LoRA adapter its sequences run with (Job.adapter)
 
 
 class Submit(msgspec.Struct, array_like=True, tag=0):

@@ -62,9 +62,18 @@ class Job:
     # In an engine process: each batch's outputs go back as the batch ends (a `Partial`),
     # so the engine holds none of them and no answer is one message of every output.
     streams: bool = False
+    # The LoRA adapter its sequences run with (None: the base weights): a batch holds one
+    # adapter's items (batch_queue.py), and the runner makes it the active one.
+    adapter: str | None = None
     raws: list[np.ndarray] = field(init=False)
     remaining: int = field(init=False)
     failed: bool = False
+    # The result cache's request tag (engine/caching/key.py); None: no cache for it (off
+    # in the server, or bypassed by the request).
+    cache: bytes | None = None
+    # Tokens of its sequences answered without a forward of their own (a cache hit, or
+    # another request's forward in flight): usage's cached tokens.
+    cached: int = 0
 
     def __post_init__(self) -> None:
         self.raws = [None] * len(self.work)  # type: ignore[list-item]

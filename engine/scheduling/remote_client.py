@@ -254,7 +254,16 @@ class RemoteEngineClient:
             job.streams = streams
             headers.append(
                 JobHeader(
-                    job.key, model, job.deadline, keep, lengths, job.client, pools, frames, streams
+                    job.key,
+                    model,
+                    job.deadline,
+                    keep,
+                    lengths,
+                    job.client,
+                    pools,
+                    frames,
+                    streams,
+                    job.adapter,
                 )
             )
         payload: list[bytes | np.ndarray] = [np.array(ids, dtype=IDS).tobytes()]

@@ -457,7 +457,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source", "multi_vector", "modalities", "image_size", "outputs", "state", "memory_bytes")
+    __slots__ = ("name", "tasks", "hidden_size", "max_input_tokens", "is_matryoshka", "matryoshka_dimensions", "labels", "pooling_type", "default_use_activation", "is_default", "architecture", "truncation_side", "long_input", "prompts", "default_prompt_name", "dtype", "device", "revision", "has_calibration_ranges", "backend", "precision", "backend_file", "engines_per_device", "calibration_source", "score_template_source", "multi_vector", "modalities", "image_size", "outputs", "state", "memory_bytes", "parent")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -496,6 +496,7 @@ class ModelCard(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     tasks: _containers.RepeatedScalarFieldContainer[PoolingTask]
     hidden_size: int
@@ -527,7 +528,8 @@ class ModelCard(_message.Message):
     outputs: _containers.RepeatedScalarFieldContainer[str]
     state: ModelState
     memory_bytes: int
-    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ..., multi_vector: _Optional[_Union[MultiVectorSettings, _Mapping]] = ..., modalities: _Optional[_Iterable[_Union[Modality, str]]] = ..., image_size: _Optional[int] = ..., outputs: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    parent: str
+    def __init__(self, name: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PoolingTask, str]]] = ..., hidden_size: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., is_matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., labels: _Optional[_Iterable[str]] = ..., pooling_type: _Optional[_Union[PoolingType, str]] = ..., default_use_activation: _Optional[bool] = ..., is_default: _Optional[bool] = ..., architecture: _Optional[str] = ..., truncation_side: _Optional[str] = ..., long_input: _Optional[str] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., revision: _Optional[str] = ..., has_calibration_ranges: _Optional[bool] = ..., backend: _Optional[str] = ..., precision: _Optional[str] = ..., backend_file: _Optional[str] = ..., engines_per_device: _Optional[int] = ..., calibration_source: _Optional[str] = ..., score_template_source: _Optional[str] = ..., multi_vector: _Optional[_Union[MultiVectorSettings, _Mapping]] = ..., modalities: _Optional[_Iterable[_Union[Modality, str]]] = ..., image_size: _Optional[int] = ..., outputs: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., memory_bytes: _Optional[int] = ..., parent: _Optional[str] = ...) -> None: ...
 
 class MultiVectorSettings(_message.Message):
     __slots__ = ("query_prefix", "document_prefix", "query_length", "document_length", "query_expansion", "attend_to_expansion_tokens", "skiplist_words")
@@ -638,7 +640,7 @@ class RerankResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class RepositoryModel(_message.Message):
-    __slots__ = ("name", "state", "source", "memory_bytes", "reason", "load_seconds", "in_flight", "pinned", "retry_after_s")
+    __slots__ = ("name", "state", "source", "memory_bytes", "reason", "load_seconds", "in_flight", "pinned", "retry_after_s", "parent")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -648,6 +650,7 @@ class RepositoryModel(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: ModelState
     source: str
@@ -657,7 +660,8 @@ class RepositoryModel(_message.Message):
     in_flight: int
     pinned: bool
     retry_after_s: float
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., source: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., load_seconds: _Optional[float] = ..., in_flight: _Optional[int] = ..., pinned: _Optional[bool] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    parent: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., source: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., load_seconds: _Optional[float] = ..., in_flight: _Optional[int] = ..., pinned: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., parent: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ("name", "source", "options")

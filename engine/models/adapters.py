@@ -1,0 +1,101 @@
+"""LoRA adapters on a served model: PEFT's adapters loaded beside the base weights, one of
+them (or none) active for each forward pass (torch; imported only where models load).
+
+PEFT injects each adapter's low-rank matrices into the base module's layers in place, so
+every adapter shares the one copy of the base weights (on a GPU as on the CPU) and adds
+only its own matrices. A batch holds one adapter's items (the queue forms batches per
+adapter, engine/scheduling/batch_queue.py); before its pass the runner makes that adapter
+the active one, or turns the adapter layers off for the base's items. The active adapter is
+a property of the shared module, so passes over a model with adapters take turns (`_turn`):
+two workers must not switch it under each other. A model without adapters never comes here.
+
+An adapter is computed as a side path (x W + x A B scaled), never merged into the weights:
+merging per batch would rewrite every targeted matrix twice a batch and drift with each
+round trip, where the side path costs two thin matmuls a layer and equals PEFT's
+merge_and_unload() model to float rounding (tests/service/test_adapters.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from pooling_server.engine.errors import ErrorKind, PoolingError, clip
+
+
+class AdapterSet:
+    """The adapters loaded on one model's module, by name, and which one is active."""
+
+    def __init__(self, module: torch.nn.Module, model: str) -> None:
+        self.module = module  # the base module, PEFT's layers injected into it
+        self.model = model
+        self.paths: dict[str, str] = {}
+        self._peft: object | None = None  # the PeftModel around `module`, once one loads
+        self._active: str | None = None  # what the layers compute now (None: the base)
+        self._turn = threading.Lock()
+
+    def load(self, name: str, path: str) -> None:
+        """Read the adapter at `path` (a PEFT folder: adapter_config.json and its weights)
+        onto the module, under the turn: no pass runs while layers are injected."""
+        from peft import PeftModel
+
+        folder = Path(path).expanduser()
+        if not (folder / "adapter_config.json").is_file():
+            raise ValueError(f"{path}: not a PEFT adapter folder (no adapter_config.json)")
+        with self._turn:
+            if self._peft is None:
+                peft = PeftModel.from_pretrained(self.module, str(folder), adapter_name=name)
+                self._peft = peft.eval()
+            else:
+                self._peft.load_adapter(str(folder), adapter_name=name)  # type: ignore[attr-defined]
+            self._base_only()
+            self.paths[name] = str(folder)
+
+    def unload(self, name: str) -> None:
+        """Its matrices dropped from every layer (the caller routes nothing to it any more)."""
+        with self._turn:
+            if name not in self.paths or self._peft is None:
+                return
+            self._peft.delete_adapter(name)  # type: ignore[attr-defined]
+            del self.paths[name]
+            self._base_only()
+
+    def _base_only(self) -> None:
+        """The layers compute the base model (until a pass names an adapter)."""
+        assert self._peft is not None
+        self._peft.base_model.disable_adapter_layers()  # type: ignore[attr-defined]
+        self._active = None
+
+    @contextmanager
+    def using(self, adapter: str | None) -> Iterator[None]:
+        """One pass with `adapter` active (None: the base weights alone), in turn with the
+        other passes over this module. The layers are switched only when the adapter
+        differs from the last pass's: a run of batches of one adapter switches once."""
+        with self._turn:
+            if adapter != self._active:
+                peft = self._peft
+                if adapter is not None and adapter not in self.paths:
+                    raise adapter_gone(adapter, self.model)
+                if peft is not None:
+                    if adapter is None:
+                        peft.base_model.disable_adapter_layers()  # type: ignore[attr-defined]
+                    else:
+                        if self._active is None:
+                            peft.base_model.enable_adapter_layers()  # type: ignore[attr-defined]
+                        peft.set_adapter(adapter)  # type: ignore[attr-defined]
+                self._active = adapter
+            yield
+
+
+def adapter_gone(adapter: str, model: str) -> PoolingError:
+    """A batch for an adapter unloaded since its request was routed (a race the unload's
+    drain closes in the front end; here only as a last guard)."""
+    return PoolingError(
+        ErrorKind.NOT_FOUND,
+        "ADAPTER_NOT_FOUND",
+        f'adapter "{clip(adapter)}" is not loaded on model "{clip(model)}"',
+    )
