@@ -443,6 +443,16 @@ def _model_config_flags(models: Group) -> None:
         metavar="JSON",
         help="settings applied over the model config, e.g. '{\"is_matryoshka\": true}' or "
         "'{\"matryoshka_dimensions\": [128, 256]}'. " + PER_MODEL,
+    models.add_argument(
+        "--adapter",
+        action=_AdapterAction,
+        default=[],
+        metavar="NAME=PATH",
+        help="a PEFT LoRA adapter folder served on the --model given before it (before any "
+        "--model: the default model); a request picks it by NAME, as its model or as "
+        "params.adapter. Repeat for several. The model then runs on torch "
+        "(docs/model-repository.md, LoRA adapters)",
+    )
     )
     models.add_argument(
         "--default-prompt-name",
@@ -859,6 +869,29 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
         score_tokens,
         label_template,
     ) in zip(
+class _AdapterAction(argparse.Action):
+    """--adapter NAME=PATH, kept with the --model before it on the command line (the
+    count of --model given so far), as a per-model flag that may repeat."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None
+    ) -> None:
+        name, sep, path = str(value).partition("=")
+        if not (sep and name and path):
+            parser.error(f"--adapter takes NAME=PATH, not {value!r}")
+        model = max(0, len(getattr(namespace, "model", None) or []) - 1)
+        namespace.adapter = [*(namespace.adapter or []), (model, name, path)]
+
+
+def _adapters_of(args: argparse.Namespace, count: int) -> list[tuple[tuple[str, str], ...]]:
+    """Each model's --adapter pairs, in order; their names unique."""
+    given = getattr(args, "adapter", None) or []
+    names = [name for _, name, _ in given]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--adapter names must be unique: {names}")
+    return [tuple((n, p) for m, n, p in given if m == k) for k in range(count)]
+
+
         backends,
         sources,
         _per_model(args.pooling_type, n, "--pooling-type"),
@@ -888,7 +921,9 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
                 max_input_chars=max_chars,
                 hf_overrides=parsed,
                 default_prompt_name=None if prompt_name in (None, "auto") else prompt_name,
+    adapters = _adapters_of(args, n)
                 revision=revision or None,
+        adapter_pairs,
                 score_template=score_template or ModelSpec.score_template,
                 score_tokens=score_tokens or ModelSpec.score_tokens,
                 label_template=label_template or None,
@@ -902,6 +937,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     return specs
 
 
+        adapters,
 def tls_config(args: argparse.Namespace) -> TlsConfig | None:
     if not (args.tls_cert or args.tls_key or args.tls_client_ca):
         return None
@@ -937,11 +973,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device,
         dtype=args.dtype,
         attn_implementation=args.attn_implementation,
+                adapters=adapter_pairs,
         cuda_graphs=args.cuda_graphs == "on",
         torch_threads=args.torch_threads,
         intra_op_threads=args.intra_op_threads,
         backend_cache_dir=args.backend_cache_dir,
         tokenizer_threads=args.tokenizer_threads,
+    clash = {name for spec in specs for name, _ in spec.adapters} & set(names)
+    if clash:
+        raise SystemExit(f"an --adapter may not take a served model's name: {sorted(clash)}")
         limits=Limits(
             max_client_batch_size=args.max_client_batch_size,
             max_request_chars=args.max_request_chars,

@@ -103,6 +103,10 @@ TABLE: dict[tuple[ErrorKind, str], Row] = {
     (ErrorKind.FAILED_PRECONDITION, "MODEL_LOAD_FAILED"): Row(
         _G.FAILED_PRECONDITION, 424, (424, "Backend"), 424
     ),
+    # A LoRA adapter that would not load (service/adapters.py): as a model's.
+    (ErrorKind.FAILED_PRECONDITION, "ADAPTER_LOAD_FAILED"): Row(
+        _G.FAILED_PRECONDITION, 424, (424, "Backend"), 424
+    ),
     (ErrorKind.RESOURCE_EXHAUSTED, ""): Row(_G.RESOURCE_EXHAUSTED, 429, (429, "Overloaded"), 429),
     (ErrorKind.RESOURCE_EXHAUSTED, "REQUEST_ENTITY_TOO_LARGE"): Row(
         _G.RESOURCE_EXHAUSTED, 413, (413, "Validation"), 413

@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from pooling_server.engine.models.model_spec import ModelSpec
 from pooling_server.engine.models.served import ModelDescription, ServedModel
+from pooling_server.service.adapters import BASE_MODEL, AdapterManager
 from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.split.layout import weight_bytes
 
@@ -98,6 +99,7 @@ class Entry:
     failed_until: float = 0.0  # time.monotonic() until which requests are refused at once
     load_seconds: float = 0.0
     loading: asyncio.Task[None] | None = None
+    parent: str = ""  # a LoRA adapter's model (service/adapters.py); "" for a model
 
     def retry_after_s(self, now: float | None = None) -> float:
         if self.state is not ModelState.FAILED:
@@ -267,6 +269,8 @@ class ModelManager:
         self._told: dict[str, set[int]] = {}
         self._withdrawals: dict[str, asyncio.Task[None]] = {}
         self._draining: dict[str, Any] = {}
+        # LoRA adapters: a Load naming `base-model`, an Unload naming an adapter.
+        self.adapters = AdapterManager(engine, config.models, config.frontends)
         self.refresh()
 
     # ---------------------------------------------------------------- the catalog
@@ -292,10 +296,11 @@ class ModelManager:
         """Every model known, loaded ones first, each group by name."""
         self.refresh()
         order = {ModelState.LOADED: 0, ModelState.UNLOADING: 1, ModelState.LOADING: 2}
-        return sorted(self._entries.values(), key=lambda e: (order.get(e.state, 3), e.name))
+        models = sorted(self._entries.values(), key=lambda e: (order.get(e.state, 3), e.name))
+        return models + self.adapters.entries()
 
     def entry(self, name: str) -> Entry | None:
-        return self._entries.get(name)
+        return self._entries.get(name) or self.adapters.entry(name)
 
     def in_flight(self, name: str) -> int:
         use = self.engine.use.get(name)
@@ -342,9 +347,12 @@ class ModelManager:
     async def load(self, name: str, source: str = "", options: Mapping[str, str] = ()) -> Entry:  # type: ignore[assignment]
         """Load `name` (from `source` with `options`, else its repository entry); answers
         once it is served. Loading a model already loaded from the same source answers it
-        as it is; from another source, it is refused (unload it first)."""
-        _check_name(name)
+        as it is; from another source, it is refused (unload it first). With option
+        `base-model`, `source` is a LoRA adapter's folder, loaded onto that model."""
+        check_name(name)
         options = dict(options or {})
+        if BASE_MODEL in options:
+            return await self.adapters.load(name, source, options[BASE_MODEL])
         entry = self._entries.get(name) or (self.refresh() or self._entries.get(name))
         if entry is None:
             if not source:
@@ -368,6 +376,8 @@ class ModelManager:
 
     async def unload(self, name: str) -> Entry:
         """Out of routing, then its accepted calls finished, then its memory given back."""
+        if name in self.engine.adapters:
+            return await self.adapters.unload(name)
         entry = self._entries.get(name)
         if entry is not None and entry.loading is not None:
             await self._settled(entry)
@@ -579,7 +589,7 @@ def _retrieved(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
     from pooling_server.engine.requests.shape_rules import MAX_MODEL_NAME_CHARS
 
     if not name or len(name) > MAX_MODEL_NAME_CHARS:

@@ -628,3 +628,28 @@ def tiny_clap(folder: Path, *, fusion: bool = False) -> Path:
     )
     ClapProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(folder)
     return folder
+
+
+def tiny_lora(folder: Path, base: Path, seed: int, targets: tuple[str, ...]) -> Path:
+    """A PEFT LoRA adapter of the BERT at `base`, on the layers named `targets`, saved with
+    save_pretrained: random in both matrices (init_lora_weights=False), so it changes every
+    output, unlike a freshly initialised adapter, whose B is zero."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), init_lora_weights=False)
+    get_peft_model(BertModel.from_pretrained(base), config).save_pretrained(folder)
+    return folder
+
+
+def merged_lora(folder: Path, base: Path, adapter: Path) -> Path:
+    """The base folder with the adapter merged into its weights by PEFT's merge_and_unload():
+    what a model served with the adapter must answer."""
+    import shutil
+
+    from peft import PeftModel
+
+    shutil.copytree(base, folder)
+    merged = PeftModel.from_pretrained(BertModel.from_pretrained(base), adapter).merge_and_unload()
+    merged.save_pretrained(folder)
+    return folder

@@ -38,9 +38,10 @@ class AdapterSet:
         self._active: str | None = None  # what the layers compute now (None: the base)
         self._turn = threading.Lock()
 
-    def load(self, name: str, path: str) -> None:
+    def load(self, name: str, path: str) -> int:
         """Read the adapter at `path` (a PEFT folder: adapter_config.json and its weights)
-        onto the module, under the turn: no pass runs while layers are injected."""
+        onto the module, under the turn: no pass runs while layers are injected. Returns
+        the bytes its own matrices take (the base weights are shared)."""
         from peft import PeftModel
 
         folder = Path(path).expanduser()
@@ -54,6 +55,12 @@ class AdapterSet:
                 self._peft.load_adapter(str(folder), adapter_name=name)  # type: ignore[attr-defined]
             self._base_only()
             self.paths[name] = str(folder)
+        marker = f".{name}."
+        return sum(
+            p.numel() * p.element_size()
+            for key, p in self.module.named_parameters()
+            if marker in key
+        )
 
     def unload(self, name: str) -> None:
         """Its matrices dropped from every layer (the caller routes nothing to it any more)."""

@@ -110,7 +110,10 @@ def load_model(
                 raise ValueError(folder.modules_error)
             loaded = family_loading.load(folder, reading, context)
             for adapter, path in spec.adapters:
-                load_adapter(loaded, adapter, path)
+                load_adapter(loaded.runner, adapter, path)
+            if spec.adapters:
+                names = tuple(adapter for adapter, _ in spec.adapters)
+                loaded.info = loaded.runner.info = replace(loaded.info, adapters=names)
             return loaded
     raise ValueError(f"{folder.path}: no model family serves this folder")
 
@@ -133,26 +136,25 @@ def torch_for_adapters(spec: ModelSpec) -> ModelSpec:
     return replace(spec, backend=replace(options, kind=BackendKind.TORCH))
 
 
-def load_adapter(loaded: LoadedModel, name: str, path: str) -> None:
+def load_adapter(runner: ModelRunner, name: str, path: str) -> int:
     """A PEFT LoRA adapter read onto a loaded model's torch module, beside its base weights
-    (engine/models/adapters.py); ValueError naming why a model cannot take one."""
-    runner = loaded.runner
-    module = runner.module
-    if not isinstance(module, PreTrainedModel) or runner.info.backend != BackendKind.TORCH:
-        where = runner.info.backend if module is not None else "an export"
+    (engine/models/adapters.py): the bytes its matrices take. ValueError naming why a model
+    cannot take one (an export runs it, or CUDA graphs replay it)."""
+    module, info = runner.module, runner.info
+    if not isinstance(module, PreTrainedModel) or info.backend != BackendKind.TORCH:
         raise ValueError(
-            f"model {loaded.info.name}: a LoRA adapter needs its transformers module on "
-            f"--backend torch (it runs on {where}; {loaded.info.family} models "
-            "take none, or start it with --backend torch or an --adapter)"
+            f"model {info.name} runs on {info.backend} ({info.family}); a LoRA adapter "
+            "needs a transformers module on torch: start the model with --backend torch, or "
+            "with an --adapter"
         )
     if runner.graphs is not None:
         raise ValueError(
-            f"model {loaded.info.name}: a LoRA adapter cannot switch inside its CUDA graphs; "
-            "start it with --cuda-graphs off or an --adapter"
+            f"model {info.name} replays CUDA graphs, which would not switch adapters: start "
+            "it with --cuda-graphs off, or with an --adapter"
         )
     if runner.adapters is None:
-        runner.adapters = AdapterSet(module, loaded.info.name)
-    runner.adapters.load(name, path)
+        runner.adapters = AdapterSet(module, info.name)
+    return runner.adapters.load(name, path)
 
 
 def module_kwargs(folder: ModelFolder, context: LoadContext) -> dict[str, Any]:

@@ -101,6 +101,9 @@ class ModelInfo:
     precision: str = ""
     backend_file: str = ""
     engines_per_device: int = 1  # engine processes serving it on each device
+    # The LoRA adapters loaded with it (--adapter), which every front end routes to by
+    # name (Engine.adapters); those loaded at run time are routed as they load.
+    adapters: tuple[str, ...] = ()
     # Dense modules project the pooled vector (sentence-transformers' Dense): a late
     # chunk's mean must be whole before it is projected (engine/requests/late_chunking.py).
     projected: bool = False

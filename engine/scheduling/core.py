@@ -34,6 +34,7 @@ from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
 from pooling_server.engine.scheduling.engine_client import LocalEngineClient
 from pooling_server.engine.scheduling.ipc import (
     IDS,
+    ADAPTER_BASE,
     OUTPUTS,
     Cancel,
     ErrorInfo,
@@ -259,7 +260,11 @@ class EngineCore:
         """Load a model (warm, its queue delivering to the links) or unload one (its queue
         stopped: the front ends route nothing to it and its calls are answered), then say
         so to the front end that asked. Front ends asking for the same model at once share
-        its one load (or unload); a model already loaded is answered as it is."""
+        its one load (or unload); a model already loaded is answered as it is. A LoRA
+        adapter's load or unload goes to `_manage_adapter`."""
+        if self._for_adapter(message):
+            await self._manage_adapter(front_end, message)
+            return
         try:
             if self.run_time is None:
                 raise PoolingError(
@@ -310,6 +315,49 @@ class EngineCore:
         assert self.run_time is not None
         loaded, description, size = await self.run_time.load(message)
         queue = await self.client.add_model(loaded)
+    def _for_adapter(self, message: LoadModel | UnloadModel) -> bool:
+        if isinstance(message, LoadModel):
+            return ADAPTER_BASE in message.options
+        name = message.name
+        return any(
+            name in getattr(getattr(queue.runner, "adapters", None), "paths", ())
+            for queue in self.queues.values()
+        )
+
+    async def _manage_adapter(self, front_end: _FrontEnd, message: LoadModel | UnloadModel) -> None:
+        """A LoRA adapter read onto its model's module (or dropped from it) on a thread, the
+        queue serving on meanwhile: the runner's adapter turn keeps passes off the layers
+        while they change (engine/models/adapters.py). Answered with the bytes it takes."""
+        from pooling_server.engine.models.loader import load_adapter
+
+        try:
+            if isinstance(message, LoadModel):
+                base = message.options[ADAPTER_BASE]
+                queue = self.queues.get(base)
+                if queue is None:
+                    raise PoolingError(
+                        ErrorKind.NOT_FOUND, "MODEL_NOT_FOUND", f"model {base!r} is not served"
+                    )
+                runner, name, path = queue.runner, message.name, message.source
+                size = await asyncio.to_thread(load_adapter, runner, name, path)  # type: ignore[arg-type]
+                answer = ModelLoaded(message.id, b"", size)
+            else:
+                for queue in self.queues.values():
+                    adapters = getattr(queue.runner, "adapters", None)
+                    if adapters is not None and message.name in adapters.paths:
+                        await asyncio.to_thread(adapters.unload, message.name)
+                answer = ModelLoaded(message.id)
+        except Exception as exc:
+            if not isinstance(exc, PoolingError):
+                exc = PoolingError(
+                    ErrorKind.FAILED_PRECONDITION,
+                    "ADAPTER_LOAD_FAILED",
+                    f"{type(exc).__name__}: {exc}",
+                )
+            answer = ModelLoaded(message.id, error=ErrorInfo.of(exc))
+        with contextlib.suppress(OSError):  # the front end is gone
+            front_end.link.send(encoder.encode(answer))
+
         queue.deliver = self._send
         queue.told_of_cancels = True
         del loaded

@@ -112,6 +112,8 @@ class Engine:
         # one by `adapter`, or by naming it as its model (as vLLM's do); its calls in
         # flight are counted in `use` under its name too (an unload drains them).
         self.adapters: dict[str, str] = {}
+        for model in models:
+            self._route_adapters(model.info)
         self.client = client or LocalEngineClient(models, self.batch_config)  # type: ignore[arg-type]
         # The tokenizer threads and their lanes (intake.py).
         media = any(model.info.accepts_media for model in models)
@@ -141,6 +143,12 @@ class Engine:
             self._intake.add_media_lane()
         self.use[name] = ModelUse(last_used=time.monotonic())
         self._models[name] = model
+        self._route_adapters(model.info)
+
+    def _route_adapters(self, info: ModelInfo) -> None:
+        """The adapters a model was loaded with (--adapter), routed with it."""
+        for adapter in info.adapters:
+            self.add_adapter(adapter, info.name)
 
     def remove_model(self, name: str) -> ModelUse:
         """Take a model out of routing, on the event loop: a call resolving it from now on

@@ -88,6 +88,11 @@ class LoadModel(msgspec.Struct, array_like=True, tag=5):
 
 class UnloadModel(msgspec.Struct, array_like=True, tag=6):
     """Stop a model's queue and free it: the front ends route nothing to it any more, and
+# A LoadModel whose options name this loads a LoRA adapter (`source`, its folder) onto
+# that served model; an UnloadModel naming an adapter drops it (service/adapters.py).
+ADAPTER_BASE = "base-model"
+
+
     the calls they had sent it are answered."""
 
     id: int

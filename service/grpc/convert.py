@@ -121,6 +121,12 @@ def params_from_proto(params: pb.PoolingParams) -> tuple[PoolingParams, Task | N
     )
 
 
+def adapter_from_proto(params: pb.PoolingParams) -> str | None:
+    """params.adapter: the LoRA adapter by name; unset or empty, the one the model name
+    names, if any (Engine._adapted)."""
+    return params.adapter or None
+
+
 def _output_weights(params: pb.PoolingParams) -> OutputWeights | None:
     if not params.HasField("output_weights"):
         return None
@@ -185,6 +191,8 @@ def request_from_proto(request: pb.PoolRequest) -> PoolRequest:
         prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
         prompt=request.prompt if request.HasField("prompt") else None,
         late_chunking=_late_chunking(request),
+        bypass_cache=request.params.bypass_cache,
+        adapter=adapter_from_proto(request.params),
         **_outputs(request),
         **inputs,
     )
@@ -237,6 +245,8 @@ def rerank_request_from_proto(request: pb.RerankRequest) -> RerankRequest:
         top_n=request.top_n,
         instruction=request.instruction if request.HasField("instruction") else None,
         items=items_from_proto(request.items, "items"),
+        bypass_cache=request.params.bypass_cache,
+        adapter=adapter_from_proto(request.params),
     )
     _refuse_unknown(request.params)
     return rerank

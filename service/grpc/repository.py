@@ -9,7 +9,7 @@ expose, and a server that exposes it must say so by giving a key.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -50,7 +50,21 @@ def repository_model(entry: Entry, manager: ModelManager) -> pb.RepositoryModel:
         in_flight=manager.in_flight(entry.name),
         pinned=entry.pinned,
         retry_after_s=entry.retry_after_s(),
+        parent=entry.parent,
     )
+
+
+def add_adapters(response: pb.ListModelsResponse, adapters: Mapping[str, str]) -> None:
+    """ListModels: each LoRA adapter (name -> its model) as its model's card under the
+    adapter's name, with `parent` set, after the models (as vLLM lists them)."""
+    cards = {card.name: card for card in response.models}
+    for name, parent in sorted(adapters.items()):
+        base = cards.get(parent)
+        if base is None:
+            continue
+        card = response.models.add()
+        card.CopyFrom(base)
+        card.name, card.parent, card.is_default = name, parent, False
 
 
 def add_states(response: pb.ListModelsResponse, manager: ModelManager | None) -> None:

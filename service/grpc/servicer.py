@@ -27,7 +27,7 @@ from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import to_grpc_status, to_status_proto
 from pooling_server.service.grpc import convert
 from pooling_server.service.grpc.handlers import Malformed
-from pooling_server.service.grpc.repository import add_states
+from pooling_server.service.grpc.repository import add_adapters, add_states
 from pooling_server.service.grpc.stream_limit import InflightLimit
 from pooling_server.service.ops.version import server_version
 from pooling_server.service.proto import pooling_pb2 as pb
@@ -152,7 +152,8 @@ class PoolingServicer(pooling_pb2_grpc.PoolingServiceServicer):
             max_stream_inflight=self.max_stream_inflight,
             server_version=server_version(),
         )
-        add_states(response, self.runner.repository)  # service/grpc/repository.py
+        add_adapters(response, engine.adapters)  # service/grpc/repository.py
+        add_states(response, self.runner.repository)
         return response
 
     async def Tokenize(

@@ -238,7 +238,9 @@ class HttpApi:
     def _refused(self, request: web.Request) -> bool:
         """A protected route without a valid key: answered 401 before anything is read.
         The repository's routes take the admin key, never an API key."""
-        if self.admin_keys and request.path.startswith(repository.PREFIX):
+        if self.admin_keys and (
+            request.path.startswith(repository.PREFIX) or request.path in repository.LORA_ROUTES
+        ):
             return not BearerKeys(self.admin_keys).allow(request.headers.get("Authorization"))
         if not self._keys or request.path in UNPROTECTED:
             return False
@@ -286,6 +288,13 @@ class HttpApi:
                     "precision": info.precision,
                 }
                 for info in engine.model_infos
+            ]
+            # LoRA adapters after the models, each with its parent, as vLLM lists them.
+            cards = {model["id"]: model for model in data}
+            data += [
+                {**cards[parent], "id": name, "parent": parent}
+                for name, parent in sorted(engine.adapters.items())
+                if parent in cards
             ]
             return {"object": "list", "data": repository.with_states(data, self.runner.repository)}
 

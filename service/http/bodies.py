@@ -316,9 +316,12 @@ class OutputWeightsBody(msgspec.Struct, forbid_unknown_fields=True):
 class PoolingFields(msgspec.Struct, kw_only=True):
     """vLLM's request-level pooling fields, which every OpenAI/vLLM route takes:
     use_activation (or its older names), truncate_prompt_tokens, add_special_tokens (true
-    only), and a bge-m3 model's output_weights."""
+    only), a bge-m3 model's output_weights, and our LoRA `adapter`."""
 
     model: str | None = None
+    # A LoRA adapter of the model, by name (as gRPC's params.adapter); the model name may
+    # name one instead, as vLLM's requests do.
+    adapter: str | None = None
     use_activation: bool | None = None
     softmax: bool | None = None
     normalize: bool | None = None

@@ -112,6 +112,7 @@ def parse_embeddings(body: EmbeddingsBody, request_id: str) -> Parsed:
         params=body.params(body.dimensions),
         request_id=request_id,
         model=body.model or "",
+        adapter=body.adapter or None,
         texts=() if images else tuple(items),  # type: ignore[arg-type]
         items=tuple(items) if images else (),
         late_chunking=body.chunking(),
@@ -148,6 +149,7 @@ def parse_score(body: ScoreBody, request_id: str) -> Parsed:
         params=body.params(),
         request_id=request_id,
         model=body.model or "",
+        adapter=body.adapter or None,
         **body.sides(),
         prompt=body.instruction,
     )
@@ -169,6 +171,7 @@ def parse_classify(body: ClassifyBody, request_id: str) -> Parsed:
         params=body.params(),
         request_id=request_id,
         model=body.model or "",
+        adapter=body.adapter or None,
         texts=texts(body.input),
     )
 
@@ -199,6 +202,7 @@ def parse_pooling(body: PoolingBody, request_id: str) -> Parsed:
         params=body.params(body.dimensions),
         request_id=request_id,
         model=body.model or "",
+        adapter=body.adapter or None,
         texts=texts(body.input),
         prompt_name=(body.prompt_name or None) if task == "embed_multi" else None,
         late_chunking=body.chunking(),
@@ -241,6 +245,7 @@ def parse_rerank(body: RerankBody, request_id: str) -> Parsed:
         params=body.params(),
         request_id=request_id,
         model=body.model or "",
+        adapter=body.adapter or None,
         top_n=body.top_n or 0,
         instruction=body.instruction,
     )

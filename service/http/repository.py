@@ -32,10 +32,21 @@ from pooling_server.service.runner import RequestRunner
 
 PREFIX = "/v2/repository/"
 RPCS = {"index": "RepositoryIndex", "load": "RepositoryLoad", "unload": "RepositoryUnload"}
+# vLLM's LoRA routes (service/adapters.py), behind the same admin key.
+LORA_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 
 
 class IndexBody(msgspec.Struct, forbid_unknown_fields=False):
     ready: bool = False
+
+
+class LoraBody(msgspec.Struct, forbid_unknown_fields=False):
+    """vLLM's load_lora_adapter and unload_lora_adapter bodies; `model`, ours: the served
+    model the adapter goes on (unset: the default model), where vLLM serves one."""
+
+    lora_name: str = ""
+    lora_path: str = ""
+    model: str = ""
 
 
 class LoadBody(msgspec.Struct, forbid_unknown_fields=False):
@@ -57,6 +68,7 @@ def model_entry(entry: Entry, manager: ModelManager) -> dict[str, Any]:
         "in_flight": manager.in_flight(entry.name),
         "pinned": entry.pinned,
         "retry_after_s": round(entry.retry_after_s(), 3),
+        **({"parent": entry.parent} if entry.parent else {}),
     }
 
 
@@ -85,6 +97,8 @@ class RepositoryRoutes:
             web.post(PREFIX + "index", self.index),
             web.post(PREFIX + "models/{name}/load", self.load),
             web.post(PREFIX + "models/{name}/unload", self.unload),
+            web.post("/v1/load_lora_adapter", self.load_lora),
+            web.post("/v1/unload_lora_adapter", self.unload_lora),
         ]
 
     @property
@@ -115,6 +129,19 @@ class RepositoryRoutes:
         manager = self.manager
         entry = await manager.unload(request.match_info["name"])
         return http_doors.json_response(model_entry(entry, manager))
+
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        """vLLM's answer: a line of text once the adapter is routed."""
+        body = await _body(request, LoraBody)
+        await self.manager.adapters.load(body.lora_name, body.lora_path, body.model)
+        return web.Response(text=f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        body = await _body(request, LoraBody)
+        await self.manager.adapters.unload(body.lora_name)
+        text = f"Success: LoRA adapter '{body.lora_name}' removed successfully."
+        return web.Response(text=text)
 
 
 def _flag_value(value: str | int | float | bool) -> str:
