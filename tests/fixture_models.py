@@ -637,7 +637,7 @@ def tiny_lora(folder: Path, base: Path, seed: int, targets: tuple[str, ...]) -> 
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), init_lora_weights=False)
+    config = LoraConfig(r=4, lora_alpha=32, target_modules=list(targets), init_lora_weights=False)
     get_peft_model(BertModel.from_pretrained(base), config).save_pretrained(folder)
     return folder
 

@@ -428,6 +428,16 @@ class PoolingClient:
         info = ModelInfo.from_proto(response.card) if response.HasField("card") else None
         return RepositoryModel.from_proto(response.model, info)
 
+    def load_adapter(
+        self, name: str, path: str, *, model: str | None = None, timeout: float | None = None
+    ) -> RepositoryModel:
+        """Load a LoRA adapter (``admin_key``): the PEFT folder ``path`` (on the server's
+        disk) onto the served ``model`` (None: the default model), served as ``name``;
+        requests pick it by ``model=name`` or ``PoolingParams(adapter=name)``. Returns once
+        it is routed. Unload it with :meth:`unload_model`."""
+        options = {"base-model": model or ""}
+        return self.load_model(name, path, options=options, timeout=timeout)
+
     def unload_model(self, name: str, *, timeout: float | None = None) -> RepositoryModel:
         """Unload a model (``admin_key``): out of routing first, its accepted calls
         finished, then its memory freed."""

@@ -352,6 +352,8 @@ class RepositoryModel:
     pinned: bool = False
     #: The served model's card, where it is loaded and the answer carried it.
     info: ModelInfo | None = None
+    #: A LoRA adapter: the model it runs on ("" for a model).
+    parent: str = ""
 
     @classmethod
     def from_proto(
@@ -368,6 +370,7 @@ class RepositoryModel:
             in_flight=model.in_flight,
             pinned=model.pinned,
             info=info,
+            parent=model.parent,
         )
 
 
@@ -730,7 +733,11 @@ def repository_models(response: pooling_pb2.ListModelsResponse) -> list[Reposito
     repository's others (available, loading or failed)."""
     served = [
         RepositoryModel(
-            card.name, "loaded", memory_bytes=card.memory_bytes, info=ModelInfo.from_proto(card)
+            card.name,
+            "loaded",
+            memory_bytes=card.memory_bytes,
+            info=ModelInfo.from_proto(card),
+            parent=card.parent,
         )
         for card in response.models
     ]

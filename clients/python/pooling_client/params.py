@@ -119,6 +119,8 @@ class PoolingParams:
         truncate_prompt_tokens: keep this many tokens per text (-1: the model's maximum).
         output_weights: score/rerank on a multi-output (bge-m3) model: combine its dense,
             sparse and multi scores with these weights (None: the dense score alone).
+        adapter: a LoRA adapter of the model, by name, for any task (None: the one the
+            model name names, if it names one, else the base weights).
     """
 
     use_activation: bool | None = None
@@ -126,6 +128,7 @@ class PoolingParams:
     task: str | None = None
     truncate_prompt_tokens: int | None = None
     output_weights: OutputWeights | None = None
+    adapter: str | None = None
 
     def verify(self, task: str) -> None:
         """Raise ValueError if these params cannot be used for ``task`` (like vLLM's verify).
@@ -170,6 +173,8 @@ class PoolingParams:
             value = getattr(self, name)
             if value is not None:
                 setattr(message, name, value)
+        if self.adapter:
+            message.adapter = self.adapter
         weights = self.output_weights
         if weights is not None:
             message.output_weights.CopyFrom(
