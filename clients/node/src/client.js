@@ -328,6 +328,21 @@ export class PoolingClient {
   }
 
   /**
+   * Load a LoRA adapter at run time (adminKey): the PEFT folder `path` (on the server's
+   * disk) onto the served `call.model` (unset: the default model), served as `name`;
+   * requests pick it by `model: name` or `poolingParams.adapter`. Resolves once it is
+   * routed; unload it with unloadModel.
+   * @param {string} name
+   * @param {string} path
+   * @param {{model?: string, timeout?: number|null}} [call]
+   * @returns {Promise<import('./outputs.js').RepositoryModel>}
+   */
+  async loadAdapter(name, path, call = {}) {
+    const options = { 'base-model': call.model ?? '' };
+    return this.loadModel(name, { source: path, options, timeout: call.timeout });
+  }
+
+  /**
    * Unload a model (adminKey): out of routing first, its accepted calls finished, then its
    * memory freed.
    * @param {string} name

@@ -358,6 +358,7 @@ export function modelInfos(response) {
  * @property {number} inFlight calls in flight on it
  * @property {boolean} pinned given with --model: never evicted
  * @property {ModelInfo|null} info the served model's card, where the answer carried it
+ * @property {string} parent a LoRA adapter: the model it runs on ('' for a model)
  */
 
 /**
@@ -385,6 +386,7 @@ export function repositoryModel(model, info) {
     inFlight: model.in_flight ?? 0,
     pinned: model.pinned ?? false,
     info,
+    parent: model.parent ?? '',
   };
 }
 
@@ -395,8 +397,9 @@ export function repositoryModel(model, info) {
  * @returns {RepositoryModel[]}
  */
 export function repositoryModels(response) {
-  const served = modelInfos(response).map((info) => ({
-    ...repositoryModel({ name: info.name, state: 'MODEL_STATE_LOADED' }, info),
+  const cards = response.models ?? [];
+  const served = modelInfos(response).map((info, k) => ({
+    ...repositoryModel({ name: info.name, state: 'MODEL_STATE_LOADED', parent: cards[k]?.parent }, info),
     memoryBytes: info.memoryBytes,
   }));
   return [...served, ...(response.repository ?? []).map((model) => repositoryModel(model, null))];

@@ -51,7 +51,7 @@ const WIRE_FIELDS = Object.freeze({
   truncatePromptTokens: 'truncate_prompt_tokens',
 });
 
-const KNOWN_KEYS = new Set([...Object.keys(WIRE_FIELDS), 'task', 'outputWeights']);
+const KNOWN_KEYS = new Set([...Object.keys(WIRE_FIELDS), 'task', 'outputWeights', 'adapter']);
 const OUTPUT_NAMES = Object.freeze(['dense', 'sparse', 'multi']);
 
 /**
@@ -66,6 +66,8 @@ const OUTPUT_NAMES = Object.freeze(['dense', 'sparse', 'multi']);
  * @property {{dense?: number, sparse?: number, multi?: number}} [outputWeights] score and
  *   rerank on a multi-output (bge-m3) model: the weight of each output's score in the
  *   combined one, sum(w * s) / sum(w). Unset: the dense score alone.
+ * @property {string} [adapter] a LoRA adapter of the model, by name, for any task. Unset:
+ *   the one the model name names, if it names one, else the base weights.
  */
 
 /**
@@ -169,6 +171,7 @@ export function paramsToWire(params, task) {
     const value = params[/** @type {keyof PoolingParams} */ (key)];
     if (isSet(value)) message[field] = value;
   }
+  if (isSet(params.adapter) && params.adapter !== '') message.adapter = params.adapter;
   const weights = params.outputWeights;
   if (isSet(weights)) {
     message.output_weights = Object.fromEntries(

@@ -65,6 +65,9 @@ describe('PoolingParams checks', () => {
 
   test('only set fields go on the wire', () => {
     assert.deepEqual(paramsToWire({}, 'embed'), { task: 'POOLING_TASK_EMBED' });
+    // A LoRA adapter by name, for any task; verified as known.
+    assert.deepEqual(paramsToWire({ adapter: 'a1' }, 'classify'), { task: 'POOLING_TASK_CLASSIFY', adapter: 'a1' });
+    verifyParams({ adapter: 'a1' }, 'score');
     assert.deepEqual(paramsToWire({ useActivation: false, dimensions: 4, truncatePromptTokens: 7 }, 'token_embed'), {
       task: 'POOLING_TASK_TOKEN_EMBED',
       use_activation: false,
