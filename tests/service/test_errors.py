@@ -50,6 +50,13 @@ EXPECTED: dict[tuple[ErrorKind, str], tuple[grpc.StatusCode, int, int, str, int]
     (K.NOT_FOUND, "NOT_FOUND"): (G.UNIMPLEMENTED, 404, 404, "Validation", 404),
     (K.FAILED_PRECONDITION, ""): (G.FAILED_PRECONDITION, 412, 424, "Backend", 400),
     (K.FAILED_PRECONDITION, "MODEL_LOAD_FAILED"): (G.FAILED_PRECONDITION, 424, 424, "Backend", 424),
+    (K.FAILED_PRECONDITION, "ADAPTER_LOAD_FAILED"): (
+        G.FAILED_PRECONDITION,
+        424,
+        424,
+        "Backend",
+        424,
+    ),
     (K.RESOURCE_EXHAUSTED, ""): (G.RESOURCE_EXHAUSTED, 429, 429, "Overloaded", 429),
     (K.RESOURCE_EXHAUSTED, "REQUEST_ENTITY_TOO_LARGE"): (
         G.RESOURCE_EXHAUSTED,
