@@ -48,11 +48,18 @@ class AdapterSet:
         if not (folder / "adapter_config.json").is_file():
             raise ValueError(f"{path}: not a PEFT adapter folder (no adapter_config.json)")
         with self._turn:
-            if self._peft is None:
-                peft = PeftModel.from_pretrained(self.module, str(folder), adapter_name=name)
-                self._peft = peft.eval()
-            else:
-                self._peft.load_adapter(str(folder), adapter_name=name)  # type: ignore[attr-defined]
+            try:
+                if self._peft is None:
+                    peft = PeftModel.from_pretrained(self.module, str(folder), adapter_name=name)
+                    self._peft = peft.eval()
+                else:
+                    self._peft.load_adapter(str(folder), adapter_name=name)  # type: ignore[attr-defined]
+            except BaseException:
+                # Layers injected before the weights failed (a shape that does not fit)
+                # must not compute: every adapter layer off until a pass names one.
+                _layers_off(self.module)
+                self._active = None
+                raise
             self._base_only()
             self.paths[name] = str(folder)
         marker = f".{name}."
@@ -96,6 +103,14 @@ class AdapterSet:
                         peft.set_adapter(adapter)  # type: ignore[attr-defined]
                 self._active = adapter
             yield
+
+
+def _layers_off(module: torch.nn.Module) -> None:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for layer in module.modules():
+        if isinstance(layer, BaseTunerLayer):
+            layer.enable_adapters(False)
 
 
 def adapter_gone(adapter: str, model: str) -> PoolingError:
