@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pooling_server.engine.backends import BackendKind, BackendOptions, Quantize
+from pooling_server.engine.caching.cache import CacheSettings
 from pooling_server.engine.models.model_info import LongInput, PoolingType
 from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
 from pooling_server.engine.requests.output_size import MIB, ResponseBudget
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_flags(models)
     _repository_flags(models)
     _batching_flags(parser.add_argument_group("limits and batching"))
+    _cache_flags(parser.add_argument_group("result cache (docs/cache.md)"))
     life = parser.add_argument_group("lifecycle")
     _process_flags(life)
     _split_role_flags(life)
@@ -374,6 +376,47 @@ def _security_flags(security: Group) -> None:
     )
 
 
+def _cache_flags(cache: Group) -> None:
+    """The result cache: per-item outputs kept in memory and, optionally, a shared Redis."""
+    cache.add_argument(
+        "--cache-mb",
+        type=count,
+        default=0,
+        help="keep computed outputs in an in-memory LRU of this many MiB per engine process; "
+        "0: no memory tier",
+    )
+    cache.add_argument(
+        "--cache-redis",
+        default="",
+        metavar="URL",
+        help="share outputs through this Redis (redis://host:port/db, rediss:// for TLS); "
+        "unreachable or slow, the server serves without it",
+    )
+    cache.add_argument(
+        "--cache-redis-ttl-s", type=positive_int, default=86400, help="entries' TTL in Redis"
+    )
+    cache.add_argument(
+        "--cache-redis-timeout-ms",
+        type=positive_float,
+        default=5.0,
+        help="a Redis call past this is a miss (the tier is skipped for 1 s after a failure)",
+    )
+    cache.add_argument(
+        "--cache-redis-mb",
+        type=count,
+        default=0,
+        help="set Redis's maxmemory to this many MiB, evicting least recently used keys; "
+        "0: leave the Redis server's own bound",
+    )
+    cache.add_argument(
+        "--cache-scope",
+        choices=["key", "shared"],
+        default="key",
+        help="with --api-key: each key reads only its own entries (key), or all keys share "
+        "them (shared)",
+    )
+
+
 def _observability_flags(observe: Group) -> None:
     """Traces and log lines (--log-level is added last: see build_parser)."""
     observe.add_argument(
@@ -399,6 +442,16 @@ def _model_flags(models: Group) -> None:
         metavar="[NAME=]PATH_OR_ID",
         help=f"a model folder or hub id, optionally served as NAME; repeat to serve several "
         f"(the first is the default). Default: {DEFAULT_MODEL}, embedded, offline",
+    )
+    models.add_argument(
+        "--adapter",
+        action=_AdapterAction,
+        default=[],
+        metavar="NAME=PATH",
+        help="a PEFT LoRA adapter folder served on the --model given before it (before any "
+        "--model: the default model); a request picks it by NAME, as its model or as "
+        "params.adapter. Repeat for several. The model then runs on torch "
+        "(docs/model-repository.md, LoRA adapters)",
     )
     models.add_argument(
         "--pooling-type",
@@ -443,16 +496,6 @@ def _model_config_flags(models: Group) -> None:
         metavar="JSON",
         help="settings applied over the model config, e.g. '{\"is_matryoshka\": true}' or "
         "'{\"matryoshka_dimensions\": [128, 256]}'. " + PER_MODEL,
-    models.add_argument(
-        "--adapter",
-        action=_AdapterAction,
-        default=[],
-        metavar="NAME=PATH",
-        help="a PEFT LoRA adapter folder served on the --model given before it (before any "
-        "--model: the default model); a request picks it by NAME, as its model or as "
-        "params.adapter. Repeat for several. The model then runs on torch "
-        "(docs/model-repository.md, LoRA adapters)",
-    )
     )
     models.add_argument(
         "--default-prompt-name",
@@ -826,6 +869,29 @@ def _shutdown_flags(life: Group) -> None:
     )
 
 
+class _AdapterAction(argparse.Action):
+    """--adapter NAME=PATH, kept with the --model before it on the command line (the
+    count of --model given so far), as a per-model flag that may repeat."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None
+    ) -> None:
+        name, sep, path = str(value).partition("=")
+        if not (sep and name and path):
+            parser.error(f"--adapter takes NAME=PATH, not {value!r}")
+        model = max(0, len(getattr(namespace, "model", None) or []) - 1)
+        namespace.adapter = [*(namespace.adapter or []), (model, name, path)]
+
+
+def _adapters_of(args: argparse.Namespace, count: int) -> list[tuple[tuple[str, str], ...]]:
+    """Each model's --adapter pairs, in order; their names unique."""
+    given = getattr(args, "adapter", None) or []
+    names = [name for _, name, _ in given]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--adapter names must be unique: {names}")
+    return [tuple((n, p) for m, n, p in given if m == k) for k in range(count)]
+
+
 def _per_model(values: Sequence[Any] | None, count: int, flag: str) -> list[Any]:
     if not values:
         return [None] * count
@@ -855,7 +921,9 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
             strict=True,
         )
     ]
+    adapters = _adapters_of(args, n)
     for (
+        adapter_pairs,
         backend,
         source,
         pooling,
@@ -869,29 +937,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
         score_tokens,
         label_template,
     ) in zip(
-class _AdapterAction(argparse.Action):
-    """--adapter NAME=PATH, kept with the --model before it on the command line (the
-    count of --model given so far), as a per-model flag that may repeat."""
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None
-    ) -> None:
-        name, sep, path = str(value).partition("=")
-        if not (sep and name and path):
-            parser.error(f"--adapter takes NAME=PATH, not {value!r}")
-        model = max(0, len(getattr(namespace, "model", None) or []) - 1)
-        namespace.adapter = [*(namespace.adapter or []), (model, name, path)]
-
-
-def _adapters_of(args: argparse.Namespace, count: int) -> list[tuple[tuple[str, str], ...]]:
-    """Each model's --adapter pairs, in order; their names unique."""
-    given = getattr(args, "adapter", None) or []
-    names = [name for _, name, _ in given]
-    if len(set(names)) != len(names):
-        raise SystemExit(f"--adapter names must be unique: {names}")
-    return [tuple((n, p) for m, n, p in given if m == k) for k in range(count)]
-
-
+        adapters,
         backends,
         sources,
         _per_model(args.pooling_type, n, "--pooling-type"),
@@ -921,23 +967,24 @@ def _adapters_of(args: argparse.Namespace, count: int) -> list[tuple[tuple[str, 
                 max_input_chars=max_chars,
                 hf_overrides=parsed,
                 default_prompt_name=None if prompt_name in (None, "auto") else prompt_name,
-    adapters = _adapters_of(args, n)
                 revision=revision or None,
-        adapter_pairs,
                 score_template=score_template or ModelSpec.score_template,
                 score_tokens=score_tokens or ModelSpec.score_tokens,
                 label_template=label_template or None,
                 trust_remote_code=args.trust_remote_code,
                 backend=backend,
+                adapters=adapter_pairs,
             )
         )
     names = [spec.served_name for spec in specs]
     if len(set(names)) != len(names):
         raise SystemExit(f"served model names must be unique: {names}")
+    clash = {name for spec in specs for name, _ in spec.adapters} & set(names)
+    if clash:
+        raise SystemExit(f"an --adapter may not take a served model's name: {sorted(clash)}")
     return specs
 
 
-        adapters,
 def tls_config(args: argparse.Namespace) -> TlsConfig | None:
     if not (args.tls_cert or args.tls_key or args.tls_client_ca):
         return None
@@ -973,15 +1020,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device,
         dtype=args.dtype,
         attn_implementation=args.attn_implementation,
-                adapters=adapter_pairs,
         cuda_graphs=args.cuda_graphs == "on",
         torch_threads=args.torch_threads,
         intra_op_threads=args.intra_op_threads,
         backend_cache_dir=args.backend_cache_dir,
         tokenizer_threads=args.tokenizer_threads,
-    clash = {name for spec in specs for name, _ in spec.adapters} & set(names)
-    if clash:
-        raise SystemExit(f"an --adapter may not take a served model's name: {sorted(clash)}")
         limits=Limits(
             max_client_batch_size=args.max_client_batch_size,
             max_request_chars=args.max_request_chars,
@@ -1045,6 +1088,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ),
         tls=tls_config(args),
         api_keys=api_keys(args),
+        cache=CacheSettings(
+            memory_mb=args.cache_mb,
+            redis_url=args.cache_redis,
+            redis_ttl_s=args.cache_redis_ttl_s,
+            redis_timeout_ms=args.cache_redis_timeout_ms,
+            redis_mb=args.cache_redis_mb,
+        ),
+        cache_scope=args.cache_scope,
         otlp_endpoint=args.otlp_endpoint,
         log_inputs=args.log_inputs,
         log_requests=args.log_requests,

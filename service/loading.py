@@ -221,4 +221,4 @@ def release_memory() -> None:
 
 def load_engine(config: ServerConfig) -> Engine:
     models, batch = load_models(config)
-    return Engine(models, config.limits, batch, config.tokenizer_threads)
+    return Engine(models, config.limits, batch, config.tokenizer_threads, cache=config.cache)

@@ -38,6 +38,7 @@ from pooling_server.service.ops.memory import trimmer
 from pooling_server.service.ops.telemetry import RequestRecord, Telemetry
 
 if TYPE_CHECKING:
+    from pooling_server.service.cache_control import CacheControl
     from pooling_server.service.repository import ModelManager
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,9 @@ class RequestRunner:
         # arrays and answer exist, which four at once would quadruple. A turn lasts as long
         # as its thread works, even past a caller's deadline.
         self._large_tokenize = ThreadPoolExecutor(1, thread_name_prefix="tokenize-large")
+        # The result cache's scope and bypass, read from each call (service/cache_control.py);
+        # None: the cache is off, and calls are passed as they are.
+        self.cache: CacheControl | None = None
 
     def ready(self) -> Engine:
         if self.engine is None:
@@ -166,6 +170,8 @@ class RequestRunner:
                 model = await self.on_demand(outcome, engine, request.model, call.deadline, unknown)
             if prepare is not None:
                 request = prepare(model.info)
+            if self.cache is not None:
+                request = self.cache.apply(request, call.headers)
             result = await engine.pool(
                 request,
                 deadline=call.deadline,
@@ -197,6 +203,8 @@ class RequestRunner:
                 model = outcome.resolve(engine, request.model)
             except PoolingError as unknown:
                 model = await self.on_demand(outcome, engine, request.model, call.deadline, unknown)
+            if self.cache is not None:
+                request = self.cache.apply(request, call.headers)
             result = await engine.rerank(
                 request,
                 deadline=call.deadline,

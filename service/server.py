@@ -17,6 +17,7 @@ from opentelemetry import trace
 from pooling_server.engine.scheduling.batch_queue import BatchQueue
 from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.engine.scheduling.remote_client import RemoteEngineClient
+from pooling_server.service.cache_control import CacheControl
 from pooling_server.service.grpc.handlers import add_pooling_service
 from pooling_server.service.grpc.health import HealthServicer
 from pooling_server.service.grpc.node_door import (
@@ -80,6 +81,8 @@ class PoolingServer:
             config.log_requests,
         )
         self.runner = RequestRunner(telemetry)
+        if config.cache.enabled:
+            self.runner.cache = CacheControl(config)
         self.servicer = PoolingServicer(self.runner, config.max_stream_inflight)
         # Models loaded at run time: served only with an admin key (docs/model-repository.md).
         self.repository = (

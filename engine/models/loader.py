@@ -109,6 +109,8 @@ def load_model(
             if folder.modules_error:  # modules.json no one reads: refused, as it was read
                 raise ValueError(folder.modules_error)
             loaded = family_loading.load(folder, reading, context)
+            # Where its files are: the result cache hashes them into its key (engine/caching).
+            loaded.runner.folder = folder.path
             for adapter, path in spec.adapters:
                 load_adapter(loaded.runner, adapter, path)
             if spec.adapters:

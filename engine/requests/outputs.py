@@ -110,6 +110,9 @@ class PoolResult:
     task: Task
     prompt_tokens: int
     outputs: list[ItemOutput]
+    # Of prompt_tokens, those answered without a forward of their own: the result cache
+    # or another request's forward in flight (engine/caching; usage's cached tokens).
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class RerankResult:
     model: str
     prompt_tokens: int
     ranking: list[Ranked]  # best first, at most top_n
+    cached_tokens: int = 0  # as PoolResult's
 
 
 # Past this many values, a door builds and encodes an answer on a worker thread: about 20 ms

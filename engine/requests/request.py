@@ -106,6 +106,11 @@ class PoolRequest:
     # request is queued (Engine.pool): from then on `model` is the base model's name and
     # this the adapter's, so (model, adapter) names the weights that compute it.
     adapter: str | None = None
+    # The result cache (engine/caching): skip it, neither read nor written (the
+    # PoolingParams field, the HTTP Cache-Control header); and the scope its entries are
+    # kept under (an API key's digest with --cache-scope key; "": shared).
+    bypass_cache: bool = False
+    cache_scope: str = ""
 
     @property
     def num_items(self) -> int:
@@ -133,6 +138,8 @@ class RerankRequest:
     # Image models: the documents as items (texts or images) in place of `documents`.
     items: tuple[Item, ...] = ()
     adapter: str | None = None  # as PoolRequest's
+    bypass_cache: bool = False  # as PoolRequest's
+    cache_scope: str = ""  # as PoolRequest's
 
     @cached_property
     def score(self) -> PoolRequest:
@@ -150,6 +157,8 @@ class RerankRequest:
             truncation_side=self.truncation_side,
             prompt=self.instruction,
             adapter=self.adapter,
+            bypass_cache=self.bypass_cache,
+            cache_scope=self.cache_scope,
         )
 
 

@@ -315,8 +315,12 @@ class BatchQueue:
         cached = [job for job in jobs if job.cache is not None]
         if not cached:
             return refused
-        keys = [cache.keys(job) for job in cached]
-        found = cache.results.find([key for job_keys in keys for key in job_keys])
+        try:
+            keys = [cache.keys(job) for job in cached]
+            found = cache.results.find([key for job_keys in keys for key in job_keys])
+        except Exception:  # a bug of the cache's: the call goes on without it
+            log.exception("the result cache failed a look-up; computing without it")
+            return refused + self._enqueue(cached)
         flights, now, cap = cache.flights, time.monotonic(), self.config.client_cap
         outcomes: list[tuple[Job, object]] = []
         misses = shared = offset = 0
@@ -324,7 +328,8 @@ class BatchQueue:
             for job, job_keys in zip(cached, keys, strict=True):
                 values = found[offset : offset + len(job_keys)]
                 offset += len(job_keys)
-                count, client = values.count(None), (job.origin, job.client)
+                count = sum(value is None for value in values)
+                client = (job.origin, job.client)
                 queued = self._pending.get(client)
                 if count:
                     live = self._client_room(queued, count, cap) if job.client else None

@@ -27,14 +27,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pooling_server.engine.caching.cache import CacheSettings
 from pooling_server.engine.errors import ErrorKind, PoolingError
 from pooling_server.engine.inputs.modality import Frame
 from pooling_server.engine.inputs.tokenization import TokenSequence
 from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
 from pooling_server.engine.scheduling.engine_client import LocalEngineClient
 from pooling_server.engine.scheduling.ipc import (
-    IDS,
     ADAPTER_BASE,
+    IDS,
     OUTPUTS,
     Cancel,
     ErrorInfo,
@@ -99,10 +100,12 @@ class EngineCore:
         config: BatchConfig,
         address: str,
         run_time: RunTimeModels | None = None,
+        cache: CacheSettings | None = None,
     ) -> None:
         """`models`: LoadedModels; `address`: the Unix socket path front ends connect to;
-        `run_time`: how models load and unload at run time (None: they do not)."""
-        self.client = LocalEngineClient(models, config)  # type: ignore[arg-type]
+        `run_time`: how models load and unload at run time (None: they do not); `cache`:
+        the result cache's settings (its tiers live here, shared by every front end)."""
+        self.client = LocalEngineClient(models, config, cache)  # type: ignore[arg-type]
         self.run_time = run_time
         self.address = address
         self._front_ends: list[_FrontEnd] = []
@@ -242,6 +245,8 @@ class EngineCore:
             )
             if header.streams:
                 job.streams = True
+            if header.cache is not None:
+                job.cache = header.cache
             if header.adapter is not None:
                 job.adapter = header.adapter
             front_end.jobs[header.id] = job
@@ -310,11 +315,6 @@ class EngineCore:
         with contextlib.suppress(OSError):  # the front end is gone
             front_end.link.send(encoder.encode(answer))
 
-    async def _load(self, asker: _FrontEnd, message: LoadModel) -> tuple[bytes, int]:
-        """The model loaded and its queue serving; every other front end told of it."""
-        assert self.run_time is not None
-        loaded, description, size = await self.run_time.load(message)
-        queue = await self.client.add_model(loaded)
     def _for_adapter(self, message: LoadModel | UnloadModel) -> bool:
         if isinstance(message, LoadModel):
             return ADAPTER_BASE in message.options
@@ -358,6 +358,11 @@ class EngineCore:
         with contextlib.suppress(OSError):  # the front end is gone
             front_end.link.send(encoder.encode(answer))
 
+    async def _load(self, asker: _FrontEnd, message: LoadModel) -> tuple[bytes, int]:
+        """The model loaded and its queue serving; every other front end told of it."""
+        assert self.run_time is not None
+        loaded, description, size = await self.run_time.load(message)
+        queue = await self.client.add_model(loaded)
         queue.deliver = self._send
         queue.told_of_cancels = True
         del loaded
@@ -450,7 +455,14 @@ def _message(answered: Sequence[tuple[Job, object]]) -> tuple[bytes, np.ndarray]
                 arrays.append(raw if raw.ndim == 1 else raw.reshape(-1))
         results.append(
             JobResult(
-                job.key, shapes, info, timing.enqueued, timing.started, timing.finished, indices
+                job.key,
+                shapes,
+                info,
+                timing.enqueued,
+                timing.started,
+                timing.finished,
+                indices,
+                job.cached,
             )
         )
     data = np.concatenate(arrays, dtype=OUTPUTS) if arrays else np.empty(0, OUTPUTS)

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from pooling_server.engine.caching.cache import CacheSettings
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from pooling_server.engine.inputs.modality import Modality
 from pooling_server.engine.inputs.tokenization import Vocabulary
@@ -97,8 +98,11 @@ class Engine:
         batch_config: BatchConfig | None = None,
         tokenizer_threads: int = 1,
         client: EngineClient | None = None,
+        cache: CacheSettings | None = None,
     ) -> None:
-        """`client`: where jobs are computed; by default here, which needs LoadedModels."""
+        """`client`: where jobs are computed; by default here, which needs LoadedModels.
+        `cache`: the result cache's settings (engine/caching; None or 0 MB and no Redis:
+        off); its tiers live where the jobs are computed."""
         if not models:
             raise ValueError("at least one model is required")
         self.limits = limits or Limits()
@@ -114,10 +118,11 @@ class Engine:
         self.adapters: dict[str, str] = {}
         for model in models:
             self._route_adapters(model.info)
-        self.client = client or LocalEngineClient(models, self.batch_config)  # type: ignore[arg-type]
+        self.client = client or LocalEngineClient(models, self.batch_config, cache)  # type: ignore[arg-type]
         # The tokenizer threads and their lanes (intake.py).
         media = any(model.info.accepts_media for model in models)
-        self._intake = Intake(self.limits, self.client, tokenizer_threads, media)
+        caching = cache is not None and cache.enabled
+        self._intake = Intake(self.limits, self.client, tokenizer_threads, media, caching)
 
     @property
     def model_infos(self) -> list[ModelInfo]:
@@ -325,6 +330,8 @@ class Engine:
         if batches.started is not None and batches.finished is not None:
             timings.queue_s = batches.started - batches.enqueued
             timings.inference_s = batches.finished - batches.started
+        if intake.job is not None and intake.job.cached:
+            result = replace(result, cached_tokens=intake.job.cached)
         return result
 
     def tokenize(
@@ -416,4 +423,6 @@ def _ranking(request: RerankRequest, result: PoolResult) -> RerankResult:
         ranking = [Ranked(int(i), float(scores[i]), _modality(items[int(i)])) for i in order]
     else:
         ranking = [Ranked(int(i), float(scores[i])) for i in order]
-    return RerankResult(result.request_id, result.model, result.prompt_tokens, ranking)
+    return RerankResult(
+        result.request_id, result.model, result.prompt_tokens, ranking, result.cached_tokens
+    )

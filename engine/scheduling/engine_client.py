@@ -11,6 +11,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from pooling_server.engine.caching.cache import CacheSettings, ResultCache
+from pooling_server.engine.caching.flights import ModelCache
+from pooling_server.engine.caching.key import model_identity
 from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue
 from pooling_server.engine.scheduling.jobs import Job
@@ -44,10 +47,25 @@ class EngineClient(Protocol):
 class LocalEngineClient:
     """The models run in this process, each behind its own batching queue."""
 
-    def __init__(self, models: Sequence[LoadedModel], config: BatchConfig) -> None:
+    def __init__(
+        self,
+        models: Sequence[LoadedModel],
+        config: BatchConfig,
+        cache: CacheSettings | None = None,
+    ) -> None:
+        """`cache`: the result cache's settings; on, this process holds its tiers."""
         self._models = models
         self._config = config
         self._queues: dict[str, BatchQueue] = {}
+        self.cache = ResultCache(cache) if cache is not None and cache.enabled else None
+
+    def _cached(self, queue: BatchQueue, model: LoadedModel) -> BatchQueue:
+        """The queue with the result cache on, keyed on the model's identity (its folder's
+        files hashed once, engine/caching/key.py)."""
+        if self.cache is not None:
+            folder = getattr(model.runner, "folder", None)
+            queue.cache = ModelCache(self.cache, model_identity(model.info, folder))
+        return queue
 
     @property
     def queues(self) -> dict[str, BatchQueue]:
@@ -55,12 +73,14 @@ class LocalEngineClient:
 
     async def start(self) -> None:
         for model in self._models:
-            queue = BatchQueue(model.runner, self._config)
+            queue = self._cached(BatchQueue(model.runner, self._config), model)
             self._queues[model.info.name] = queue
             await queue.start()
 
     async def stop(self) -> None:
         await asyncio.gather(*(queue.stop() for queue in self._queues.values()))
+        if self.cache is not None:
+            self.cache.close()
 
     def submit(self, model: str, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
         return self._queues[model].enqueue(jobs)
@@ -68,7 +88,7 @@ class LocalEngineClient:
     async def add_model(self, model: LoadedModel) -> BatchQueue:
         """A model loaded at run time: its queue started (each worker warms it, off the
         loop) before anything routes to it."""
-        queue = BatchQueue(model.runner, self._config)
+        queue = self._cached(BatchQueue(model.runner, self._config), model)
         await queue.start()
         self._queues[model.info.name] = queue
         self._models = [*self._models, model]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pooling_server.engine.caching.key import request_tag
 from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.models.served import ServedModel
 from pooling_server.engine.requests.outputs import PoolResult
@@ -65,10 +66,17 @@ class Intake:
     requests, plus the media and bulk threads), planning into `client`'s queues."""
 
     def __init__(
-        self, limits: Limits, client: EngineClient, tokenizer_threads: int, media: bool
+        self,
+        limits: Limits,
+        client: EngineClient,
+        tokenizer_threads: int,
+        media: bool,
+        caching: bool = False,
     ) -> None:
+        """`caching`: the result cache is on, so each job carries its request's tag."""
         self.limits = limits
         self.client = client
+        self.caching = caching
         # Requests to tokenize and queue; each thread has its own tokenizer (ModelTokenizer).
         self._ordinary: SimpleQueue[Entry | None] = SimpleQueue()
         self.threads = [
@@ -168,6 +176,8 @@ class Intake:
                     fold=plan.fold,
                     adapter=request.request.adapter,
                 )
+                if self.caching and not request.request.bypass_cache:
+                    job.cache = request_tag(request, request.request.cache_scope)
                 jobs.setdefault(model.info.name, []).append(job)
             except PoolingError as exc:  # the request's own error: no traceback kept,
                 # which would hold this thread's frame, and `failed` with the error in it

@@ -47,6 +47,8 @@ class JobHeader(msgspec.Struct, array_like=True):
     # Send each batch's outputs as it ends (JobResult.indices), not all at the job's end.
     streams: bool = False
     adapter: str | None = None  # the LoRA adapter its sequences run with (Job.adapter)
+    # The result cache's request tag (Job.cache); None: the cache is not used for it.
+    cache: bytes | None = None
 
 
 class Submit(msgspec.Struct, array_like=True, tag=0):
@@ -86,13 +88,13 @@ class LoadModel(msgspec.Struct, array_like=True, tag=5):
     startup: bool = False
 
 
-class UnloadModel(msgspec.Struct, array_like=True, tag=6):
-    """Stop a model's queue and free it: the front ends route nothing to it any more, and
 # A LoadModel whose options name this loads a LoRA adapter (`source`, its folder) onto
 # that served model; an UnloadModel naming an adapter drops it (service/adapters.py).
 ADAPTER_BASE = "base-model"
 
 
+class UnloadModel(msgspec.Struct, array_like=True, tag=6):
+    """Stop a model's queue and free it: the front ends route nothing to it any more, and
     the calls they had sent it are answered."""
 
     id: int
@@ -140,6 +142,7 @@ class JobResult(msgspec.Struct, array_like=True):
     # A streaming job's outputs of one batch: the sequences the shapes belong to (the job
     # is answered once every sequence has come); None: the whole job's outputs, in order.
     indices: list[int] | None = None
+    cached: int = 0  # Job.cached: tokens answered without a forward of their own
 
 
 class Results(msgspec.Struct, array_like=True, tag=4):

@@ -264,6 +264,7 @@ class RemoteEngineClient:
                     frames,
                     streams,
                     job.adapter,
+                    job.cache,
                 )
             )
         payload: list[bytes | np.ndarray] = [np.array(ids, dtype=IDS).tobytes()]
@@ -385,6 +386,7 @@ class RemoteEngineClient:
             job = sent.job
             job.timing.enqueued = result.enqueued
             job.timing.started, job.timing.finished = result.started, result.finished
+            job.cached = result.cached
             if result.error is not None:
                 outcomes.append((job, result.error.error()))
                 continue

@@ -256,7 +256,7 @@ def rerank_response_to_proto(result: RerankResult, request: pb.RerankRequest) ->
     response = pb.RerankResponse(
         request_id=result.request_id,
         model=result.model,
-        usage=pb.Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
+        usage=_usage(result),
     )
     results = response.results
     for ranked in result.ranking:
@@ -339,11 +339,16 @@ def _embedding(target: pb.Embedding, o: Embedding) -> None:
         target.modality = MODALITY_TO_PROTO[o.modality]
 
 
+def _usage(result: PoolResult | RerankResult) -> pb.Usage:
+    tokens = result.prompt_tokens
+    return pb.Usage(prompt_tokens=tokens, total_tokens=tokens, cached_tokens=result.cached_tokens)
+
+
 def response_to_proto(result: PoolResult) -> pb.PoolResponse:
     response = pb.PoolResponse(
         request_id=result.request_id,
         model=result.model,
-        usage=pb.Usage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
+        usage=_usage(result),
     )
     outputs = result.outputs
     if result.task is Task.EMBED:

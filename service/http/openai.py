@@ -341,8 +341,16 @@ def _text_outputs(output: TextOutputs, fmt: FloatFormat) -> dict[str, Any]:
     return found
 
 
-def usage(result: PoolResult | RerankResult) -> dict[str, int]:
-    return {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+def usage(result: PoolResult | RerankResult) -> dict[str, Any]:
+    """OpenAI's usage; with OpenAI's `prompt_tokens_details.cached_tokens` where the result
+    cache answered any of the tokens (docs/cache.md)."""
+    found: dict[str, Any] = {
+        "prompt_tokens": result.prompt_tokens,
+        "total_tokens": result.prompt_tokens,
+    }
+    if result.cached_tokens:
+        found["prompt_tokens_details"] = {"cached_tokens": result.cached_tokens}
+    return found
 
 
 def listing(request_id: str, result: PoolResult, data: list[Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pooling_server.engine.caching.cache import CacheSettings
 from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
 from pooling_server.engine.requests.validation import Limits
 from pooling_server.engine.scheduling.batch_queue import BatchConfig
@@ -222,6 +223,11 @@ class ServerConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
     tls: TlsConfig | None = None
     api_keys: Sequence[str] = ()
+    # The result cache (docs/cache.md): its tiers (--cache-mb, --cache-redis...), and whose
+    # entries a call may read with --api-key (--cache-scope: "key", each key its own; or
+    # "shared").
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    cache_scope: str = "key"
     otlp_endpoint: str | None = None
     log_inputs: bool = False
     log_requests: bool = False

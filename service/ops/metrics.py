@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from pooling_server.engine.scheduling.batch_queue import BatchConfig, BatchQueue, BatchRecord
 from pooling_server.engine.scheduling.engine import Engine, Timings
+from pooling_server.service.ops import cache_metrics
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -223,6 +224,7 @@ class _EngineCollector(Collector):
         if queues:  # this process is the one engine
             engines.add_metric([next(iter(queues.values())).runner.info.device], 1)
         yield from (depth, queued, running, utilization, dropped, loaded, engines)
+        yield from cache_metrics.families(queues)
 
 
 class _ByLabel(dict[str, Any]):
@@ -468,6 +470,8 @@ class EngineStats:
         )
         self.loaded = Gauge(*LOADED, multiprocess_mode="livemax", registry=r)
         self._seen: dict[int, int] = {}
+        cache = cache_metrics.cache_of(queues)
+        self.cache = None if cache is None else cache_metrics.SharedCacheStats(r, cache)
         for name, queue in queues.items():
             self.utilization.track(name, queue.config)
             queue.observers.append(metrics.observe_batch)
@@ -481,6 +485,8 @@ class EngineStats:
             self._sync_load(name, queue)
             self.busy.labels(name).set(self.utilization.value(name) / self.engines)
             self._sync_counters(name, queue)
+        if self.cache is not None:
+            self.cache.sync()
 
     def _sync_load(self, name: str, queue: BatchQueue) -> None:
         load = queue.load()

@@ -118,7 +118,7 @@ async def run_engine(
     run_time = (
         RunTimeModels(config, batch) if config.admin_keys or config.model_repository else None
     )
-    core = EngineCore(models, batch, engine_address(run_dir, index), run_time)
+    core = EngineCore(models, batch, engine_address(run_dir, index), run_time, config.cache)
     await core.start()
     device = models[0].info.device if models else config.device
     engines = config.data_parallel * config.engines_per_device

@@ -60,4 +60,10 @@ def connect_engine(config: ServerConfig, frontend: FrontendRole) -> Engine:
         on_engines_changed=frontend.on_engines_changed,
         stall_s=config.engine_stall_s,
     )
-    return Engine(served, config.limits, tokenizer_threads=config.tokenizer_threads, client=client)
+    return Engine(
+        served,
+        config.limits,
+        tokenizer_threads=config.tokenizer_threads,
+        client=client,
+        cache=config.cache,
+    )
