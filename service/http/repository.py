@@ -130,7 +130,6 @@ class RepositoryRoutes:
         entry = await manager.unload(request.match_info["name"])
         return http_doors.json_response(model_entry(entry, manager))
 
-
     async def load_lora(self, request: web.Request) -> web.Response:
         """vLLM's answer: a line of text once the adapter is routed."""
         body = await _body(request, LoraBody)
