@@ -6,8 +6,11 @@ every adapter shares the one copy of the base weights (on a GPU as on the CPU) a
 only its own matrices. A batch holds one adapter's items (the queue forms batches per
 adapter, engine/scheduling/batch_queue.py); before its pass the runner makes that adapter
 the active one, or turns the adapter layers off for the base's items. The active adapter is
-a property of the shared module, so passes over a model with adapters take turns (`_turn`):
-two workers must not switch it under each other. A model without adapters never comes here.
+a property of the shared module, so a switch waits until no pass runs, while passes of the
+adapter already active run side by side, as two workers' passes of a model without
+adapters do (`using`); a pass wanting a switch holds back later passes of the active
+adapter, so it waits for no more than the passes already running. A model without adapters
+never comes here.
 
 An adapter is computed as a side path (x W + x A B scaled), never merged into the weights:
 merging per batch would rewrite every targeted matrix twice a batch and drift with each
@@ -36,7 +39,10 @@ class AdapterSet:
         self.paths: dict[str, str] = {}
         self._peft: object | None = None  # the PeftModel around `module`, once one loads
         self._active: str | None = None  # what the layers compute now (None: the base)
-        self._turn = threading.Lock()
+        # Passes running with `_active`, and passes waiting to switch it, under `_turn`.
+        self._running = 0
+        self._wanting = 0
+        self._turn = threading.Condition()
 
     def load(self, name: str, path: str) -> int:
         """Read the adapter at `path` (a PEFT folder: adapter_config.json and its weights)
@@ -48,6 +54,7 @@ class AdapterSet:
         if not (folder / "adapter_config.json").is_file():
             raise ValueError(f"{path}: not a PEFT adapter folder (no adapter_config.json)")
         with self._turn:
+            self._quiesce()  # then held: no pass starts while layers change
             try:
                 if self._peft is None:
                     peft = PeftModel.from_pretrained(self.module, str(folder), adapter_name=name)
@@ -72,6 +79,7 @@ class AdapterSet:
     def unload(self, name: str) -> None:
         """Its matrices dropped from every layer (the caller routes nothing to it any more)."""
         with self._turn:
+            self._quiesce()
             if name not in self.paths or self._peft is None:
                 return
             self._peft.delete_adapter(name)  # type: ignore[attr-defined]
@@ -84,25 +92,57 @@ class AdapterSet:
         self._peft.base_model.disable_adapter_layers()  # type: ignore[attr-defined]
         self._active = None
 
+    def _quiesce(self) -> None:
+        """Under the turn: wait until no pass runs, holding back new ones meanwhile."""
+        self._wanting += 1
+        try:
+            self._turn.wait_for(lambda: self._running == 0)
+        finally:
+            self._wanting -= 1
+
     @contextmanager
     def using(self, adapter: str | None) -> Iterator[None]:
-        """One pass with `adapter` active (None: the base weights alone), in turn with the
-        other passes over this module. The layers are switched only when the adapter
-        differs from the last pass's: a run of batches of one adapter switches once."""
+        """One pass with `adapter` active (None: the base weights alone). It joins the
+        passes running if they use the same adapter and no pass waits to switch; else it
+        waits until none runs, then switches the layers (only when the adapter differs
+        from the last pass's: a run of batches of one adapter switches once)."""
         with self._turn:
-            if adapter != self._active:
-                peft = self._peft
-                if adapter is not None and adapter not in self.paths:
-                    raise adapter_gone(adapter, self.model)
-                if peft is not None:
-                    if adapter is None:
-                        peft.base_model.disable_adapter_layers()  # type: ignore[attr-defined]
-                    else:
-                        if self._active is None:
-                            peft.base_model.enable_adapter_layers()  # type: ignore[attr-defined]
-                        peft.set_adapter(adapter)  # type: ignore[attr-defined]
-                self._active = adapter
+            while True:
+                if self._running == 0:  # nothing runs: this pass sets the adapter
+                    self._switch(adapter)
+                    break
+                if adapter == self._active and not self._wanting:
+                    break
+                wants = adapter != self._active
+                self._wanting += wants
+                try:
+                    self._turn.wait()  # every waiter is woken when the passes end
+                finally:
+                    self._wanting -= wants
+            self._running += 1
+        try:
             yield
+        finally:
+            with self._turn:
+                self._running -= 1
+                if self._running == 0:
+                    self._turn.notify_all()
+
+    def _switch(self, adapter: str | None) -> None:
+        """Under the turn, no pass running: make `adapter` the one the layers compute."""
+        if adapter == self._active:
+            return
+        peft = self._peft
+        if adapter is not None and adapter not in self.paths:
+            raise adapter_gone(adapter, self.model)
+        if peft is not None:
+            if adapter is None:
+                peft.base_model.disable_adapter_layers()  # type: ignore[attr-defined]
+            else:
+                if self._active is None:
+                    peft.base_model.enable_adapter_layers()  # type: ignore[attr-defined]
+                peft.set_adapter(adapter)  # type: ignore[attr-defined]
+        self._active = adapter
 
 
 def _layers_off(module: torch.nn.Module) -> None:

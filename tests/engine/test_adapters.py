@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
+import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
 
 from pooling_server.engine.inputs.tokenization import TokenSequence
+from pooling_server.engine.models.adapters import AdapterSet
 from pooling_server.engine.models.loader import load_model
 from pooling_server.engine.models.model_runner import LoadedModel
 from pooling_server.engine.models.model_spec import ModelSpec
@@ -50,6 +54,35 @@ def test_a_batch_holds_one_adapters_items() -> None:
         assert len({item.job.adapter for item in batch}) == 1, [i.job.adapter for i in batch]
         taken += [item.job.key for item in batch]
     assert sorted(taken) == list(range(80))
+
+
+def test_passes_at_once_share_one_adapter() -> None:
+    """Threads running passes of random adapters through one AdapterSet: passes that run
+    at the same time always use the same adapter (a switch waits for the others), and
+    every pass runs (no thread is left waiting)."""
+    adapters = AdapterSet(torch.nn.Linear(1, 1), "m")
+    adapters.paths = {"a": "", "b": ""}  # no PEFT layers: only the turns are under test
+    running: list[str | None] = []
+    mixed: list[list[str | None]] = []
+    guard = threading.Lock()
+
+    def passes(seed: int) -> int:
+        rng = random.Random(seed)
+        for _ in range(200):
+            adapter = rng.choice([None, "a", "b"])
+            with adapters.using(adapter):
+                with guard:
+                    running.append(adapter)
+                    if len(set(running)) > 1:
+                        mixed.append(list(running))
+                time.sleep(0.0001 * rng.random())
+                with guard:
+                    running.remove(adapter)
+        return 200
+
+    with ThreadPoolExecutor(4) as pool:
+        assert sum(pool.map(passes, range(4))) == 800
+    assert not mixed, mixed[:3]
 
 
 @pytest.fixture(scope="module")
