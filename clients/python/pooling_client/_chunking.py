@@ -192,6 +192,7 @@ class ChunkedJob:
         self._answered = 0
         self._prompt_tokens = 0
         self._total_tokens = 0
+        self._cached_tokens = 0
 
     @property
     def in_flight(self) -> int:
@@ -248,6 +249,7 @@ class ChunkedJob:
         outputs = _requests.convert_outputs(self.task, response.response, pending.count)
         self._prompt_tokens += response.response.usage.prompt_tokens
         self._total_tokens += response.response.usage.total_tokens
+        self._cached_tokens += response.response.usage.cached_tokens
         for i, output in enumerate(outputs, start=pending.offset):
             output.request_id = f"{self.base_id}-{i}"
             self._results[i] = output
@@ -262,4 +264,5 @@ class ChunkedJob:
                 f"PoolStream ended with {self.total - self._answered} of {self.total} inputs "
                 "unanswered"
             )
-        return PoolingResults(self._results, Usage(self._prompt_tokens, self._total_tokens))
+        usage = Usage(self._prompt_tokens, self._total_tokens, self._cached_tokens)
+        return PoolingResults(self._results, usage)

@@ -115,11 +115,13 @@ class Usage:
 
     prompt_tokens: int
     total_tokens: int
+    #: Of prompt_tokens, those the server's result cache answered (its --cache-mb).
+    cached_tokens: int = 0
 
     @classmethod
     def from_proto(cls, usage: pooling_pb2.Usage) -> Usage:
         """Convert a Usage message."""
-        return cls(usage.prompt_tokens, usage.total_tokens)
+        return cls(usage.prompt_tokens, usage.total_tokens, usage.cached_tokens)
 
 
 @dataclass
