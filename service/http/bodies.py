@@ -316,12 +316,15 @@ class OutputWeightsBody(msgspec.Struct, forbid_unknown_fields=True):
 class PoolingFields(msgspec.Struct, kw_only=True):
     """vLLM's request-level pooling fields, which every OpenAI/vLLM route takes:
     use_activation (or its older names), truncate_prompt_tokens, add_special_tokens (true
-    only), a bge-m3 model's output_weights, and our LoRA `adapter`."""
+    only), a bge-m3 model's output_weights, our LoRA `adapter` and `bypass_cache`."""
 
     model: str | None = None
     # A LoRA adapter of the model, by name (as gRPC's params.adapter); the model name may
     # name one instead, as vLLM's requests do.
     adapter: str | None = None
+    # The result cache (docs/cache.md): true, neither read nor written (as gRPC's
+    # params.bypass_cache; the Cache-Control header does the same on any route).
+    bypass_cache: bool | None = None
     use_activation: bool | None = None
     softmax: bool | None = None
     normalize: bool | None = None

@@ -113,6 +113,7 @@ def parse_embeddings(body: EmbeddingsBody, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.model or "",
         adapter=body.adapter or None,
+        bypass_cache=bool(body.bypass_cache),
         texts=() if images else tuple(items),  # type: ignore[arg-type]
         items=tuple(items) if images else (),
         late_chunking=body.chunking(),
@@ -150,6 +151,7 @@ def parse_score(body: ScoreBody, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.model or "",
         adapter=body.adapter or None,
+        bypass_cache=bool(body.bypass_cache),
         **body.sides(),
         prompt=body.instruction,
     )
@@ -172,6 +174,7 @@ def parse_classify(body: ClassifyBody, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.model or "",
         adapter=body.adapter or None,
+        bypass_cache=bool(body.bypass_cache),
         texts=texts(body.input),
     )
 
@@ -203,6 +206,7 @@ def parse_pooling(body: PoolingBody, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.model or "",
         adapter=body.adapter or None,
+        bypass_cache=bool(body.bypass_cache),
         texts=texts(body.input),
         prompt_name=(body.prompt_name or None) if task == "embed_multi" else None,
         late_chunking=body.chunking(),
@@ -246,6 +250,7 @@ def parse_rerank(body: RerankBody, request_id: str) -> Parsed:
         request_id=request_id,
         model=body.model or "",
         adapter=body.adapter or None,
+        bypass_cache=bool(body.bypass_cache),
         top_n=body.top_n or 0,
         instruction=body.instruction,
     )

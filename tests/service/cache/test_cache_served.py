@@ -85,6 +85,21 @@ def growth(
         time.sleep(0.05)
 
 
+def settled(server: Cached) -> dict[str, list[Any]]:
+    """A scrape once the cache's counters have stopped moving: every earlier call's counts
+    have reached /metrics (an engine process copies them there every 0.25 s)."""
+    names = ("pooling_cache_misses_total", "pooling_cache_hits_total")
+    deadline = time.monotonic() + 10
+    last = scrape(server.metrics_port)
+    while True:
+        time.sleep(0.3)
+        now = scrape(server.metrics_port)
+        if all(metric_sum(now, n) == metric_sum(last, n) for n in names):
+            return now
+        assert time.monotonic() < deadline, "the cache's counters kept moving"
+        last = now
+
+
 def _texts(case: str) -> list[str]:
     return [f"{case}: the cat sat on the mat", f"{case}: a second, longer text about dogs"]
 
@@ -161,7 +176,7 @@ def test_a_request_of_64_texts_with_40_seen_computes_24(server: Cached) -> None:
     seen = [f"seen text number {k}" for k in range(40)]
     server.pool(pb.PoolRequest(model="minilm", embed=pb.TextInput(texts=seen)))
     texts = [*seen, *(f"unseen text number {k}" for k in range(24))]
-    before = scrape(server.metrics_port)
+    before = settled(server)
     got = server.pool(pb.PoolRequest(model="minilm", embed=pb.TextInput(texts=texts)))
     assert growth(server, before, "pooling_cache_misses_total", 24) == 24
     assert 0 < got.usage.cached_tokens < got.usage.prompt_tokens
@@ -171,7 +186,7 @@ def test_a_request_of_64_texts_with_40_seen_computes_24(server: Cached) -> None:
 
 def test_fifty_identical_calls_at_once_make_one_forward_pass(server: Cached) -> None:
     request = pb.PoolRequest(model="minilm", embed=pb.TextInput(texts=["all at once, once"]))
-    before = scrape(server.metrics_port)
+    before = settled(server)
     with ThreadPoolExecutor(50) as pool:
         answers = list(pool.map(lambda _: server.pool(request), range(50)))
     assert growth(server, before, "pooling_cache_hits_total", 49) == 49
@@ -189,8 +204,10 @@ def test_one_keys_entries_are_not_served_to_another(server: Cached) -> None:
     assert server.pool(request, KEY_B).usage.cached_tokens > 0
 
 
-def _http_embed(server: Cached, text: str, *headers: tuple[str, str]) -> dict[str, object]:
-    body = json.dumps({"model": "minilm", "input": [text]}).encode()
+def _http_embed(
+    server: Cached, text: str, *headers: tuple[str, str], **fields: object
+) -> dict[str, object]:
+    body = json.dumps({"model": "minilm", "input": [text], **fields}).encode()
     request = urllib.request.Request(
         f"http://127.0.0.1:{server.http_port}/v1/embeddings", body, method="POST"
     )
@@ -212,6 +229,7 @@ def test_usage_and_the_http_bypass(server: Cached) -> None:
     for directive in ("no-cache", "no-store", "max-age=0, no-store"):
         bypassed = _http_embed(server, text, ("Cache-Control", directive))
         assert "prompt_tokens_details" not in bypassed["usage"]  # type: ignore[operator]
+    assert "prompt_tokens_details" not in _http_embed(server, text, bypass_cache=True)["usage"]  # type: ignore[operator]
     # Bypassed calls neither read nor wrote: a new text bypassed once is still a miss.
     _http_embed(server, "never kept", ("Cache-Control", "no-store"))
     assert "prompt_tokens_details" not in _http_embed(server, "never kept")["usage"]  # type: ignore[operator]
