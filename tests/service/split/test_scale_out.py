@@ -36,36 +36,50 @@ class Replica:
         return metric_sum(scrape(self.metrics_port), "pooling_requests_total", code="OK")
 
 
-def start_replicas(tmp_path: Path, extra: list[str], count: int = 2) -> list[Replica]:
-    """Start `count` replicas at once (each waits for its own SERVING)."""
+def start_replicas(tmp_path: Path, wanted: dict[str, list[str]]) -> dict[str, Replica]:
+    """Start a replica per name in `wanted` (its extra flags) at once; each waits for its own
+    SERVING."""
 
-    def start(index: int) -> Replica:
+    def start(name: str) -> Replica:
         metrics_port = free_port()
-        args = ["--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1", *extra]
-        return Replica(start_server(args, tmp_path, f"replica{index}"), metrics_port)
+        args = ["--metrics-port", str(metrics_port), "--metrics-host", "127.0.0.1"]
+        return Replica(start_server([*args, *wanted[name]], tmp_path, name), metrics_port)
 
-    with ThreadPoolExecutor(count) as pool:
-        futures = [pool.submit(start, i) for i in range(count)]
-    failures = [f.exception() for f in futures if f.exception() is not None]
+    with ThreadPoolExecutor(len(wanted)) as pool:
+        futures = {name: pool.submit(start, name) for name in wanted}
+    failures = [f.exception() for f in futures.values() if f.exception() is not None]
     if failures:
-        for f in futures:
+        for f in futures.values():
             if f.exception() is None:
                 f.result().server.stop(signal.SIGKILL)
         raise failures[0]  # type: ignore[misc]
-    return [f.result() for f in futures]
+    return {name: f.result() for name, f in futures.items()}
 
 
-@pytest.fixture
-def replicas_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
-    started: list[Replica] = []
+# Replicas by role, shared by the module's tests: "steady" is never stopped, "victim" is
+# killed by one test and "drained" drains in another. The first test to ask starts all three
+# side by side; a role an earlier test stopped starts again when asked for. Sharing them
+# halves the module's server starts; the tests count a replica's requests as differences,
+# so its earlier calls count for nothing.
+ROLES = {"steady": [], "victim": [], "drained": ["--drain-delay-s", "1.0"]}
 
-    def make(extra: list[str]) -> list[Replica]:
-        replicas = start_replicas(tmp_path, extra)
-        started.extend(replicas)
-        return replicas
 
-    yield make
-    for replica in started:
+@pytest.fixture(scope="module")
+def replicas_by_role(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    running: dict[str, Replica] = {}
+    log_dir = tmp_path_factory.mktemp("replicas")
+
+    def take(*roles: str) -> list[Replica]:
+        wanted = roles if running else tuple(ROLES)
+        missing = [
+            r for r in wanted if r not in running or running[r].server.process.poll() is not None
+        ]
+        if missing:
+            running.update(start_replicas(log_dir, {role: ROLES[role] for role in missing}))
+        return [running[role] for role in roles]
+
+    yield take
+    for replica in running.values():
         replica.server.stop(signal.SIGKILL)
 
 
@@ -105,19 +119,21 @@ class Load(EmbedTally):
         return sum(started > moment for started in self.started_at)
 
 
-def test_round_robin_spreads_calls_over_both_replicas(replicas_factory) -> None:  # type: ignore[no-untyped-def]
-    replicas = replicas_factory([])
+def test_round_robin_spreads_calls_over_both_replicas(replicas_by_role) -> None:  # type: ignore[no-untyped-def]
+    replicas = replicas_by_role("steady", "victim")
+    before = [replica.ok_requests() for replica in replicas]
     targets = [replica.server.address for replica in replicas]
     with PoolingClient(targets, timeout=CALL_TIMEOUT_S) as client:
         for i in range(60):
             assert len(client.embed([f"spread {i}"])[0].outputs.embedding) == 384
-    counts = [replica.ok_requests() for replica in replicas]
+    counts = [replica.ok_requests() - b for replica, b in zip(replicas, before, strict=True)]
     assert sum(counts) == 60, counts
     assert all(count > 0 for count in counts), counts
 
 
-def test_sigkill_of_a_replica_mid_load_loses_no_call(replicas_factory) -> None:  # type: ignore[no-untyped-def]
-    victim, survivor = replicas_factory([])
+def test_sigkill_of_a_replica_mid_load_loses_no_call(replicas_by_role) -> None:  # type: ignore[no-untyped-def]
+    victim, survivor = replicas_by_role("victim", "steady")
+    survivor_before = survivor.ok_requests()
     targets = [victim.server.address, survivor.server.address]
     with PoolingClient(targets, timeout=CALL_TIMEOUT_S) as client:
         load = Load(client)
@@ -128,14 +144,15 @@ def test_sigkill_of_a_replica_mid_load_loses_no_call(replicas_factory) -> None: 
     # The test's premise: plenty of calls were made after the kill, all on the survivor.
     after = load.started_after(killed_at)
     assert after >= 60, after
-    assert survivor.ok_requests() >= after
+    assert survivor.ok_requests() - survivor_before >= after
 
 
 # The client health-checks replicas (healthCheckConfig), so it stops sending to a draining
 # replica during its drain delay, before grpcio would cancel calls not yet handled.
-def test_sigterm_drain_of_a_replica_mid_load_loses_no_call(replicas_factory) -> None:  # type: ignore[no-untyped-def]
-    drain_delay_s = 1.0
-    drained, survivor = replicas_factory(["--drain-delay-s", str(drain_delay_s)])
+def test_sigterm_drain_of_a_replica_mid_load_loses_no_call(replicas_by_role) -> None:  # type: ignore[no-untyped-def]
+    drain_delay_s = float(ROLES["drained"][1])
+    drained, survivor = replicas_by_role("drained", "steady")
+    survivor_before = survivor.ok_requests()
     targets = [drained.server.address, survivor.server.address]
     with PoolingClient(targets, timeout=CALL_TIMEOUT_S) as client:
         load = Load(client)
@@ -145,4 +162,5 @@ def test_sigterm_drain_of_a_replica_mid_load_loses_no_call(replicas_factory) -> 
     assert load.ok == THREADS * CALLS_PER_THREAD
     # The test's premise: the load went on past the drain delay, when the listener closed.
     assert load.started_after(term_at + drain_delay_s + 0.3) >= 20
-    assert survivor.ok_requests() >= load.started_after(term_at + drain_delay_s + 0.3)
+    after_listener_closed = load.started_after(term_at + drain_delay_s + 0.3)
+    assert survivor.ok_requests() - survivor_before >= after_listener_closed
