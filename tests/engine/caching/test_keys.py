@@ -18,9 +18,10 @@ from pooling_server.engine.caching.key import (
     scope_of,
 )
 from pooling_server.engine.caching.memory import ENTRY_OVERHEAD, MemoryTier
+from pooling_server.engine.families.llm_reranker.score_template import ScoreTemplate
 from pooling_server.engine.inputs.modality import Frame
 from pooling_server.engine.inputs.tokenization import TokenSequence
-from pooling_server.engine.models.model_info import LongInput
+from pooling_server.engine.models.model_info import LongInput, PoolingType
 from pooling_server.engine.requests.params import Output, OutputEncoding, PoolingParams, Task
 from pooling_server.engine.requests.request import ChunkRule, LateChunking, PoolRequest
 from pooling_server.engine.requests.resolved import resolve
@@ -101,6 +102,10 @@ def test_two_images_of_one_size_do_not_collide() -> None:
     assert a != item_key(model, tag, Frame(first.reshape(3, 16, 64), 16), False)
 
 
+def _template(true_token: str) -> ScoreTemplate:
+    return ScoreTemplate("Q: ", "{query} D: {document}", "?", true_token, "no", 1, 2, "", "test")
+
+
 def test_model_identity_fields_and_a_new_revision(tmp_path: os.PathLike[str]) -> None:
     folder = os.path.join(tmp_path, "model")
     os.makedirs(folder)
@@ -110,12 +115,25 @@ def test_model_identity_fields_and_a_new_revision(tmp_path: os.PathLike[str]) ->
         f.write(b"\0" * 64)
     base = model_identity(INFO, folder)
     assert model_identity(INFO, folder) == base
-    variants = [
-        model_identity(dataclasses.replace(INFO, name="other"), folder),
-        model_identity(dataclasses.replace(INFO, backend="onnx"), folder),
-        model_identity(dataclasses.replace(INFO, dtype="float16"), folder),
-        model_identity(dataclasses.replace(INFO, precision="int8"), folder),  # quantization
+    changes: list[dict[str, object]] = [
+        {"name": "other"},
+        {"backend": "onnx"},
+        {"backend_file": "model_int8.onnx"},
+        {"precision": "int8"},  # quantization
+        {"dtype": "float16"},
+        {"family": "cross_encoder"},
+        {"architecture": "RobertaModel"},
+        {"pooling_type": PoolingType.CLS},
+        {"projected": True},
+        {"max_input_tokens": 64},
+        {"include_prompt": False},
+        {"settings": _template("yes")},  # a reranker's score template
     ]
+    templated = dataclasses.replace(INFO, settings=_template("yes"))
+    assert model_identity(templated, folder) != model_identity(
+        dataclasses.replace(INFO, settings=_template("true")), folder
+    )
+    variants = [model_identity(dataclasses.replace(INFO, **c), folder) for c in changes]  # type: ignore[arg-type]
     assert len({base, *variants}) == 1 + len(variants)
     digest = folder_digest(folder)
     with open(os.path.join(folder, "model.safetensors"), "r+b") as f:
