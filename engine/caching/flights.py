@@ -9,13 +9,14 @@ before its item runs passes to a waiter still waiting.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pooling_server.engine.caching.cache import ResultCache
-from pooling_server.engine.caching.key import item_key
+from pooling_server.engine.caching.key import KEY_BYTES, folder_digest, item_key
 
 # A waiter: (its job, the item's index in job.work).
 Waiter = tuple[Any, int]
@@ -27,17 +28,33 @@ class Flights(dict[bytes, list[Waiter]]):
 
 @dataclass
 class ModelCache:
-    """One model's view of the process's result cache: its identity, and its flights."""
+    """One model's view of the process's result cache: its identity, and its flights.
+    `runner`: its LoRA adapters' folders, hashed into the identity of a job run with one."""
 
     results: ResultCache
     identity: bytes
+    runner: Any = None
 
     def __post_init__(self) -> None:
         self.flights = Flights()
 
     def keys(self, job: Any) -> list[bytes]:
         tag, identity = job.cache, self.identity
+        adapter = getattr(job, "adapter", None)
+        if adapter is not None:
+            identity = self._with_adapter(adapter)
         return [item_key(identity, tag, sequence, keep) for sequence, keep in job.work]
+
+    def _with_adapter(self, adapter: str) -> bytes:
+        """The identity with the adapter's name and its folder's digest (files re-hashed
+        only when their sizes or mtimes change: an adapter reloaded with new weights misses)."""
+        paths = getattr(getattr(self.runner, "adapters", None), "paths", None) or {}
+        folder = paths.get(adapter)
+        hasher = hashlib.blake2b(self.identity, digest_size=KEY_BYTES)
+        hasher.update(adapter.encode())
+        hasher.update(b"\0")
+        hasher.update(folder_digest(folder) if folder is not None else b"")
+        return hasher.digest()
 
     def store(self, key: bytes, values: np.ndarray) -> np.ndarray:
         return self.results.store(key, values)

@@ -64,7 +64,8 @@ class LocalEngineClient:
         files hashed once, engine/caching/key.py)."""
         if self.cache is not None:
             folder = getattr(model.runner, "folder", None)
-            queue.cache = ModelCache(self.cache, model_identity(model.info, folder))
+            identity = model_identity(model.info, folder)
+            queue.cache = ModelCache(self.cache, identity, model.runner)
         return queue
 
     @property

@@ -173,3 +173,32 @@ def test_memory_tier_evicts_least_recently_used_within_its_budget() -> None:
     assert tier.evictions == 1 and tier.bytes == 3 * size and len(tier) == 3
     tier.put(b"huge", np.zeros(10_000, dtype=np.float32))  # over the whole budget: not kept
     assert tier.get(b"huge") is None and len(tier) == 3
+
+
+def test_an_adapters_folder_is_in_the_key(tmp_path: os.PathLike[str]) -> None:
+    """Two adapters, and one adapter's weights changed under its name: three keys."""
+    from types import SimpleNamespace
+
+    from pooling_server.engine.caching.cache import CacheSettings, ResultCache
+    from pooling_server.engine.caching.flights import ModelCache
+
+    folders = {}
+    for name in ("a", "b"):
+        folders[name] = os.path.join(tmp_path, name)
+        os.makedirs(folders[name])
+        with open(os.path.join(folders[name], "adapter_model.safetensors"), "wb") as f:
+            f.write(name.encode() * 32)
+    runner = SimpleNamespace(adapters=SimpleNamespace(paths=folders))  # where LoRA keeps them
+    cache = ModelCache(ResultCache(CacheSettings(memory_mb=1)), b"m" * 20, runner)
+    work = [(_sequence([101, 7, 102]), False)]
+
+    def key(adapter: str | None) -> bytes:
+        return cache.keys(SimpleNamespace(cache=b"t" * 20, adapter=adapter, work=work))[0]
+
+    base, a, b = key(None), key("a"), key("b")
+    assert len({base, a, b}) == 3 and key("a") == a
+    weights = os.path.join(folders["a"], "adapter_model.safetensors")
+    with open(weights, "wb") as f:
+        f.write(b"c" * 32)  # reloaded under its name with other weights
+    os.utime(weights, ns=(2, 2))
+    assert key("a") not in {base, a, b}
