@@ -25,9 +25,9 @@ def _check(key: bytes, body: bytes | memoryview) -> bytes:
 
 def pack(key: bytes, values: np.ndarray) -> bytes:
     array = np.ascontiguousarray(values)
+    if array.dtype.str not in _DTYPES:  # bfloat16 (ml_dtypes) and the like: exact in float32
+        array = array.astype(np.float32)
     code = array.dtype.str
-    if code not in _DTYPES:
-        raise ValueError(f"cannot cache an array of dtype {code}")
     header = MAGIC + code.encode() + bytes([array.ndim])
     header += b"".join(int(n).to_bytes(4, "little") for n in array.shape)
     body = header + array.tobytes()

@@ -405,7 +405,11 @@ class BatchQueue:
             return []
         kept: list[np.ndarray | None] = [None] * len(keyed)
         if outputs is not None:
-            kept = [cache.store(key, outputs[pos]) for pos, key in keyed]
+            try:
+                kept = [cache.store(key, outputs[pos]) for pos, key in keyed]
+            except Exception:  # a bug of the cache's: the waiters still get the outputs
+                log.exception("the result cache failed to keep a batch's outputs")
+                kept = [outputs[pos] for pos, _ in keyed]
         landed: list[tuple[Job, int, np.ndarray | None]] = []
         with self._lock:
             for (_, key), value in zip(keyed, kept, strict=True):
