@@ -88,6 +88,12 @@ class Family:
     # decoding within bounds into Frames), built from the model's facts in every process
     # that plans, torch-free; None: the family takes texts only.
     preprocessor: Callable[[ModelInfo], Any] | None = None
+    # The inputs other than text its models take, each with how a refusal names the models
+    # that take it ({"image": "CLIP, SigLIP"}): MODALITY_NOT_SUPPORTED's pointer.
+    media: Mapping[str, str] = field(default_factory=dict)
+    # Its models classify zero-shot over the candidate labels a request names: a model's
+    # template for them (--label-template, or the family's); None: they do not.
+    label_template: Callable[[ModelInfo], str] | None = None
     # Whether it reads a score request's prompt as an instruction (an LLM reranker's
     # template), where other models refuse a prompt on score.
     instruction: bool = False
@@ -130,19 +136,6 @@ class FamilyLoading(Protocol):
     def load(self, folder: ModelFolder, reading: object, context: LoadContext) -> LoadedModel:
         """The model loaded on the context's device, with its facts (ModelInfo.family set
         to this family's name) and its forward."""
-
-
-def deferred(module: str, name: str) -> Planner:
-    """A planner found on its first call: for a family whose own modules the generic ones
-    still import, so that its package cannot import them back while they load."""
-    found: list[Planner] = []
-
-    def plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:
-        if not found:
-            found.append(getattr(importlib.import_module(module), name))
-        return found[0](resolved, model, limits)
-
-    return plan
 
 
 @cache

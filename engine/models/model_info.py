@@ -8,7 +8,6 @@ from typing import Any
 
 import msgspec
 
-from pooling_server.engine.families.towers.settings import TowerSettings
 from pooling_server.engine.requests.params import Task
 
 
@@ -29,8 +28,8 @@ class HeadKind(StrEnum):
     SEQUENCE = "sequence"  # AutoModelForSequenceClassification: one logit row per text
     # AutoModelForTokenClassification, or a masked LM (SPLADE): one logit row per token
     TOKEN = "token"
-    # A two-tower image-text model (CLIPModel, SiglipModel): get_text_features for texts,
-    # get_image_features for images, both into one space (engine/families/towers/towers.py)
+    # Two towers, each its own input into one shared space (get_text_features, and the
+    # image or audio tower's): one projected vector per input, no token states.
     TOWERS = "towers"
 
 
@@ -107,10 +106,8 @@ class ModelInfo:
     # Dense modules project the pooled vector (sentence-transformers' Dense): a late
     # chunk's mean must be whole before it is projected (engine/requests/late_chunking.py).
     projected: bool = False
-    # What inputs the model accepts (engine/inputs/modality.py's values), and a two-tower
-    # model's settings (image-text: CLIP, SigLIP; audio-text: CLAP).
+    # What inputs the model accepts (engine/inputs/modality.py's values).
     modalities: tuple[str, ...] = ("text",)
-    towers: TowerSettings | None = None
     # The family's own facts (a frozen dataclass of its package: an LLM reranker's
     # ScoreTemplate, SPLADE's pooling, ...), or None. JSON carries them to a front-end
     # process as plain values, typed again here (Family.settings).
@@ -129,8 +126,14 @@ class ModelInfo:
 
     @property
     def accepts_media(self) -> bool:
-        """Whether it takes inputs other than texts: images (CLIP, SigLIP), audio (CLAP)."""
+        """Whether it takes inputs other than texts (images, audio clips)."""
         return len(self.modalities) > 1
+
+    @property
+    def towers(self) -> Any:
+        """A two-tower model's settings (its family's, in `settings`), None for a model of
+        texts alone: the models that take other inputs are the two-tower ones."""
+        return self.settings if self.accepts_media else None
 
     @property
     def is_cross_encoder(self) -> bool:

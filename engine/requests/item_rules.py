@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pooling_server.engine.errors import FieldViolation
-from pooling_server.engine.families.towers.rules import MODELS_BY_MODALITY
+from pooling_server.engine.families import ORDER, family
 from pooling_server.engine.requests.params import Task
 from pooling_server.engine.requests.request import Image, Item, PoolRequest
 from pooling_server.engine.requests.resolved import Limits, Resolved
@@ -77,7 +77,12 @@ def modalities(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
                         f"{path}[{i}].{item.modality}",
                         f'model "{info.name}" takes {takes} inputs; send {item.modality} '
                         f"inputs to a model whose modalities include {item.modality} "
-                        f"({MODELS_BY_MODALITY.get(item.modality, '')})",
+                        f"({_taking(item.modality)})",
                         "MODALITY_NOT_SUPPORTED",
                     )
                     return
+
+
+def _taking(modality: str) -> str:
+    """The models that take `modality`, as their families name them (Family.media)."""
+    return ", ".join(f.media[modality] for f in map(family, ORDER) if modality in f.media)

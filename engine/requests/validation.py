@@ -9,8 +9,8 @@ Validation returns the request `Resolved` on its model (resolved.py): the prompt
 long-input policy (reject, truncate or chunk), the truncation and its side, decided once by
 `resolve` and read as they are by the rules, the planner and the engine. The table is
 here; its rows are in the modules named for what they check (shape_rules, character_rules,
-item_rules, prompt_rules, param_rules, late_chunking_rules, size_rules, and the zero-shot
-rows of families/towers/rules.py), and a family's own rows join their stages. Two more
+item_rules, label_rules, prompt_rules, param_rules, late_chunking_rules, size_rules), and
+a family's own rows join their stages. Two more
 tables: TOKENIZED_RULES (token counts, on a tokenizer thread: size_rules.py) and
 UNKNOWN_VALUES (enum values a door cannot map, as it decodes).
 """
@@ -22,14 +22,14 @@ from dataclasses import dataclass, replace
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from pooling_server.engine.families import ORDER, family
-from pooling_server.engine.families.towers.rules import (
+from pooling_server.engine.models.model_info import ModelInfo
+from pooling_server.engine.requests.character_rules import characters
+from pooling_server.engine.requests.item_rules import items_shape, modalities
+from pooling_server.engine.requests.label_rules import (
     candidate_labels,
     label_total,
     zero_shot_model,
 )
-from pooling_server.engine.models.model_info import ModelInfo
-from pooling_server.engine.requests.character_rules import characters
-from pooling_server.engine.requests.item_rules import items_shape, modalities
 from pooling_server.engine.requests.late_chunking_rules import chunking_pooling, chunking_shape
 from pooling_server.engine.requests.param_rules import (
     calibration,
@@ -102,7 +102,8 @@ def _task_supported(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
 
 def _modalities_then_zero_shot(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """Items of a modality the model takes, then (with none refused) zero-shot labels only
-    on a two-tower model: one refusal of what the model cannot read, not two."""
+    on a model that classifies zero-shot: one refusal of what the model cannot read, not
+    two."""
     refused = False
     for violation in modalities(r, limits):
         refused = True

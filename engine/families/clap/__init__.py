@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pooling_server.engine.families import Family, FamilyRules, deferred
-from pooling_server.engine.families.towers.rules import zero_shot_labels
+from pooling_server.engine.families import Family, FamilyRules
+from pooling_server.engine.families.towers.rules import label_template, zero_shot_labels
+from pooling_server.engine.families.towers.settings import TowerSettings
+from pooling_server.engine.families.towers.towers import plan_towers
 
 if TYPE_CHECKING:
     from pooling_server.engine.errors import FieldViolation
@@ -46,22 +48,25 @@ def _preprocessor(info: ModelInfo) -> Any:
     """The clips' decoding for this model, read from its folder's feature extractor."""
     from pooling_server.engine.families.clap.audio import AudioFrames, read_settings
 
-    assert info.towers is not None
-    settings = read_settings(Path(info.towers.folder))
+    assert info.settings is not None
+    settings = read_settings(Path(info.settings.folder))
     if settings is None:
         raise ValueError(
-            f"model {info.name}: its folder {info.towers.folder} has no feature extractor "
+            f"model {info.name}: its folder {info.settings.folder} has no feature extractor "
             "config (preprocessor_config.json or processor_config.json)"
         )
-    return AudioFrames(settings, info.towers.patches)
+    return AudioFrames(settings, info.settings.patches)
 
 
 FAMILY = Family(
     name="clap",
-    plan=deferred("pooling_server.engine.families.towers.towers", "plan_towers"),
+    plan=plan_towers,
     loading=f"{__name__}.loading",
     rules=FamilyRules(shape=(_clips_per_request,), params=(zero_shot_labels,)),
     backends=("torch",),
     title="CLAP",
     preprocessor=_preprocessor,
+    media={"audio": "CLAP"},
+    label_template=label_template,
+    settings=TowerSettings,
 )

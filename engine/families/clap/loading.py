@@ -102,7 +102,7 @@ def load(folder: ModelFolder, reading: object, context: LoadContext) -> LoadedMo
         backend=str(BackendKind.TORCH),
         precision=str(dtype).removeprefix("torch."),
         modalities=(Modality.TEXT.value, Modality.AUDIO.value),
-        towers=settings,
+        settings=settings,
     )
     clips = AudioFrames(reading, cost)
     runner = TowersRunner(module, info, tokenizer.pad_token_id, device)

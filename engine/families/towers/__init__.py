@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pooling_server.engine.families import Family, FamilyRules, deferred
-from pooling_server.engine.families.towers.rules import zero_shot_labels
+from pooling_server.engine.families import Family, FamilyRules
+from pooling_server.engine.families.towers.rules import label_template, zero_shot_labels
+from pooling_server.engine.families.towers.settings import TowerSettings
 from pooling_server.engine.families.towers.tokenizer import convert_siglip
+from pooling_server.engine.families.towers.towers import plan_towers
 
 if TYPE_CHECKING:
     from pooling_server.engine.models.model_info import ModelInfo
@@ -29,11 +31,11 @@ def image_preprocessor(info: ModelInfo) -> Any:
         load_image_processor,  # Pillow, only where images are served
     )
 
-    assert info.towers is not None
-    processor = load_image_processor(Path(info.towers.folder))
+    assert info.settings is not None
+    processor = load_image_processor(Path(info.settings.folder))
     if processor is None:
         raise ValueError(
-            f"model {info.name}: its folder {info.towers.folder} has no image processor "
+            f"model {info.name}: its folder {info.settings.folder} has no image processor "
             "config (preprocessor_config.json)"
         )
     return processor
@@ -41,9 +43,12 @@ def image_preprocessor(info: ModelInfo) -> Any:
 
 FAMILY = Family(
     name="towers",
-    plan=deferred("pooling_server.engine.families.towers.towers", "plan_towers"),
+    plan=plan_towers,
     loading=f"{__name__}.loading",
     rules=FamilyRules(params=(zero_shot_labels,)),
     preprocessor=image_preprocessor,
+    media={"image": "CLIP, SigLIP"},
+    label_template=label_template,
+    settings=TowerSettings,
     converters={"SiglipTokenizer": convert_siglip},  # SigLIP ships spiece.model alone
 )

@@ -1,7 +1,7 @@
-"""Zero-shot classification's rows of the validation table (torch-free): candidate labels,
-their template and their share of the request bound, and a model that classifies
-zero-shot. The two-tower families own them (CLIP, SigLIP here; CLAP lists them too); the
-generic table runs the label rules on every model, so that another refuses them by name."""
+"""The two-tower families' part in zero-shot classification (torch-free): their models
+classify over the labels a request names, in the model's template (Family.label_template),
+and refuse classify without them. The label rules that every model runs are generic
+(requests/label_rules.py)."""
 
 from __future__ import annotations
 
@@ -11,120 +11,23 @@ from typing import TYPE_CHECKING
 from pooling_server.engine.errors import FieldViolation
 from pooling_server.engine.requests.params import Task
 
-if TYPE_CHECKING:  # the package is imported by model_info.py, which resolved.py imports
+if TYPE_CHECKING:
+    from pooling_server.engine.models.model_info import ModelInfo
     from pooling_server.engine.requests.resolved import Limits, Resolved
 
-DEFAULT_LABEL_TEMPLATE = "a photo of a {label}."
-# Which models take each input other than text (for a refusal's message).
-MODELS_BY_MODALITY = {"image": "CLIP, SigLIP", "audio": "CLAP"}
 
-
-def candidate_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """Zero-shot labels belong to classify: each non-blank, no more than a request's
-    inputs, in a template that places the label."""
-    request = r.request
-    labels, template = request.candidate_labels, request.label_template
-    path = "classify.candidate_labels"
-    if not labels:
-        if template is not None and request.task is Task.CLASSIFY:
-            yield FieldViolation(
-                "classify.label_template",
-                "label_template shapes candidate_labels, and there are none; send some",
-                "CANDIDATE_LABELS_MISSING",
-            )
-        return
-    if request.task is not Task.CLASSIFY:
-        yield FieldViolation(
-            path,
-            f"candidate labels are for zero-shot classify, not {request.task}",
-            "CANDIDATE_LABELS_NOT_SUPPORTED_FOR_TASK",
-        )
-        return
-    if len(labels) > limits.max_client_batch_size:
-        from pooling_server.engine.requests.shape_rules import too_many_inputs
-
-        yield too_many_inputs(path, len(labels), limits.max_client_batch_size)
-        return
-    for i, label in enumerate(labels):
-        if not label.strip():
-            yield FieldViolation(
-                f"{path}[{i}]", "a label must not be blank", "CANDIDATE_LABEL_EMPTY"
-            )
-    if template is not None and "{label}" not in template:
-        yield FieldViolation(
-            "classify.label_template",
-            'the template must hold "{label}", where each candidate label goes '
-            f'(default "{DEFAULT_LABEL_TEMPLATE}")',
-            "LABEL_TEMPLATE_INVALID",
-        )
-    limit = r.info.char_limit(r.may_run_long)
-    towers = r.info.towers
-    default = towers.label_template if towers is not None else DEFAULT_LABEL_TEMPLATE
-    reads = max((template or default).count("{label}"), 1)  # a template may repeat it
-    longest = reads * max(len(label) for label in labels) + len(template or default)
-    if longest > limit:
-        yield FieldViolation(
-            path,
-            f"a label in its template has {longest} characters, more than this model's "
-            f"limit of {limit}",
-            "INPUT_TOO_LONG",
-        )
-
-
-def zero_shot_model(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """Candidate labels on classify need a two-tower model (one without classify at all is
-    the task rule's to refuse)."""
-    request, info = r.request, r.info
-    if not request.candidate_labels:
-        return
-    classifies = request.task is Task.CLASSIFY and Task.CLASSIFY in info.tasks
-    if classifies and info.towers is None:
-        yield FieldViolation(
-            "classify.candidate_labels",
-            f'model "{info.name}" classifies into its own labels; zero-shot candidate labels '
-            "need an image-text or audio-text model (CLIP, SigLIP, CLAP)",
-            "ZERO_SHOT_NOT_SUPPORTED",
-        )
-
-
-def label_total(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
-    """Zero-shot labels are texts too, each read in its template: counted with the
-    request's texts (each with its prompt) against the request bound, where the texts
-    alone are within it (their lengths are candidate_labels')."""
-    request = r.request
-    if not request.candidate_labels or request.task is not Task.CLASSIFY:
-        return
-    if request.num_items > limits.max_client_batch_size:
-        return  # the batch size rule speaks for a request this large
-    from pooling_server.engine.requests.character_rules import inputs_of
-
-    prompt = len(r.prompt or "")
-    texts = sum(len(t) + prompt for _, ts in inputs_of(request) for t in ts)
-    towers = r.info.towers
-    template = r.request.label_template
-    if template is None:
-        template = towers.label_template if towers is not None else DEFAULT_LABEL_TEMPLATE
-    labels = r.request.candidate_labels
-    reads = max(template.count("{label}"), 1)  # each label as often as its template reads it
-    total = texts + reads * sum(map(len, labels)) + len(labels) * len(template)
-    if total > limits.max_request_chars >= texts:
-        yield FieldViolation(
-            "classify.candidate_labels",
-            f"the texts and the labels in their template hold {total} characters together, "
-            f"more than the limit of {limits.max_request_chars} per request "
-            "(--max-request-chars); send fewer or shorter labels",
-            "REQUEST_TOO_LARGE",
-        )
+def label_template(info: ModelInfo) -> str:
+    """The model's template for candidate labels (--label-template, or its family's)."""
+    return info.settings.label_template
 
 
 def zero_shot_labels(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:
     """A two-tower model has no labels of its own: classify names them."""
     request, info = r.request, r.info
     if request.task is Task.CLASSIFY and not request.candidate_labels:
-        assert info.towers is not None
         yield FieldViolation(
             "classify.candidate_labels",
             f'model "{info.name}" classifies zero-shot: send candidate_labels (each put in '
-            f'label_template, by default "{info.towers.label_template}")',
+            f'label_template, by default "{label_template(info)}")',
             "CANDIDATE_LABELS_MISSING",
         )

@@ -56,7 +56,7 @@ class TowersRunner(ModelRunner):
     def _text_tower(self, batch: Sequence[TokenSequence], threads: int | None) -> np.ndarray:
         """Padded as the model's processor pads (SigLIP: to its fixed length), with the
         attention mask only where its tokenizer makes one."""
-        settings = self.info.towers
+        settings = self.info.settings
         assert settings is not None and self.module is not None
         arrays = self.arrays(batch)
         ids, mask = arrays["input_ids"], arrays["attention_mask"]

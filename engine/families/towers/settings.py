@@ -1,8 +1,11 @@
-"""A two-tower model's settings (torch-free: every front end reads them in ModelInfo)."""
+"""A two-tower model's settings (torch-free: every front end reads them in
+ModelInfo.settings)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pooling_server.engine.requests.label_rules import DEFAULT_LABEL_TEMPLATE
 
 
 @dataclass(frozen=True)
@@ -23,4 +26,4 @@ class TowerSettings:
     text_length: int = 0
     text_mask: bool = True  # whether the model's tokenizer makes an attention mask
     folder: str = ""  # where the image processor's config lives, for every front end
-    label_template: str = "a photo of a {label}."  # zero-shot's default (--label-template)
+    label_template: str = DEFAULT_LABEL_TEMPLATE  # zero-shot's default (--label-template)

@@ -155,7 +155,7 @@ def _plan_zero_shot(
     model's own logits over them: exp(logit_scale) * cosine (+ logit_bias), softmaxed for
     CLIP and CLAP, each sigmoid'd for SigLIP (use_activation false: the logits)."""
     request, info = resolved.request, model.info
-    towers = info.towers
+    towers = info.settings
     assert towers is not None
     labels = request.candidate_labels
     template = request.label_template or towers.label_template

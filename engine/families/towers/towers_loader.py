@@ -116,13 +116,13 @@ def load_towers(
         backend=str(BackendKind.TORCH),
         precision=str(dtype).removeprefix("torch."),
         modalities=(Modality.TEXT.value, Modality.IMAGE.value),
-        towers=settings,
+        settings=settings,
     )
     processor = image_preprocessor(info)
     settings = _with_processor(settings, processor)
     warm_up: list[Any] = list(tokenizer.tokenize(["warm up"]))
     warm_up.append(processor.blank())
-    runner = TowersRunner(module, _replace(info, towers=settings), tokenizer.pad_token_id, device)
+    runner = TowersRunner(module, _replace(info, settings=settings), tokenizer.pad_token_id, device)
     tower = TowerSource(spec.served_name, folder.path, module, device, settings.image_size)
     backend = load_image_tower(kind, tower, runtime, threads)
     runner.frame_tower = ImageTower(backend, naflex=config.model_type == "siglip2")
@@ -130,7 +130,7 @@ def load_towers(
     info = _replace(info, backend=str(kind), backend_file=str(file) if file else "")
     width = int(runner.forward(warm_up[:1], [False])[0].shape[-1])
     ranges = read_calibration_ranges(Path(folder.path), width)
-    info = _replace(info, towers=settings, hidden_size=width, calibration_ranges=ranges)
+    info = _replace(info, settings=settings, hidden_size=width, calibration_ranges=ranges)
     runner.info = info
     runner.warm_up_batch = warm_up
     log.info(
