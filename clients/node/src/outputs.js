@@ -113,7 +113,7 @@ import { decodeRows, decodeValues, encodingName } from './encodings.js';
  * @property {string} requestId
  * @property {string} model
  * @property {RerankResult[]} results
- * @property {{promptTokens: number, totalTokens: number}} usage
+ * @property {{promptTokens: number, totalTokens: number, cachedTokens: number}} usage
  *
  * @typedef {object} TokenizeOutput
  * @property {number[]} tokenIds
@@ -475,6 +475,10 @@ export function rerankOutput(response, documents, topN) {
     requestId: response.request_id,
     model: response.model,
     results,
-    usage: { promptTokens: response.usage?.prompt_tokens ?? 0, totalTokens: response.usage?.total_tokens ?? 0 },
+    usage: {
+      promptTokens: response.usage?.prompt_tokens ?? 0,
+      totalTokens: response.usage?.total_tokens ?? 0,
+      cachedTokens: response.usage?.cached_tokens ?? 0,
+    },
   };
 }

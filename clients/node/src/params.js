@@ -51,7 +51,13 @@ const WIRE_FIELDS = Object.freeze({
   truncatePromptTokens: 'truncate_prompt_tokens',
 });
 
-const KNOWN_KEYS = new Set([...Object.keys(WIRE_FIELDS), 'task', 'outputWeights', 'adapter']);
+const KNOWN_KEYS = new Set([
+  ...Object.keys(WIRE_FIELDS),
+  'task',
+  'outputWeights',
+  'adapter',
+  'bypassCache',
+]);
 const OUTPUT_NAMES = Object.freeze(['dense', 'sparse', 'multi']);
 
 /**
@@ -68,6 +74,8 @@ const OUTPUT_NAMES = Object.freeze(['dense', 'sparse', 'multi']);
  *   combined one, sum(w * s) / sum(w). Unset: the dense score alone.
  * @property {string} [adapter] a LoRA adapter of the model, by name, for any task. Unset:
  *   the one the model name names, if it names one, else the base weights.
+ * @property {boolean} [bypassCache] true: the server's result cache neither answers nor
+ *   keeps this call (any task).
  */
 
 /**
@@ -172,6 +180,7 @@ export function paramsToWire(params, task) {
     if (isSet(value)) message[field] = value;
   }
   if (isSet(params.adapter) && params.adapter !== '') message.adapter = params.adapter;
+  if (params.bypassCache === true) message.bypass_cache = true;
   const weights = params.outputWeights;
   if (isSet(weights)) {
     message.output_weights = Object.fromEntries(

@@ -77,7 +77,7 @@ describe('rerank without a server', () => {
         { index: 2, relevanceScore: 1, document: '' },
         { index: 0, relevanceScore: 0.9, document: '' },
       ],
-      usage: { promptTokens: 9, totalTokens: 9 },
+      usage: { promptTokens: 9, totalTokens: 9, cachedTokens: 0 },
     });
     assert.deepEqual(
       rerankOutput(response([1, 0]), 2, 0).results.map((r) => r.document),

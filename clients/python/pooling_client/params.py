@@ -121,6 +121,8 @@ class PoolingParams:
             sparse and multi scores with these weights (None: the dense score alone).
         adapter: a LoRA adapter of the model, by name, for any task (None: the one the
             model name names, if it names one, else the base weights).
+        bypass_cache: True: the server's result cache neither answers nor keeps this call
+            (any task; a server without one ignores it).
     """
 
     use_activation: bool | None = None
@@ -129,6 +131,7 @@ class PoolingParams:
     truncate_prompt_tokens: int | None = None
     output_weights: OutputWeights | None = None
     adapter: str | None = None
+    bypass_cache: bool = False
 
     def verify(self, task: str) -> None:
         """Raise ValueError if these params cannot be used for ``task`` (like vLLM's verify).
@@ -175,6 +178,8 @@ class PoolingParams:
                 setattr(message, name, value)
         if self.adapter:
             message.adapter = self.adapter
+        if self.bypass_cache:
+            message.bypass_cache = True
         weights = self.output_weights
         if weights is not None:
             message.output_weights.CopyFrom(
