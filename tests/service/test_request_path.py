@@ -1,10 +1,11 @@
 """The per-request path: quiet by default, observable on request, exact under load.
 
-By default a request creates no span and writes no log line; `--log-requests` brings one
-JSON line per request back, and a configured tracer (or `--otlp-endpoint`) brings the
-spans back. Server-side failures are logged either way. A burst of 2,000 concurrent calls
-leaves the Prometheus counters exact, malformed bytes are rejected on every method of the
-service, and answers computed in a burst equal the same requests sent one by one.
+By default a request creates no span and writes no log line (`--log-requests` brings one
+JSON line per request back: tests/service/ops/test_observability.py); a configured tracer
+(or `--otlp-endpoint`) brings the spans back. Server-side failures are logged either way.
+A burst of 2,000 concurrent calls leaves the Prometheus counters exact, malformed bytes are
+rejected on every method of the service, and answers computed in a burst equal the same
+requests sent one by one.
 
 Real servers on real ports serve the small fixture models; one more model ("broken")
 has a vocabulary smaller than its tokenizer's, so a text with a rare word fails in the
@@ -42,7 +43,7 @@ from tests.conftest import Served, server_args
 from tests.fixture_models import short_vocabulary_bert
 from tests.metrics_endpoint import metric_sum, scrape
 from tests.responses import assert_same_response
-from tests.server_process import ServerProcess, free_port, running_server, start_server
+from tests.server_process import ServerProcess, free_port, start_server
 from tests.service.mixed_requests import (
     MIXED_KINDS,
     Kind,
@@ -376,60 +377,8 @@ def test_a_burst_answers_as_one_by_one_requests_do(quiet: Quiet, quiet_stub: Stu
         assert_same_response(answer.response, alone[answer.request_id])
 
 
-# ---------------------------------------------------------------------------------------
-# --log-requests: one JSON line per request
-# ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def logging_server(
-    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    args = ["--model", f"tiny-bert={model_folders['tiny-bert']}", "--dtype", "float32"]
-    args += ["--log-format", "json", "--log-requests"]
-    yield from running_server(args, tmp_path_factory.mktemp("log-requests"), "log-requests")
-
-
-def test_log_requests_writes_one_line_per_request(logging_server: ServerProcess) -> None:
-    log = Log(logging_server)
-    with grpc.insecure_channel(logging_server.address) as channel:
-        stub = Stub(channel)
-        rids = quiet_workload(stub, "loud")
-        with pytest.raises(grpc.RpcError) as caught:
-            stub.Pool(text_request("embed", "loud-missing", ["x"], "no-such-model"), timeout=30)
-        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-        stub.Pool(text_request("embed", "loud-last", ["the last one"]), timeout=30)
-
-    def request_lines() -> list[dict[str, Any]]:
-        return [line for line in log.lines() if line.get("logger") == REQUEST_LOGGER]
-
-    # Lines are written in order through one queue: once the last is there, all are.
-    wait_for(
-        lambda: any(line.get("request_id") == "loud-last" for line in request_lines()),
-        "the last request's log line",
-    )
-    lines = request_lines()
-    by_id: dict[str, list[dict[str, Any]]] = {}
-    for line in lines:
-        by_id.setdefault(line.get("request_id", ""), []).append(line)
-    # ListModels and Tokenize go through the runner too; their messages carry no id.
-    assert sorted(line["rpc"] for line in by_id.pop("", [])) == ["ListModels", "Tokenize"]
-    assert sorted(by_id) == sorted([*rids, "loud-missing", "loud-last"])
-    assert all(len(found) == 1 for found in by_id.values()), by_id
-    for rid in rids:
-        [line] = by_id[rid]
-        assert line["message"] == "request"
-        assert line["rpc"] == ("PoolStream" if "-stream-" in rid else "Pool")
-        assert (line["code"], line["model"], line["task"], line["items"]) == (
-            "OK",
-            "tiny-bert",
-            "embed",
-            1,
-        )
-        assert line["prompt_tokens"] > 0
-        assert line["trace_id"] == TRACE_ID
-    [missing] = by_id["loud-missing"]
-    assert (missing["code"], missing["model"]) == ("NOT_FOUND", "unknown")
+# --log-requests (one JSON line per request): tests/service/ops/test_observability.py's
+# test_log_requests_writes_one_line_per_request, on that module's --log-requests server.
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from pooling_server.service.server import PoolingServer
 from tests.conftest import DEFAULT_MODEL
 from tests.metrics_endpoint import scrape
 from tests.server_process import ServerProcess, free_port, running_server, start_server
+from tests.service.mixed_requests import text_request
+from tests.service.test_request_path import REQUEST_LOGGER, Log, Stub, quiet_workload, wait_for
 
 T = TypeVar("T")
 
@@ -308,6 +310,57 @@ def test_json_request_log_line_for_a_failure(json_server: ServerProcess) -> None
     [line] = json_server.request_log("log-fail")
     assert (line["code"], line["model"], line["items"]) == ("NOT_FOUND", "unknown", 0)
     assert line["reason"]
+
+
+def test_log_requests_writes_one_line_per_request(json_server: ServerProcess) -> None:
+    """Every call of a mixed workload (unary, stream, a failure, ListModels, Tokenize) gets
+    exactly one request line. The module's other tests share this server, so only the lines
+    after a marker call's own are counted: the log is written through one queue, in order."""
+    log = Log(json_server)
+    with grpc.insecure_channel(json_server.address) as channel:
+        stub = Stub(channel)
+        stub.Pool(text_request("embed", "loud-mark", ["before the workload"]), timeout=30)
+        wait_for(
+            lambda: any(line.get("request_id") == "loud-mark" for line in log.lines()),
+            "the marker's log line",
+        )
+        start = log.end()
+        rids = quiet_workload(stub, "loud")
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Pool(text_request("embed", "loud-missing", ["x"], "no-such-model"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        stub.Pool(text_request("embed", "loud-last", ["the last one"]), timeout=30)
+
+    def request_lines() -> list[dict[str, Any]]:
+        return [line for line in log.lines(start) if line.get("logger") == REQUEST_LOGGER]
+
+    # Lines are written in order through one queue: once the last is there, all are.
+    wait_for(
+        lambda: any(line.get("request_id") == "loud-last" for line in request_lines()),
+        "the last request's log line",
+    )
+    lines = request_lines()
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        by_id.setdefault(line.get("request_id", ""), []).append(line)
+    # ListModels and Tokenize go through the runner too; their messages carry no id.
+    assert sorted(line["rpc"] for line in by_id.pop("", [])) == ["ListModels", "Tokenize"]
+    assert sorted(by_id) == sorted([*rids, "loud-missing", "loud-last"])
+    assert all(len(found) == 1 for found in by_id.values()), by_id
+    for rid in rids:
+        [line] = by_id[rid]
+        assert line["message"] == "request"
+        assert line["rpc"] == ("PoolStream" if "-stream-" in rid else "Pool")
+        assert (line["code"], line["model"], line["task"], line["items"]) == (
+            "OK",
+            "tiny-bert",
+            "embed",
+            1,
+        )
+        assert line["prompt_tokens"] > 0
+        assert line["trace_id"] == TRACE_ID
+    [missing] = by_id["loud-missing"]
+    assert (missing["code"], missing["model"]) == ("NOT_FOUND", "unknown")
 
 
 def test_json_request_log_line_with_inputs(json_inputs_server: ServerProcess) -> None:
