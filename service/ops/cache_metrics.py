@@ -72,9 +72,7 @@ def families(queues: Mapping[str, Any]) -> Iterator[CounterMetricFamily | GaugeM
     for (name, text), labels, value in _counters(cache):
         family = made.get(name)
         if family is None:
-            family = made[name] = CounterMetricFamily(
-                name, text, labels=["tier"] if labels else []
-            )
+            family = made[name] = CounterMetricFamily(name, text, labels=["tier"] if labels else [])
         family.add_metric(labels, value)
     yield from made.values()
     for (name, text), value in _gauges(cache):
