@@ -19,7 +19,8 @@ import numpy as np
 from PIL import Image as PILImage
 from PIL import UnidentifiedImageError
 
-from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.errors import PoolingError
+from pooling_server.engine.inputs.encoded import MediaKind, check_encoded, refuse
 
 if TYPE_CHECKING:
     from pooling_server.engine.requests.resolved import Limits
@@ -60,10 +61,6 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
-def _refuse(path: str, reason: str, description: str) -> PoolingError:
-    return PoolingError.invalid([FieldViolation(path, description, reason)])
-
-
 def _other_format(data: bytes) -> str | None:
     """The name of an image format Pillow knows but we do not serve (for the message)."""
     try:
@@ -73,6 +70,19 @@ def _other_format(data: bytes) -> str | None:
                 return image.format
     except Exception:  # anything unreadable is simply not a format Pillow knows
         return None
+
+
+IMAGE = MediaKind(
+    noun="image",
+    reasons="IMAGE",
+    flag="--max-image-bytes",
+    mime_formats=MIME_FORMATS,
+    supported=SUPPORTED,
+    sniff=sniff,
+    other_format=_other_format,
+    unserved="{format} images are not supported",
+    what="an image",
+)
 
 
 @dataclass(eq=False)
@@ -137,32 +147,7 @@ def open_image(
     or by the mime type given), IMAGE_INVALID for bytes that do not decode (corrupt,
     truncated, empty) or a mime type the bytes disagree with."""
     data = image.data
-    if len(data) > limits.max_image_bytes:
-        raise _refuse(
-            path,
-            "IMAGE_TOO_LARGE",
-            f"the image has {len(data)} bytes, more than {limits.max_image_bytes} "
-            "(--max-image-bytes)",
-        )
-    if not data:
-        raise _refuse(path, "IMAGE_INVALID", "the image is empty")
-    declared = _declared_format(image.mime_type, path)
-    found = sniff(data)
-    if found is None:
-        other = _other_format(data)
-        if other is not None:
-            raise _refuse(
-                path,
-                "IMAGE_FORMAT_UNSUPPORTED",
-                f"{other} images are not supported; send {SUPPORTED}",
-            )
-        raise _refuse(path, "IMAGE_INVALID", f"the data is not an image ({SUPPORTED})")
-    if declared is not None and declared != found:
-        raise _refuse(
-            path,
-            "IMAGE_INVALID",
-            f"mime_type {image.mime_type} does not match the data, which is {found}",
-        )
+    found = check_encoded(IMAGE, data, image.mime_type, path, limits.max_image_bytes)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Pillow's bomb warning: the limit below rules
@@ -170,12 +155,12 @@ def open_image(
     except PILImage.DecompressionBombError as error:
         raise _too_many_pixels(path, None, limits) from error
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
-        raise _refuse(path, "IMAGE_INVALID", f"the {found} data does not decode") from error
+        raise refuse(path, "IMAGE_INVALID", f"the {found} data does not decode") from error
     width, height = opened.size
     if width * height > limits.max_image_pixels or width <= 0 or height <= 0:
         opened.close()
         if width <= 0 or height <= 0:
-            raise _refuse(path, "IMAGE_INVALID", "the image has no pixels")
+            raise refuse(path, "IMAGE_INVALID", "the image has no pixels")
         raise _too_many_pixels(path, (width, height), limits)
     if target is not None:
         # The target's pixel count is the same upright or turned (its sides swap).
@@ -189,28 +174,8 @@ def open_image(
         orientation = opened.getexif().get(0x0112, 1)
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         opened.close()
-        raise _refuse(path, "IMAGE_INVALID", f"the {found} data is corrupt or truncated") from error
+        raise refuse(path, "IMAGE_INVALID", f"the {found} data is corrupt or truncated") from error
     return Opened(opened, ORIENTATIONS.get(orientation))
-
-
-def _declared_format(mime_type: str, path: str) -> str | None:
-    """The format a mime type names; None for none given (the bytes then decide)."""
-    mime = mime_type.partition(";")[0].strip().lower()
-    if not mime:
-        return None
-    if mime in MIME_FORMATS:
-        return MIME_FORMATS[mime]
-    if mime.startswith("image/"):
-        raise _refuse(
-            path,
-            "IMAGE_FORMAT_UNSUPPORTED",
-            f"{clip_mime(mime)} is not supported; send {SUPPORTED}",
-        )
-    raise _refuse(path, "IMAGE_INVALID", f"{clip_mime(mime)} is not an image mime type")
-
-
-def clip_mime(mime: str) -> str:
-    return mime if len(mime) <= 64 else f"{mime[:61]}..."
 
 
 def _too_many_pixels(path: str, size: tuple[int, int] | None, limits: Limits) -> PoolingError:
@@ -220,7 +185,7 @@ def _too_many_pixels(path: str, size: tuple[int, int] | None, limits: Limits) ->
         if size is None
         else f"{size[0]}x{size[1]} = {size[0] * size[1]}"
     )
-    return _refuse(
+    return refuse(
         path,
         "IMAGE_TOO_LARGE",
         f"the image has {claimed} pixels, more than {limits.max_image_pixels} (--max-image-pixels)",
@@ -232,7 +197,7 @@ def _target_too_large(
 ) -> PoolingError:
     width, height = size
     ratio = max(width, height) / min(width, height)
-    return _refuse(
+    return refuse(
         path,
         "IMAGE_TOO_LARGE",
         f"the image is {width}x{height} (aspect ratio {ratio:.0f}:1), which the model's "

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from pooling_server.engine.errors import FieldViolation, PoolingError
+from pooling_server.engine.inputs.encoded import MediaKind, check_encoded, refuse
 from pooling_server.engine.inputs.modality import Frame
 
 if TYPE_CHECKING:
-    from pooling_server.engine.requests.validation import Limits
+    from pooling_server.engine.requests.resolved import Limits
 
 
 class EncodedAudio(Protocol):
@@ -109,10 +109,6 @@ def _extractor_config(folder: Path) -> dict[str, Any] | None:
     return None
 
 
-def _refuse(path: str, reason: str, description: str) -> PoolingError:
-    return PoolingError.invalid([FieldViolation(path, description, reason)])
-
-
 def decode_audio(
     audio: EncodedAudio, limits: Limits, path: str, settings: AudioSettings
 ) -> np.ndarray:
@@ -130,39 +126,14 @@ def decode_audio(
     import soundfile  # libsndfile: loaded where audio is served
 
     data = audio.data
-    if len(data) > limits.max_audio_bytes:
-        raise _refuse(
-            path,
-            "AUDIO_TOO_LARGE",
-            f"the audio has {len(data)} bytes, more than {limits.max_audio_bytes} "
-            "(--max-audio-bytes)",
-        )
-    if not data:
-        raise _refuse(path, "AUDIO_INVALID", "the audio is empty")
-    declared = _declared_format(audio.mime_type, path)
-    found = sniff(data)
-    if found is None:
-        other = _other_format(data)
-        if other is not None:
-            raise _refuse(
-                path,
-                "AUDIO_FORMAT_UNSUPPORTED",
-                f"{other} audio is not supported; send {SUPPORTED}",
-            )
-        raise _refuse(path, "AUDIO_INVALID", f"the data is not audio ({SUPPORTED})")
-    if declared is not None and declared != found:
-        raise _refuse(
-            path,
-            "AUDIO_INVALID",
-            f"mime_type {_clip(audio.mime_type)} does not match the data, which is {found}",
-        )
+    found = check_encoded(AUDIO, data, audio.mime_type, path, limits.max_audio_bytes)
     try:
         opened = soundfile.SoundFile(io.BytesIO(data))
     except (soundfile.LibsndfileError, RuntimeError, ValueError, TypeError) as error:
-        raise _refuse(path, "AUDIO_INVALID", f"the {found} data does not decode") from error
+        raise refuse(path, "AUDIO_INVALID", f"the {found} data does not decode") from error
     with opened:
         if opened.format not in READS_AS[found]:  # libsndfile read it as something else
-            raise _refuse(path, "AUDIO_INVALID", f"the {found} data does not decode")
+            raise refuse(path, "AUDIO_INVALID", f"the {found} data does not decode")
         rate, channels, frames = opened.samplerate, opened.channels, opened.frames
         _check_header(path, limits, rate, channels, frames)
         # The head the clip needs, and a margin for the resampler's filter at its end.
@@ -170,13 +141,13 @@ def decode_audio(
         try:
             mono = _read_mono(opened, wanted)
         except (soundfile.LibsndfileError, RuntimeError, ValueError) as error:
-            raise _refuse(
+            raise refuse(
                 path, "AUDIO_INVALID", f"the {found} data is corrupt or truncated"
             ) from error
     if not len(mono):
-        raise _refuse(path, "AUDIO_INVALID", "the audio has no samples")
+        raise refuse(path, "AUDIO_INVALID", "the audio has no samples")
     if not np.isfinite(mono).all():
-        raise _refuse(path, "AUDIO_INVALID", "the audio holds samples that are not finite")
+        raise refuse(path, "AUDIO_INVALID", "the audio holds samples that are not finite")
     if rate != settings.rate:
         import soxr  # libsoxr: loaded where audio is served
 
@@ -186,16 +157,16 @@ def decode_audio(
 
 def _check_header(path: str, limits: Limits, rate: int, channels: int, frames: int) -> None:
     if channels > limits.max_audio_channels:
-        raise _refuse(
+        raise refuse(
             path,
             "AUDIO_TOO_MANY_CHANNELS",
             f"the audio has {channels} channels, more than {limits.max_audio_channels} "
             "(--max-audio-channels)",
         )
     if channels < 1:
-        raise _refuse(path, "AUDIO_INVALID", "the audio has no channels")
+        raise refuse(path, "AUDIO_INVALID", "the audio has no channels")
     if not MIN_SAMPLE_RATE <= rate <= limits.max_audio_sample_rate:
-        raise _refuse(
+        raise refuse(
             path,
             "AUDIO_SAMPLE_RATE_UNSUPPORTED",
             f"the audio's sample rate is {rate} Hz; send {MIN_SAMPLE_RATE} to "
@@ -203,7 +174,7 @@ def _check_header(path: str, limits: Limits, rate: int, channels: int, frames: i
         )
     seconds = frames / rate
     if seconds > limits.max_audio_seconds:
-        raise _refuse(
+        raise refuse(
             path,
             "AUDIO_TOO_LONG",
             f"the audio lasts {seconds:.1f} s, more than {limits.max_audio_seconds:g} s "
@@ -235,22 +206,17 @@ def _other_format(data: bytes) -> str | None:
         return None
 
 
-def _declared_format(mime_type: str, path: str) -> str | None:
-    """The format a mime type names; None for none given (the bytes then decide)."""
-    mime = mime_type.partition(";")[0].strip().lower()
-    if not mime:
-        return None
-    if mime in MIME_FORMATS:
-        return MIME_FORMATS[mime]
-    if mime.startswith("audio/"):
-        raise _refuse(
-            path, "AUDIO_FORMAT_UNSUPPORTED", f"{_clip(mime)} is not supported; send {SUPPORTED}"
-        )
-    raise _refuse(path, "AUDIO_INVALID", f"{_clip(mime)} is not an audio mime type")
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= 64 else text[:61] + "..."
+AUDIO = MediaKind(
+    noun="audio",
+    reasons="AUDIO",
+    flag="--max-audio-bytes",
+    mime_formats=MIME_FORMATS,
+    supported=SUPPORTED,
+    sniff=sniff,
+    other_format=_other_format,
+    unserved="{format} audio is not supported",
+    what="audio",
+)
 
 
 class AudioFrames:
