@@ -91,7 +91,7 @@ def front_end_cost(folder: Path, images: list[bytes], rounds: int = 3) -> dict[s
     from pooling_server.engine.inputs.image_decoding import decode_image
     from pooling_server.engine.inputs.images import load_image_processor
     from pooling_server.engine.requests.request import Image
-    from pooling_server.engine.requests.validation import Limits
+    from pooling_server.engine.requests.resolved import Limits
 
     processor = load_image_processor(folder)
     assert processor is not None

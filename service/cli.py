@@ -16,7 +16,7 @@ from pooling_server.engine.caching.cache import CacheSettings
 from pooling_server.engine.models.model_info import LongInput, PoolingType
 from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
 from pooling_server.engine.requests.output_size import MIB, ResponseBudget
-from pooling_server.engine.requests.validation import Limits
+from pooling_server.engine.requests.resolved import Limits
 from pooling_server.engine.scheduling.batch_queue import BatchConfig, default_client_cap
 from pooling_server.engine.scheduling.remote_client import DEFAULT_STALL_S
 from pooling_server.service.ops import event_loop

@@ -31,7 +31,7 @@ from pooling_server.engine.models.served import ServedModel
 from pooling_server.engine.requests.output_size import ResponseBudget
 from pooling_server.engine.requests.outputs import PoolResult, RerankResult
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
-from pooling_server.engine.requests.validation import Limits
+from pooling_server.engine.requests.resolved import Limits
 from pooling_server.engine.scheduling.engine import Engine, Timings, Tokenized, TokenizedText
 from pooling_server.service.errors import status_label, unavailable
 from pooling_server.service.ops.memory import trimmer

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pooling_server.engine.requests.output_size import ResponseBudget
     from pooling_server.engine.requests.params import Task
     from pooling_server.engine.requests.plan_parts import Plan
-    from pooling_server.engine.requests.validation import Limits, Resolved
+    from pooling_server.engine.requests.resolved import Limits, Resolved
 
     Check = Callable[[Resolved, Limits], Iterator[FieldViolation]]
     Planner = Callable[[Resolved, ServedModel, Limits], Plan]

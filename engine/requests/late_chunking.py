@@ -32,9 +32,8 @@ from pooling_server.engine.requests.output_size import late_chunk_count, pooled_
 from pooling_server.engine.requests.outputs import Embedding, ItemOutput, LateChunks
 from pooling_server.engine.requests.params import OutputEncoding, Task
 from pooling_server.engine.requests.request import ChunkRule, PoolRequest
-from pooling_server.engine.requests.validation import (
-    Limits,
-    Resolved,
+from pooling_server.engine.requests.resolved import Limits, Resolved
+from pooling_server.engine.requests.size_rules import (
     check_tokenized,
     output_too_large,
     response_budget,

@@ -31,12 +31,8 @@ from pooling_server.engine.requests.outputs import (
 from pooling_server.engine.requests.params import Task
 from pooling_server.engine.requests.plan_parts import Plan, use_activation
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import (
-    Limits,
-    Resolved,
-    check_tokenized,
-    resolve,
-)
+from pooling_server.engine.requests.resolved import Limits, Resolved, resolve
+from pooling_server.engine.requests.size_rules import check_tokenized
 
 
 @dataclass(frozen=True)

@@ -46,12 +46,7 @@ from pooling_server.engine.requests.prompt_rules import (
     prompt_name,
 )
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
-from pooling_server.engine.requests.resolved import TOKEN_TASKS as TOKEN_TASKS
-from pooling_server.engine.requests.resolved import Check as Check
-from pooling_server.engine.requests.resolved import Limits as Limits
-from pooling_server.engine.requests.resolved import Resolved as Resolved
-from pooling_server.engine.requests.resolved import prompt_text as prompt_text
-from pooling_server.engine.requests.resolved import resolve as resolve
+from pooling_server.engine.requests.resolved import Check, Limits, Resolved, resolve
 from pooling_server.engine.requests.shape_rules import (
     batch_size,
     input_not_empty,
@@ -60,17 +55,7 @@ from pooling_server.engine.requests.shape_rules import (
     score_shape,
     task_agrees,
 )
-from pooling_server.engine.requests.size_rules import TOKENIZED_RULES as TOKENIZED_RULES
 from pooling_server.engine.requests.size_rules import answer_size
-from pooling_server.engine.requests.size_rules import check_token_output as check_token_output
-from pooling_server.engine.requests.size_rules import (
-    check_tokenize_output as check_tokenize_output,
-)
-from pooling_server.engine.requests.size_rules import check_tokenized as check_tokenized
-from pooling_server.engine.requests.size_rules import output_too_large as output_too_large
-from pooling_server.engine.requests.size_rules import output_violation as output_violation
-from pooling_server.engine.requests.size_rules import response_budget as response_budget
-from pooling_server.engine.requests.size_rules import rows_bytes as rows_bytes
 
 
 def _task_hint(task: Task, info: ModelInfo) -> str:

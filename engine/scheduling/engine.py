@@ -27,11 +27,10 @@ from pooling_server.engine.requests.output_size import ResponseBudget
 from pooling_server.engine.requests.outputs import PoolResult, Ranked, RerankResult, Score
 from pooling_server.engine.requests.prompt_rules import named_prompt
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.resolved import Limits, Resolved
 from pooling_server.engine.requests.shape_rules import MAX_MODEL_NAME_CHARS
+from pooling_server.engine.requests.size_rules import check_tokenize_output
 from pooling_server.engine.requests.validation import (
-    Limits,
-    Resolved,
-    check_tokenize_output,
     rerank_error,
     unknown_token_id,
     validate_request,

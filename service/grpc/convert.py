@@ -39,7 +39,8 @@ from pooling_server.engine.requests.request import (
     PoolRequest,
     RerankRequest,
 )
-from pooling_server.engine.requests.validation import output_too_large, unknown_value
+from pooling_server.engine.requests.size_rules import output_too_large
+from pooling_server.engine.requests.validation import unknown_value
 from pooling_server.engine.scheduling.engine import Tokenized, TokenizedText
 from pooling_server.service.byte_layout import Layout, varint, varint_lengths
 from pooling_server.service.proto import pooling_pb2 as pb

@@ -22,7 +22,7 @@ from pooling_server.engine.requests.output_size import ResponseBudget
 from pooling_server.engine.requests.outputs import OFF_LOOP_VALUES, PoolResult, values_in
 from pooling_server.engine.requests.request import PoolRequest
 from pooling_server.engine.requests.shape_rules import stream_request_id_error
-from pooling_server.engine.requests.validation import output_too_large
+from pooling_server.engine.requests.size_rules import output_too_large
 from pooling_server.engine.scheduling.engine import Engine
 from pooling_server.service.errors import to_grpc_status, to_status_proto
 from pooling_server.service.grpc import convert

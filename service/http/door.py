@@ -27,7 +27,7 @@ from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
 from pooling_server.engine.models.model_info import ModelInfo
 from pooling_server.engine.requests.output_size import MIB, ResponseBudget
 from pooling_server.engine.requests.outputs import OFF_LOOP_VALUES
-from pooling_server.engine.requests.validation import output_too_large
+from pooling_server.engine.requests.size_rules import output_too_large
 from pooling_server.service.errors import Family, http_status
 from pooling_server.service.http import json_body
 from pooling_server.service.http.guard import body_parsed, body_read, client_problem

@@ -14,7 +14,7 @@ import numpy as np
 
 from pooling_server.engine.inputs.tokenization import Vocabulary
 from pooling_server.engine.requests.output_size import ResponseBudget
-from pooling_server.engine.requests.validation import output_too_large
+from pooling_server.engine.requests.size_rules import output_too_large
 from pooling_server.engine.scheduling.engine import Tokenized, TokenizedText
 from pooling_server.service.byte_layout import Layout, json_escaped
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pooling_server.engine.caching.cache import CacheSettings
 from pooling_server.engine.models.model_spec import DEFAULT_MODEL, ModelSpec
-from pooling_server.engine.requests.validation import Limits
+from pooling_server.engine.requests.resolved import Limits
 from pooling_server.engine.scheduling.batch_queue import BatchConfig
 from pooling_server.engine.scheduling.remote_client import DEFAULT_STALL_S
 

@@ -14,7 +14,8 @@ from pooling_server.engine.models.model_spec import ModelSpec
 from pooling_server.engine.requests.outputs import ItemOutput
 from pooling_server.engine.requests.plans import Plan, plan_request
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import Limits, validate_request
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request
 
 
 def load(folder: Path, name: str | None = None, **options: object) -> LoadedModel:

@@ -24,7 +24,9 @@ from pooling_server.engine.requests.outputs import LateChunks, MultiVector, Text
 from pooling_server.engine.requests.params import Output, OutputEncoding, Task
 from pooling_server.engine.requests.plans import plan_request
 from pooling_server.engine.requests.request import ChunkRule, LateChunking, PoolRequest
-from pooling_server.engine.requests.validation import Limits, rows_bytes, validate_request
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.size_rules import rows_bytes
+from pooling_server.engine.requests.validation import validate_request
 from pooling_server.service.grpc import convert
 from tests.engine.planned import load
 from tests.fixture_models import MINILM, tiny_bge_m3, tiny_colbert

@@ -26,7 +26,8 @@ from pooling_server.engine.requests.encodings import (
 from pooling_server.engine.requests.outputs import Embedding, PoolResult, TokenRows
 from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import Limits, validate_request
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request
 from pooling_server.service.grpc import convert
 from tests.model_infos import embedder_info
 

@@ -29,7 +29,7 @@ from transformers import (
 from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.inputs.image_decoding import decode_image, sniff
 from pooling_server.engine.inputs.images import load_image_processor
-from pooling_server.engine.requests.validation import Limits
+from pooling_server.engine.requests.resolved import Limits
 
 PATH = "embed.items[2].image"
 LIMITS = Limits()

@@ -25,7 +25,8 @@ from pooling_server.engine.requests.outputs import Embedding, ItemOutput, LateCh
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.plans import plan_request
 from pooling_server.engine.requests.request import ChunkRule, LateChunking, PoolRequest
-from pooling_server.engine.requests.validation import Limits, validate_request
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request
 from tests.engine.planned import load, run_all
 from tests.fixture_models import MINILM, tiny_mean_bert
 

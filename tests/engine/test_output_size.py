@@ -23,12 +23,9 @@ from pooling_server.engine.requests.output_size import (
 from pooling_server.engine.requests.outputs import Embedding, PoolResult, TokenRows
 from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import (
-    Limits,
-    check_token_output,
-    check_tokenize_output,
-    validate_request,
-)
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.size_rules import check_token_output, check_tokenize_output
+from pooling_server.engine.requests.validation import validate_request
 from pooling_server.engine.scheduling.engine import Tokenized, TokenizedText
 from pooling_server.service.grpc import convert
 from pooling_server.service.http.token_json import tokenize_json

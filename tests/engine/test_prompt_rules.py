@@ -11,7 +11,8 @@ from pooling_server.engine.errors import ErrorKind, PoolingError
 from pooling_server.engine.models.model_info import HeadKind, LongInput, ModelInfo
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import Limits, prompt_text, validate_request
+from pooling_server.engine.requests.resolved import Limits, prompt_text
+from pooling_server.engine.requests.validation import validate_request
 from tests.model_infos import embedder_info
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

@@ -11,7 +11,8 @@ from pooling_server.engine.models.model_info import Activation, HeadKind, ModelI
 from pooling_server.engine.requests.outputs import PoolResult, Score
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.request import RerankRequest
-from pooling_server.engine.requests.validation import Limits, rerank_error, validate_rerank
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import rerank_error, validate_rerank
 from pooling_server.engine.scheduling.engine import _ranking
 from tests.model_infos import embedder_info
 

@@ -13,12 +13,10 @@ from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.models.model_info import HeadKind, LongInput
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
+from pooling_server.engine.requests.resolved import Limits, resolve
+from pooling_server.engine.requests.size_rules import TOKENIZED_RULES, check_tokenized
 from pooling_server.engine.requests.validation import (
-    TOKENIZED_RULES,
     UNKNOWN_VALUES,
-    Limits,
-    check_tokenized,
-    resolve,
     unknown_value,
     validate_request,
     validate_rerank,

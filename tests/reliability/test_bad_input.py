@@ -25,7 +25,8 @@ from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.models.loader import LoadedModel, ModelSpec, load_model
 from pooling_server.engine.models.model_info import LongInput
 from pooling_server.engine.requests.plans import plan_request
-from pooling_server.engine.requests.validation import Limits, validate_request
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request
 from pooling_server.service.grpc.convert import request_from_proto
 from tests.conftest import DEFAULT_MODEL, MAX_CLIENT_BATCH_SIZE
 from tests.reliability.support import (

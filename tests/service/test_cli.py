@@ -108,7 +108,7 @@ def test_flag_defaults_are_the_config_defaults() -> None:
     BatchConfig), so no flag says one default while the config says another."""
     from dataclasses import replace
 
-    from pooling_server.engine.requests.validation import Limits
+    from pooling_server.engine.requests.resolved import Limits
     from pooling_server.engine.scheduling.batch_queue import BatchConfig
     from pooling_server.service.cli import config_from_args, parse_args
     from pooling_server.service.ops.config import HttpLimits, ServerConfig, TransportConfig

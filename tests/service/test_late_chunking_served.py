@@ -25,7 +25,8 @@ from pooling_server.engine.requests.params import Task
 from pooling_server.engine.requests.plans import plan_request
 from pooling_server.engine.requests.request import LateChunking as EngineChunking
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import Limits, validate_request
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request
 from tests.conftest import DEFAULT_MODEL as MINILM_ID
 from tests.fixture_models import tiny_mean_bert
 from tests.rpc_errors import decode_rpc_error

@@ -38,7 +38,7 @@ from pooling_server.engine.requests.plans import (
     tokenize_texts,
 )
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import Limits, Resolved
+from pooling_server.engine.requests.resolved import Limits, Resolved
 
 # What each task asks of the model; embed_outputs names its own.
 _OUTPUT_OF_TASK = {

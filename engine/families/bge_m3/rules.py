@@ -11,7 +11,7 @@ from pooling_server.engine.families.bge_m3.multi_output import MultiOutputSettin
 from pooling_server.engine.models.model_info import ModelInfo
 from pooling_server.engine.requests.output_size import ResponseBudget, matrix_bytes, sparse_bytes
 from pooling_server.engine.requests.params import Output, Task
-from pooling_server.engine.requests.validation import Limits, Resolved
+from pooling_server.engine.requests.resolved import Limits, Resolved
 
 
 def outputs_asked(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:

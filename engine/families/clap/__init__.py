@@ -19,7 +19,7 @@ from pooling_server.engine.families.towers.towers import plan_towers
 if TYPE_CHECKING:
     from pooling_server.engine.errors import FieldViolation
     from pooling_server.engine.models.model_info import ModelInfo
-    from pooling_server.engine.requests.validation import Limits, Resolved
+    from pooling_server.engine.requests.resolved import Limits, Resolved
 
 LABEL_TEMPLATE = "This is a sound of {label}."  # the zero-shot-audio-classification pipeline's
 

@@ -20,7 +20,8 @@ from pooling_server.engine.requests.outputs import ItemOutput, MultiVector, Scor
 from pooling_server.engine.requests.params import OutputEncoding, Task
 from pooling_server.engine.requests.plan_parts import Plan, encoded
 from pooling_server.engine.requests.plans import TextParts, pair_index, plan_text, plan_texts
-from pooling_server.engine.requests.validation import Limits, Resolved, check_tokenized
+from pooling_server.engine.requests.resolved import Limits, Resolved
+from pooling_server.engine.requests.size_rules import check_tokenized
 
 
 def plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:

@@ -9,7 +9,7 @@ from pooling_server.engine.families.colbert.multi_vector import MultiVectorSetti
 from pooling_server.engine.models.model_info import ModelInfo
 from pooling_server.engine.requests.output_size import ResponseBudget, matrix_bytes
 from pooling_server.engine.requests.params import Task
-from pooling_server.engine.requests.validation import Resolved
+from pooling_server.engine.requests.resolved import Resolved
 
 
 def task_hint(task: Task, info: ModelInfo) -> str:

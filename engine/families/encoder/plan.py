@@ -32,7 +32,7 @@ from pooling_server.engine.requests.plans import (
     tokenize_texts,
 )
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import Limits, Resolved
+from pooling_server.engine.requests.resolved import Limits, Resolved
 
 
 def plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:

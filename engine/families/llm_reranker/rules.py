@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from pooling_server.engine.errors import FieldViolation
 from pooling_server.engine.requests.character_rules import pair_bounds
-from pooling_server.engine.requests.validation import Limits, Resolved
+from pooling_server.engine.requests.resolved import Limits, Resolved
 
 
 def pairs_in_template(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:

@@ -10,7 +10,7 @@ from pooling_server.engine.requests.outputs import SparseEmbedding
 from pooling_server.engine.requests.plan_parts import Plan, use_activation
 from pooling_server.engine.requests.plans import plan_texts, tokenize_texts
 from pooling_server.engine.requests.request import PoolRequest
-from pooling_server.engine.requests.validation import Limits, Resolved
+from pooling_server.engine.requests.resolved import Limits, Resolved
 
 
 def plan(resolved: Resolved, model: ServedModel, limits: Limits) -> Plan:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pooling_server.engine.errors import FieldViolation
 from pooling_server.engine.families.splade.settings import SpladeStrategy
 from pooling_server.engine.requests.params import Task
-from pooling_server.engine.requests.validation import Limits, Resolved
+from pooling_server.engine.requests.resolved import Limits, Resolved
 
 
 def unsaturated_weights(r: Resolved, limits: Limits) -> Iterator[FieldViolation]:

@@ -26,7 +26,8 @@ from pooling_server.engine.requests.outputs import Classification, Embedding, It
 from pooling_server.engine.requests.params import Task
 from pooling_server.engine.requests.plan_parts import Plan, finish_vector, use_activation
 from pooling_server.engine.requests.request import Image, Item, Media, PoolRequest
-from pooling_server.engine.requests.validation import Limits, Resolved, check_tokenized
+from pooling_server.engine.requests.resolved import Limits, Resolved
+from pooling_server.engine.requests.size_rules import check_tokenized
 
 Unit = TokenSequence | Frame  # one input as a tower computes it
 

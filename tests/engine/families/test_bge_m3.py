@@ -39,7 +39,8 @@ from pooling_server.engine.requests.request import (
     PoolRequest,
     RerankRequest,
 )
-from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request, validate_rerank
 from tests.bge_m3_reference import Reference, expected_score
 from tests.engine.planned import load, run_all
 from tests.fixture_models import BGE_M3_COLBERT_DIM, tiny_bge_m3, tiny_colbert, tiny_mean_bert

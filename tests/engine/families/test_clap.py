@@ -26,7 +26,8 @@ from pooling_server.engine.requests.outputs import Classification, Embedding, It
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.plans import plan_request
 from pooling_server.engine.requests.request import Audio, Image, Item, PoolRequest
-from pooling_server.engine.requests.validation import Limits, validate_request
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request
 from tests.audio_clips import clip, encode, tone
 from tests.engine.planned import load, run_all
 from tests.fixture_models import CLAP_PROJECTION, MINILM, tiny_clap, tiny_clip

@@ -24,7 +24,8 @@ from pooling_server.engine.requests.outputs import ItemOutput, MultiVector, Scor
 from pooling_server.engine.requests.params import OutputEncoding, PoolingParams, Task
 from pooling_server.engine.requests.plans import plan_request
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
-from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request, validate_rerank
 from tests.engine.planned import load, run_all
 from tests.fixture_models import COLBERT_DIM, MINILM, tiny_colbert
 

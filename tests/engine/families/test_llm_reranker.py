@@ -22,7 +22,8 @@ from pooling_server.engine.requests.outputs import Score
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.plans import plan_request
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
-from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request, validate_rerank
 from tests.engine.planned import load
 from tests.fixture_models import MINILM, tiny_qwen3_reranker
 

@@ -24,7 +24,8 @@ from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.inputs.tokenization import ModelTokenizer
 from pooling_server.engine.models.loader import LoadedModel
 from pooling_server.engine.requests.request import RerankRequest
-from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request, validate_rerank
 from tests.engine.families.test_llm_reranker import (
     CARD_PREFIX,
     CARD_SUFFIX,

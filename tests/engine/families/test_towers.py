@@ -26,7 +26,8 @@ from pooling_server.engine.requests.outputs import Classification, Embedding, It
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.plans import plan_request
 from pooling_server.engine.requests.request import Image, Item, PoolRequest, RerankRequest
-from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request, validate_rerank
 from pooling_server.engine.scheduling.batch_queue import BatchConfig
 from pooling_server.engine.scheduling.engine import Engine
 from tests.engine.planned import load, run_all

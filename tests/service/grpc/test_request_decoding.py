@@ -16,7 +16,8 @@ import pytest
 from pooling_server.engine.errors import PoolingError
 from pooling_server.engine.requests.params import PoolingParams, Task
 from pooling_server.engine.requests.request import PoolRequest, RerankRequest
-from pooling_server.engine.requests.validation import Limits, validate_request, validate_rerank
+from pooling_server.engine.requests.resolved import Limits
+from pooling_server.engine.requests.validation import validate_request, validate_rerank
 from pooling_server.service.grpc.handlers import Malformed, tolerant
 from pooling_server.service.grpc.wire_count import PRECOUNT_BYTES, SPECS, list_over_limit
 from pooling_server.service.http.bodies import EmbeddingsBody, RerankBody
