@@ -48,8 +48,8 @@ class ModelRunner:
     chunking's mean state of each range, projected, as one row each); SEQUENCE head, the
     logits; TOKEN head, the logits per token, or where its family pools them (`pool_logits`:
     SPLADE's masked-LM head) one vocabulary vector. An LLM reranker's
-    scorer is a SEQUENCE head: logit(true) - logit(false) at the last real token
-    (engine/families/llm_reranker/llm_scorer.py).
+    scorer is a SEQUENCE head: logit(true) - logit(false) at the last real token (its
+    family's scorer).
     """
 
     def __init__(

@@ -27,8 +27,8 @@ class ModelSpec:
     revision: str | None = None  # a hub branch, tag or commit (None: the default branch)
     trust_remote_code: bool = False  # run modeling code shipped with the model
     # --score-template (a file, or the template inline) and --score-tokens ("yes,no"): serve
-    # a decoder LM as an LLM reranker (engine/families/llm_reranker/score_template.py); None: the
-    # folder's own.
+    # a decoder LM as an LLM reranker (its family reads the template); None: the folder's
+    # own.
     score_template: str | None = None
     score_tokens: str | None = None
     # --label-template: an image model's zero-shot prompt ("{label}" replaced); None: the

@@ -80,7 +80,7 @@ TASK_PARAMS: dict[Task, frozenset[str]] = {
 # Which tasks take a prompt (PoolRequest.prompt_name / prompt): those that embed, as
 # sentence-transformers' encode() prompts; it prompts no classifier or cross-encoder, and
 # score's two sides would need different ones. embed_multi's prompt_name "query" or
-# "document" picks the mode (engine/families/colbert/multi_vector.py), as MultiVectorEncoder's
+# "document" picks the mode (the multi-vector family's encoder), as MultiVectorEncoder's
 # prompts do.
 PROMPT_TASKS: frozenset[Task] = frozenset(
     {Task.EMBED, Task.TOKEN_EMBED, Task.EMBED_SPARSE, Task.EMBED_MULTI, Task.EMBED_OUTPUTS}

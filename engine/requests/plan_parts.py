@@ -1,6 +1,5 @@
-"""The Plan every planner returns (engine/requests/plans.py for text models,
-engine/families/towers/towers.py for
-image-text models), and the finishing of one embedding that they share: dimensions,
+"""The Plan every planner returns (engine/requests/plans.py for text models, a family's
+own plan for the others), and the finishing of one embedding that they share: dimensions,
 normalisation, then the request's encoding."""
 
 from __future__ import annotations

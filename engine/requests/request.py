@@ -47,7 +47,7 @@ class Image:
 @dataclass(frozen=True)
 class Audio:
     """One encoded audio clip as the door received it (WAV, FLAC, OGG), kept encoded until
-    the front end's intake thread decodes it (engine/families/clap/audio.py)."""
+    the front end's intake thread decodes it (its model's family's decoding)."""
 
     data: bytes
     mime_type: str = ""  # the client's claim, if any; the bytes decide the format

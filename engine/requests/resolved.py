@@ -28,7 +28,7 @@ class Limits:
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 50_000_000
     max_images_per_request: int = 64
-    # Audio clips (engine/families/clap/audio.py): encoded bytes of one clip, its duration,
+    # Audio clips (decoded by the audio-text family): encoded bytes of one clip, its duration,
     # sample rate and channels as its header claims them (refused before decoding; only
     # the model's clip length is ever decoded), and clips in one request.
     max_audio_bytes: int = 20 * 1024 * 1024
