@@ -15,12 +15,13 @@ it, and List shows adapters with their parent. vLLM's /v1/load_lora_adapter and
   adapter loads; only then is the name routed to.
 - Unload: out of routing first, then its calls already resolved answered
   (ModelUse.drained), then its matrices dropped and memory handed back.
-- A split server with one front end (the default on a host without a GPU) sends the load
-  or unload to every engine process over its IPC link (engine/scheduling/core.py's
-  `_manage_adapter`), and answers once all have, unloading it again from those that had if
-  any failed. With --frontends above 1 adapters are given at start only: the other front
-  ends' routing would have to learn of each (the model repository's ModelChanged does so
-  for models alone), so such a call is refused saying so (ADAPTER_LOAD_FAILED).
+- A split server sends the load or unload to every engine process over its IPC link
+  (engine/scheduling/core.py's `_manage_adapter`), and answers once all have, unloading it
+  again from those that had if any failed. With --frontends above 1 the engines tell the
+  other front ends, as of a model (`ModelChanged` naming the adapter's model, `learned`
+  here): one routes the adapter once every live engine has it, and answers an unload's
+  notice (`Withdrawn`) once the name is out of its routing and its calls are answered;
+  only then does that engine drop the matrices.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from pooling_server.engine.models.model_spec import ModelSpec
@@ -37,6 +38,7 @@ from pooling_server.engine.scheduling.ipc import ADAPTER_BASE
 
 if TYPE_CHECKING:
     from pooling_server.engine.scheduling.engine import Engine
+    from pooling_server.engine.scheduling.ipc import ModelChanged
     from pooling_server.service.repository import Entry
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,11 @@ class AdapterManager:
                 entry.state = ModelState.LOADED
                 self._entries[name] = entry
         self._turn = asyncio.Lock()  # adapter loads take turns, as model loads do
+        # Other front ends' loads and unloads (split server, `learned`): the engines that
+        # told of each adapter's load, and the withdrawals under way here, by name.
+        self._told: dict[str, set[int]] = {}
+        self._withdrawals: dict[str, asyncio.Task[None]] = {}
+        self._draining: dict[str, Any] = {}
 
     def entries(self) -> list[Entry]:
         """Every adapter routed or on its way, by name; those whose model was unloaded
@@ -97,13 +104,6 @@ class AdapterManager:
                 [FieldViolation("source", "an adapter's folder is required", "ADAPTER_PATH")]
             )
         base = self.engine.model_named(model).info.name  # MODEL_NOT_FOUND if unknown
-        if self.frontends > 1:
-            raise load_failed(
-                name,
-                base,
-                f"this server has {self.frontends} front ends, whose routing learns of "
-                "models only; give adapters at start (--adapter NAME=PATH after the --model)",
-            )
         entry = self._entries[name] = Entry(
             name, path, {BASE_MODEL: base}, parent=base, state=ModelState.LOADING
         )
@@ -132,14 +132,8 @@ class AdapterManager:
         entry = self._entries.get(name)
         if base is None or entry is None:
             raise adapter_not_found(name)
-        if self.frontends > 1:
-            raise PoolingError(
-                ErrorKind.FAILED_PRECONDITION,
-                "ADAPTER_UNLOAD_FAILED",
-                f'adapter "{clip(name)}" is routed by {self.frontends} front ends; it is '
-                "served until the server stops",
-            )
         entry.state = ModelState.UNLOADING
+        self._told.pop(name, None)
         try:
             await self.engine.remove_adapter(name).drained()
             await self._detach(base, name)
@@ -148,6 +142,71 @@ class AdapterManager:
             entry.state, entry.memory_bytes = ModelState.AVAILABLE, 0
         log.info("adapter %s unloaded from %s", name, base)
         return entry
+
+    # ------------------------------------------- what other front ends did (split server)
+
+    def learned(self, engine: int, change: ModelChanged) -> None:
+        """On the loop: engine `engine` says another front end loaded adapter `change.name`
+        on it, or is unloading it. A load is routed here once every live engine has told
+        of it; an unload is answered to each engine once the name is out of routing here
+        and its calls here are answered."""
+        name, client = change.name, self.engine.client
+        if not change.unloading:
+            told = self._told.setdefault(name, set())
+            told.add(engine)
+            live = set(range(len(client.engines))) - client.dead  # type: ignore[attr-defined]
+            if live <= told:
+                self._adopt(change)
+            return
+        self._told.pop(name, None)
+        withdrawal = self._withdrawals.get(name)
+        if withdrawal is None:
+            withdrawal = self._withdrawals[name] = asyncio.create_task(self._withdraw(name))
+            withdrawal.add_done_callback(lambda _: self._withdrawals.pop(name, None))
+        withdrawal.add_done_callback(lambda _: client.withdrawn(engine, change.id))  # type: ignore[attr-defined]
+
+    def _adopt(self, change: ModelChanged) -> None:
+        """Route an adapter another front end loaded on every engine."""
+        from pooling_server.service.repository import Entry, ModelState
+
+        name, base = change.name, change.adapter_on
+        entry = self._entries.get(name)
+        if name in self.engine.adapters or (entry and entry.state is not ModelState.LOADED):
+            return  # routed already, or this front end's own load or unload of it under way
+        if not self.engine.serves(base):
+            log.warning("adapter %s was loaded on %s, which is not served here", name, base)
+            return
+        try:
+            self.engine.add_adapter(name, base)
+        except ValueError as exc:  # a model of that name is served here
+            log.error("adapter %s loaded by another front end not routed: %s", name, exc)
+            return
+        entry = Entry(name, change.source, {BASE_MODEL: base}, parent=base)
+        entry.state, entry.memory_bytes = ModelState.LOADED, change.memory_bytes
+        self._entries[name] = entry
+        log.info("adapter %s loaded on %s by another front end: routed here too", name, base)
+
+    async def _withdraw(self, name: str) -> None:
+        """Out of routing here, and every call here to it answered (another front end is
+        unloading it)."""
+        from pooling_server.service.repository import ModelState
+
+        draining = self._draining.get(name)
+        if draining is None and name in self.engine.adapters:
+            entry = self._entries.get(name)
+            if entry is not None:
+                entry.state = ModelState.UNLOADING
+            draining = self._draining[name] = self.engine.remove_adapter(name)
+            try:
+                await draining.drained()
+            finally:
+                self._draining.pop(name, None)
+                if entry is not None and self._entries.get(name) is entry:
+                    del self._entries[name]
+                    entry.state, entry.memory_bytes = ModelState.AVAILABLE, 0
+            log.info("adapter %s unloaded by another front end: out of routing here", name)
+        elif draining is not None:
+            await draining.drained()
 
     async def _attach(self, base: str, name: str, path: str) -> int:
         """The adapter's weights read onto `base` wherever it computes: its bytes."""

@@ -516,7 +516,11 @@ class ModelManager:
         """On the loop: engine `engine` says another front end loaded `change.name` on it
         (with its description), or is unloading it (none). A load is routed here once
         every live engine has told of it; an unload is answered to each engine once the
-        model is out of routing here and its calls are answered."""
+        model is out of routing here and its calls are answered. An adapter's notice goes
+        to the adapters' own (service/adapters.py)."""
+        if change.adapter_on:
+            self.adapters.learned(engine, change)
+            return
         name = change.name
         if change.description:
             told = self._told.setdefault(name, set())

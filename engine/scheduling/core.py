@@ -327,7 +327,10 @@ class EngineCore:
     async def _manage_adapter(self, front_end: _FrontEnd, message: LoadModel | UnloadModel) -> None:
         """A LoRA adapter read onto its model's module (or dropped from it) on a thread, the
         queue serving on meanwhile: the runner's adapter turn keeps passes off the layers
-        while they change (engine/models/adapters.py). Answered with the bytes it takes."""
+        while they change (engine/models/adapters.py). Answered with the bytes it takes.
+        The other front ends are told, as of a model (`ModelChanged` with `adapter_on`): of
+        a load once it is on the module, of an unload before its matrices go, which then
+        wait until each has taken it out of routing and seen its calls answered."""
         from pooling_server.engine.models.loader import load_adapter
 
         try:
@@ -340,11 +343,17 @@ class EngineCore:
                     )
                 runner, name, path = queue.runner, message.name, message.source
                 size = await asyncio.to_thread(load_adapter, runner, name, path)  # type: ignore[arg-type]
+                change = ModelChanged(0, name, path, b"", size, base)
+                for other in self._front_ends:
+                    if other is not front_end:
+                        with contextlib.suppress(OSError):
+                            other.link.send(encoder.encode(change))
                 answer = ModelLoaded(message.id, b"", size)
             else:
-                for queue in self.queues.values():
+                for base, queue in list(self.queues.items()):
                     adapters = getattr(queue.runner, "adapters", None)
                     if adapters is not None and message.name in adapters.paths:
+                        await self._withdraw_elsewhere(front_end, message.name, base)
                         await asyncio.to_thread(adapters.unload, message.name)
                 answer = ModelLoaded(message.id)
         except Exception as exc:
@@ -379,23 +388,29 @@ class EngineCore:
         (`Withdrawn`), then its queue stops and its memory is handed back."""
         assert self.run_time is not None
         self._loaded.pop(name, None)
+        await self._withdraw_elsewhere(asker, name)
+        if name in self.queues:
+            await self.client.remove_model(name)
+        await self.run_time.release()
+
+    async def _withdraw_elsewhere(self, asker: _FrontEnd, name: str, adapter_on: str = "") -> None:
+        """Tell every front end but `asker` that model (or adapter on `adapter_on`) `name`
+        is being unloaded, and wait until each has answered `Withdrawn`."""
         waits = []
         for front_end in self._front_ends:
             if front_end is asker:
                 continue
             key = next(self._keys)
             front_end.withdrawing[key] = told = self._loop.create_future()
+            change = ModelChanged(key, name, adapter_on=adapter_on)
             try:
-                front_end.link.send(encoder.encode(ModelChanged(key, name)))
+                front_end.link.send(encoder.encode(change))
             except OSError:  # gone: it routes nothing
                 front_end.withdrawing.pop(key, None)
                 continue
             waits.append(told)
         if waits:
             await asyncio.wait(waits)
-        if name in self.queues:
-            await self.client.remove_model(name)
-        await self.run_time.release()
 
     def _withdrawn(self, front_end: _FrontEnd, key: int) -> None:
         """On the loop: a front end routes nothing more to a model being unloaded."""

@@ -173,6 +173,13 @@ class ModelChanged(msgspec.Struct, array_like=True, tag=6):
     source: str = ""
     description: bytes = b""
     memory_bytes: int = 0
+    # A LoRA adapter's notice: the model it is on ("" for a model's). An adapter's load
+    # carries its folder (`source`) and no description; its unload, neither.
+    adapter_on: str = ""
+
+    @property
+    def unloading(self) -> bool:
+        return not (self.source if self.adapter_on else self.description)
 
 
 class Withdrawn(msgspec.Struct, array_like=True, tag=7):

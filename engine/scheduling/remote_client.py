@@ -210,7 +210,7 @@ class RemoteEngineClient:
     def _model_changed(self, engine: int, message: ModelChanged) -> None:
         if self.on_model_changed is not None:
             self.on_model_changed(engine, message)
-        elif not message.description:  # nothing here routes run-time models
+        elif message.unloading:  # nothing here routes run-time models
             self.withdrawn(engine, message.id)
 
     def withdrawn(self, engine: int, key: int) -> None:
