@@ -97,8 +97,7 @@ def model_identity(info: Any, folder: str | os.PathLike[str] | None) -> bytes:
         info.projected,
         info.max_input_tokens,
         info.include_prompt,
-        repr(info.settings),
-        repr(info.towers),
+        repr(info.settings),  # a two-tower model's towers among them
     ):
         _field(hasher, value)
     return hasher.digest()

@@ -130,12 +130,6 @@ class ModelInfo:
         return len(self.modalities) > 1
 
     @property
-    def towers(self) -> Any:
-        """A two-tower model's settings (its family's, in `settings`), None for a model of
-        texts alone: the models that take other inputs are the two-tower ones."""
-        return self.settings if self.accepts_media else None
-
-    @property
     def is_cross_encoder(self) -> bool:
         """Scores each pair in one pass (a classifier head, or an LLM reranker's template),
         rather than by the cosine of two embeddings: one row per pair."""

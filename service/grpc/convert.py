@@ -466,7 +466,7 @@ def model_card(info: ModelInfo) -> pb.ModelCard:
         multi_vector=_multi_vector_settings(info),
         outputs=info.outputs,
         modalities=[MODALITY_TO_PROTO[Modality(m)] for m in info.modalities],
-        image_size=info.towers.image_size[0] if info.towers is not None else 0,
+        image_size=info.settings.image_size[0] if info.accepts_media else 0,
     )
 
 

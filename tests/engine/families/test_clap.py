@@ -120,9 +120,9 @@ def test_model_card(models: dict[str, LoadedModel]) -> None:
     assert info.modalities == ("text", "audio")
     assert set(info.tasks) == {Task.EMBED, Task.SCORE, Task.CLASSIFY}
     assert info.hidden_size == CLAP_PROJECTION
-    assert info.towers is not None and info.towers.family == "clap"
-    assert info.towers.patches == (64 // 4) ** 2  # the audio tower's patches: a clip's cost
-    assert info.towers.label_template == "This is a sound of {label}."
+    assert info.accepts_media and info.settings.family == "clap"
+    assert info.settings.patches == (64 // 4) ** 2  # the audio tower's patches: a clip's cost
+    assert info.settings.label_template == "This is a sound of {label}."
     assert not info.accepts_images and info.accepts_media
 
 

@@ -170,8 +170,8 @@ def test_model_card(models: dict[str, LoadedModel], name: str) -> None:
     assert info.modalities == ("text", "image")
     # SigLIP 2: a square image's size at its most patches (4x4 of 4 pixels)
     size = (16, 16) if name == "siglip2" else (32, 32)
-    assert info.towers is not None and info.towers.image_size == size
-    assert info.towers.patches == (17 if name == "clip" else 16)  # CLIP adds its class token
+    assert info.accepts_media and info.settings.image_size == size
+    assert info.settings.patches == (17 if name == "clip" else 16)  # CLIP adds its class token
     assert info.hidden_size == (24 if name == "clip" else 32)
     assert set(info.tasks) == {Task.EMBED, Task.SCORE, Task.CLASSIFY}
     assert models["minilm"].info.modalities == ("text",)
@@ -454,8 +454,8 @@ def test_images_through_an_engine_process_link(
         serving = asyncio.create_task(core.serve())
         description = ModelDescription(model.info, model.tokenizer.spec)
         front = description.served()
-        assert model.info.towers is not None and front.images is not None
-        assert front.images.size == model.info.towers.image_size
+        assert model.info.accepts_media and front.images is not None
+        assert front.images.size == model.info.settings.image_size
         client = RemoteEngineClient([EngineReady(core.address, 0, [description])])
         engine = Engine([front], client=client)
         await engine.start()
@@ -486,7 +486,7 @@ def test_the_servers_label_template(
     [spec] = config_from_args(parse_args(argv, environ={})).models
     assert spec.label_template == template
     model = load_model(spec, device=torch.device("cpu"), dtype=torch.float32)
-    assert model.info.towers is not None and model.info.towers.label_template == template
+    assert model.info.accepts_media and model.info.settings.label_template == template
     logits = references["clip"].logits_per_image(
         DECODED[:1], [template.format(label=x) for x in LABELS]
     )
