@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
 from pooling_server.engine.models.model_spec import ModelSpec
 from pooling_server.engine.scheduling.ipc import ADAPTER_BASE
+from pooling_server.service.engine_notices import Notices
 
 if TYPE_CHECKING:
     from pooling_server.engine.scheduling.engine import Engine
@@ -64,10 +65,8 @@ class AdapterManager:
                 entry.state = ModelState.LOADED
                 self._entries[name] = entry
         self._turn = asyncio.Lock()  # adapter loads take turns, as model loads do
-        # Other front ends' loads and unloads (split server, `learned`): the engines that
-        # told of each adapter's load, and the withdrawals under way here, by name.
-        self._told: dict[str, set[int]] = {}
-        self._withdrawals: dict[str, asyncio.Task[None]] = {}
+        # Other front ends' loads and unloads (split server, `learned`).
+        self.notices = Notices(engine)
         self._draining: dict[str, Any] = {}
 
     def entries(self) -> list[Entry]:
@@ -133,7 +132,7 @@ class AdapterManager:
         if base is None or entry is None:
             raise adapter_not_found(name)
         entry.state = ModelState.UNLOADING
-        self._told.pop(name, None)
+        self.notices.told.pop(name, None)
         try:
             await self.engine.remove_adapter(name).drained()
             await self._detach(base, name)
@@ -150,20 +149,11 @@ class AdapterManager:
         on it, or is unloading it. A load is routed here once every live engine has told
         of it; an unload is answered to each engine once the name is out of routing here
         and its calls here are answered."""
-        name, client = change.name, self.engine.client
         if not change.unloading:
-            told = self._told.setdefault(name, set())
-            told.add(engine)
-            live = set(range(len(client.engines))) - client.dead  # type: ignore[attr-defined]
-            if live <= told:
+            if self.notices.all_told(engine, change.name):
                 self._adopt(change)
             return
-        self._told.pop(name, None)
-        withdrawal = self._withdrawals.get(name)
-        if withdrawal is None:
-            withdrawal = self._withdrawals[name] = asyncio.create_task(self._withdraw(name))
-            withdrawal.add_done_callback(lambda _: self._withdrawals.pop(name, None))
-        withdrawal.add_done_callback(lambda _: client.withdrawn(engine, change.id))  # type: ignore[attr-defined]
+        self.notices.unloading(engine, change, self._withdraw)
 
     def _adopt(self, change: ModelChanged) -> None:
         """Route an adapter another front end loaded on every engine."""

@@ -39,6 +39,7 @@ from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError
 from pooling_server.engine.models.model_spec import ModelSpec
 from pooling_server.engine.models.served import ModelDescription, ServedModel
 from pooling_server.service.adapters import BASE_MODEL, AdapterManager
+from pooling_server.service.engine_notices import Notices
 from pooling_server.service.ops.config import ServerConfig
 from pooling_server.service.split.layout import weight_bytes
 
@@ -264,10 +265,8 @@ class ModelManager:
         self._specs: dict[str, ModelSpec] = {spec.served_name: spec for spec in config.models}
         self._turn = asyncio.Lock()  # loads and evictions take turns
         # A split server's other front ends' loads and unloads, as the engines tell of
-        # them (`learned`): the engines that have each model loaded, and the unloads
-        # under way here (each engine's notice answered once its calls are).
-        self._told: dict[str, set[int]] = {}
-        self._withdrawals: dict[str, asyncio.Task[None]] = {}
+        # them (`learned`).
+        self.notices = Notices(engine)
         self._draining: dict[str, Any] = {}
         # LoRA adapters: a Load naming `base-model`, an Unload naming an adapter.
         self.adapters = AdapterManager(engine, config.models, config.frontends)
@@ -523,21 +522,11 @@ class ModelManager:
             return
         name = change.name
         if change.description:
-            told = self._told.setdefault(name, set())
-            told.add(engine)
-            client = self.engine.client
-            live = set(range(len(client.engines))) - client.dead  # type: ignore[attr-defined]
-            if live <= told and not self.engine.serves(name):
+            if self.notices.all_told(engine, name) and not self.engine.serves(name):
                 task = asyncio.create_task(self._adopt(change), name=f"adopt {name}")
                 task.add_done_callback(_retrieved)
             return
-        self._told.pop(name, None)
-        withdrawal = self._withdrawals.get(name)
-        if withdrawal is None:
-            withdrawal = self._withdrawals[name] = asyncio.create_task(self._withdraw(name))
-            withdrawal.add_done_callback(lambda _: self._withdrawals.pop(name, None))
-        client = self.engine.client
-        withdrawal.add_done_callback(lambda _: client.withdrawn(engine, change.id))  # type: ignore[attr-defined]
+        self.notices.unloading(engine, change, self._withdraw)
 
     async def _adopt(self, change: ModelChanged) -> None:
         """Route a model another front end loaded on every engine."""
@@ -549,7 +538,7 @@ class ModelManager:
         entry = self._entries.get(name)
         if entry is None:
             entry = self._entries[name] = Entry(name, change.source)
-        if entry.loading is not None or self.engine.serves(name) or name not in self._told:
+        if entry.loading is not None or self.engine.serves(name) or name not in self.notices.told:
             return  # loading here meanwhile, already routed, or unloaded since
         self.engine.add_model(served)
         entry.state, entry.reason, entry.failed_until = ModelState.LOADED, "", 0.0
