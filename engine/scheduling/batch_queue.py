@@ -279,12 +279,9 @@ class BatchQueue:
             for job in jobs:
                 count, key = len(job.work), (job.origin, job.client)
                 queued = self._pending.get(key)
-                live = self._client_room(queued, count, cap) if job.client else None
-                if live is not None:  # the heavy client is the one told to back off
-                    refused.append((job, self._client_full(live, cap)))
-                    continue
-                if not self._has_room(count):
-                    refused.append((job, self._full()))
+                refusal = self._refusal(job, queued, count, cap)
+                if refusal is not None:
+                    refused.append((job, refusal))
                     continue
                 job.timing.enqueued = now
                 if queued is None:  # a client with nothing queued anchors next (_promote)
@@ -303,6 +300,16 @@ class BatchQueue:
                     self._next_deadline = job.deadline
             self._wake_eligible()
         return refused
+
+    def _refusal(
+        self, job: Job, queued: list[QueuedItem] | None, count: int, cap: int
+    ) -> PoolingError | None:
+        """Why `count` more items of `job` may not queue now, None if they may: past its
+        client's share (the heavy client is the one told to back off), or the queue full."""
+        live = self._client_room(queued, count, cap) if job.client else None
+        if live is not None:
+            return self._client_full(live, cap)
+        return None if self._has_room(count) else self._full()
 
     def _enqueue_cached(self, jobs: Sequence[Job]) -> list[tuple[Job, PoolingError]]:
         """`enqueue` with the result cache on: each item is looked up first (a hit never
@@ -332,12 +339,9 @@ class BatchQueue:
                 client = (job.origin, job.client)
                 queued = self._pending.get(client)
                 if count:
-                    live = self._client_room(queued, count, cap) if job.client else None
-                    if live is not None:
-                        refused.append((job, self._client_full(live, cap)))
-                        continue
-                    if not self._has_room(count):
-                        refused.append((job, self._full()))
+                    refusal = self._refusal(job, queued, count, cap)
+                    if refusal is not None:
+                        refused.append((job, refusal))
                         continue
                 job.timing.enqueued = now
                 fresh: list[QueuedItem] = []
