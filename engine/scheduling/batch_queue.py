@@ -35,7 +35,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -427,16 +427,18 @@ class BatchQueue:
                     job.failed = True
         return landed
 
-    def _landed(
+    def _take_outputs(
         self,
-        landed: list[tuple[Job, int, np.ndarray | None]],
+        landed: Iterable[tuple[Job, int, np.ndarray | None]],
         times: tuple[float, float],
         error: BaseException | None,
         parts: dict[Job, Partial],
         completed: list[Job],
         outcomes: list[tuple[Job, object]],
     ) -> None:
-        """Under the lock: a flight's waiters take its output as the batch's own items do."""
+        """Under the lock: each (job, index, output) taken by its job, the batch's own items
+        and a flight's waiters alike; None, the pass failed: its job fails (and its other
+        items, if queued, are dropped)."""
         for job, index, value in landed:
             job.timing.add_batch(*times)
             if job.failed:
@@ -803,29 +805,18 @@ class BatchQueue:
         with self._lock:
             if outcomes:  # a fold failed its job: its queued items are dropped
                 self._maybe_dead = True
-            for position, item in enumerate(batch):
-                job = item.job
-                job.timing.add_batch(started, finished)
-                if job.failed:
-                    continue
-                if outputs is None:
-                    job.failed = True
-                    self._maybe_dead = True  # its other items, if queued, are dropped
-                    outcomes.append((job, _forward_error(error)))
-                    continue
-                if job.streams:
-                    part = parts.get(job)
-                    if part is None:
-                        part = parts[job] = Partial()
-                    part.indices.append(item.index)
-                    part.raws.append(outputs[position])
-                else:
-                    job.raws[item.index] = outputs[position]
-                job.remaining -= 1
-                if job.remaining == 0:
-                    completed.append(job)
+            if outputs is None:
+                own: Iterable[tuple[Job, int, np.ndarray | None]] = (
+                    (item.job, item.index, None) for item in batch
+                )
+            else:
+                own = (
+                    (item.job, item.index, out) for item, out in zip(batch, outputs, strict=True)
+                )
+            times = (started, finished)
+            self._take_outputs(own, times, error, parts, completed, outcomes)
             if landed:
-                self._landed(landed, (started, finished), error, parts, completed, outcomes)
+                self._take_outputs(landed, times, error, parts, completed, outcomes)
         if self.cache is not None:
             _with_hits(parts, completed)
         for job, part in parts.items():  # sent now, whether or not they end the job
