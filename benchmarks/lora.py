@@ -10,8 +10,8 @@ alternate over --rounds, and each figure is its phases' median:
 
 - plain: every call to `plain`;
 - mixed adapters: each call to one of l0..l3 by name, in turn, so that every batch step
-  finds all four queued (batches form per adapter);
-- one adapter: every call to l0 (what switching adapters costs, beside the side path's);
+  finds all four queued (a batch mixes them, each row through its own);
+- one adapter: every call to l0 (the side path alone);
 - default backend: every call to `default`.
 
     python -m benchmarks.lora --rounds 3 --seconds 15 --concurrency 16 --batch 8

@@ -144,17 +144,18 @@ class ModelRunner:
         batch: Sequence[TokenSequence],
         keep_tokens: Sequence[bool],
         alone: bool = True,
-        adapter: str | None = None,
+        adapters: Sequence[str | None] = (),
     ) -> list[np.ndarray]:
         """`alone`: no other forward pass runs beside this one (see ThreadShare).
-        `adapter`: the LoRA adapter the batch's items asked for (None: the base weights)."""
+        `adapters`: the LoRA adapter each item asked for (None: the base weights), on a
+        model with adapters."""
         threads = None
         if self.threads is not None:
             threads = self.threads.alone if alone else self.threads.shared
             torch.set_num_threads(threads)
         if self.adapters is None:
             return self._forward(batch, keep_tokens, threads)
-        with self.adapters.using(adapter):
+        with self.adapters.rows(adapters or [None] * len(batch)):
             return self._forward(batch, keep_tokens, threads)
 
     def _output(self, output: object) -> torch.Tensor:

@@ -610,10 +610,6 @@ class BatchQueue:
         if self._towers:
             kinds = (type(item.sequence) is Frame for item in window)
             images = np.fromiter(kinds, dtype=bool, count=len(window))
-        elif _has_adapters(self.runner):  # a batch of the anchor's adapter only
-            anchor_adapter = window[0].job.adapter
-            same = (item.job.adapter == anchor_adapter for item in window)
-            images = np.fromiter(same, dtype=bool, count=len(window))
         chosen = self._choose(lengths, sizes, images)
         batch = [window[i] for i in chosen]
         keep = np.ones(len(window), dtype=bool)
@@ -665,7 +661,7 @@ class BatchQueue:
         rank = owner + turns * depth  # unique, so the order is total
         distance = np.abs(lengths - lengths[0])
         order = np.argsort(distance * (turns * int(sizes.max())) + rank)  # order[0] == 0
-        if images is not None:  # the anchor's tower only (or its LoRA adapter's items)
+        if images is not None:  # the anchor's tower only
             order = order[images[order] == images[0]]
         ordered = lengths[order]
         longest = np.maximum.accumulate(ordered)
@@ -780,8 +776,9 @@ class BatchQueue:
             keep = [item.keep_tokens for item in batch]
             if not _has_adapters(self.runner):
                 outputs = self.runner.forward(sequences, keep, alone)
-            else:  # every item of the batch has its adapter (_take_batch)
-                outputs = self.runner.forward(sequences, keep, alone, batch[0].job.adapter)
+            else:  # each item through its own adapter, in one pass (models/adapters.py)
+                adapters = [item.job.adapter for item in batch]
+                outputs = self.runner.forward(sequences, keep, alone, adapters)
         except Exception as exc:  # one failed batch fails its items, not the server
             log.exception("forward pass failed for %d items", len(batch))
             error = exc

@@ -62,8 +62,8 @@ class Job:
     # In an engine process: each batch's outputs go back as the batch ends (a `Partial`),
     # so the engine holds none of them and no answer is one message of every output.
     streams: bool = False
-    # The LoRA adapter its sequences run with (None: the base weights): a batch holds one
-    # adapter's items (batch_queue.py), and the runner makes it the active one.
+    # The LoRA adapter its sequences run with (None: the base weights): a batch mixes
+    # adapters, each row through its own (engine/models/adapters.py).
     adapter: str | None = None
     raws: list[np.ndarray] = field(init=False)
     remaining: int = field(init=False)
