@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pooling_server.engine.errors import ErrorKind, FieldViolation, PoolingError, clip
@@ -51,8 +51,15 @@ BASE_MODEL = ADAPTER_BASE
 class AdapterManager:
     """The adapters a front end routes to, with their states, for the repository's calls."""
 
-    def __init__(self, engine: Engine, specs: Iterable[ModelSpec], frontends: int = 0) -> None:
-        """`frontends`: the split server's front-end processes (0: one process)."""
+    def __init__(
+        self,
+        engine: Engine,
+        specs: Iterable[ModelSpec],
+        frontends: int = 0,
+        start_bytes: Mapping[str, int] | None = None,
+    ) -> None:
+        """`frontends`: the split server's front-end processes (0: one process).
+        `start_bytes`: what each --adapter's matrices take, where known."""
         from pooling_server.service.repository import Entry, ModelState
 
         self.engine = engine
@@ -63,6 +70,7 @@ class AdapterManager:
                 parent = spec.served_name
                 entry = Entry(name, path, {BASE_MODEL: parent}, pinned=True, parent=parent)
                 entry.state = ModelState.LOADED
+                entry.memory_bytes = (start_bytes or {}).get(name, 0)
                 self._entries[name] = entry
         self._turn = asyncio.Lock()  # adapter loads take turns, as model loads do
         # Other front ends' loads and unloads (split server, `learned`).

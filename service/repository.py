@@ -269,7 +269,7 @@ class ModelManager:
         self.notices = Notices(engine)
         self._draining: dict[str, Any] = {}
         # LoRA adapters: a Load naming `base-model`, an Unload naming an adapter.
-        self.adapters = AdapterManager(engine, config.models, config.frontends)
+        self.adapters = AdapterManager(engine, config.models, config.frontends, start_bytes)
         self.refresh()
 
     # ---------------------------------------------------------------- the catalog

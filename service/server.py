@@ -254,6 +254,10 @@ class PoolingServer:
             host = RemoteHost(engine, config.engines_per_device)
             # The engines hold the --model models: their weight files, as near as is known.
             sizes = {spec.served_name: weight_bytes([spec.source]) for spec in config.models}
+        # The --adapter adapters: their matrices, as their files hold them.
+        sizes |= {
+            name: weight_bytes([path]) for spec in config.models for name, path in spec.adapters
+        }
         manager = ModelManager(config, engine, host, metrics, sizes)
         if self.frontend is not None:  # the other front ends' loads and unloads, told here
             engine.client.on_model_changed = manager.learned  # type: ignore[attr-defined]

@@ -57,7 +57,9 @@ class AdapterSet:
     def load(self, name: str, path: str) -> int:
         """Read the adapter at `path` (a PEFT folder: adapter_config.json and its weights)
         onto the module, no pass running meanwhile. Returns the bytes its own matrices
-        take (the base weights are shared)."""
+        take (the base weights are shared). Loading a name already loaded from the same
+        folder is answered as loaded (two front ends' loads at once); from another folder,
+        refused."""
         from peft import PeftModel
 
         folder = Path(path).expanduser()
@@ -66,6 +68,12 @@ class AdapterSet:
         if name == BASE:
             raise ValueError(f"{BASE!r} names the base weights; give the adapter another name")
         with self._layers_changing():
+            if name in self.paths:  # two front ends asked at once: the first load serves both
+                if self.paths[name] != str(folder):
+                    raise ValueError(
+                        f"adapter {name!r} is already loaded from {self.paths[name]}; unload it first"
+                    )
+                return self._bytes(name)
             try:
                 if self._peft is None:
                     self._peft = PeftModel.from_pretrained(
@@ -84,6 +92,10 @@ class AdapterSet:
                 self._hook_layers()
             self._peft.base_model.enable_adapter_layers()
             self.paths[name] = str(folder)
+        return self._bytes(name)
+
+    def _bytes(self, name: str) -> int:
+        """What adapter `name`'s own matrices take."""
         marker = f".{name}."
         return sum(
             p.numel() * p.element_size()

@@ -193,3 +193,34 @@ def test_loads_wait_for_passes(models: dict[str, LoadedModel], root: Path) -> No
         overlapping = [(c, d) for c, d in spans["pass"] if c < b and a < d]
         assert not overlapping, (a, b, overlapping)
     assert sorted(adapters.paths) == ["a1", "a2"]
+
+
+def test_one_name_loaded_at_once_twice_loads_once(
+    models: dict[str, LoadedModel], root: Path
+) -> None:
+    """Two front ends' loads of one adapter name at the same moment (as a split server's
+    engine sees them): both answer with its size, its layers are injected once, and a
+    load of that name from another folder is refused until it is unloaded."""
+    runner = models["base"].runner
+    adapters = runner.adapters
+    assert adapters is not None
+    folder = tiny_lora(root / "a4", root / "base", 4, ("value",))
+    other = tiny_lora(root / "a5", root / "base", 5, ("value",))
+    injected = []
+    load = adapters._peft.load_adapter
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        injected.append(args)
+        return load(*args, **kwargs)
+
+    adapters._peft.load_adapter = counted
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            sizes = list(pool.map(lambda _: load_adapter(runner, "a4", str(folder)), range(2)))
+        assert sizes[0] == sizes[1] > 0 and len(injected) == 1
+        with pytest.raises(ValueError, match="already loaded from"):
+            load_adapter(runner, "a4", str(other))
+    finally:
+        del adapters._peft.load_adapter
+        adapters.unload("a4")
+    assert sorted(adapters.paths) == ["a1", "a2"]

@@ -87,6 +87,8 @@ def test_adapters_at_start_listed_with_their_model(server: ServerProcess) -> Non
         listed = {model.name: model for model in pooling.list_models()}
     assert listed["a1"].parent == listed["a2"].parent == "base"
     assert listed["a1"].state == "loaded" and listed["base"].parent == ""
+    # An adapter's own matrices, far less than the base weights it shares.
+    assert 0 < listed["a1"].memory_bytes < listed["base"].memory_bytes / 10
     assert listed["a1"].info is not None and listed["a1"].info.tasks == listed["base"].info.tasks  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{http_port(server)}/v1/models"
     answer = urllib3.request("GET", url, headers={"Authorization": f"Bearer {API}"})
