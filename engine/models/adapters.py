@@ -70,9 +70,8 @@ class AdapterSet:
         with self._layers_changing():
             if name in self.paths:  # two front ends asked at once: the first load serves both
                 if self.paths[name] != str(folder):
-                    raise ValueError(
-                        f"adapter {name!r} is already loaded from {self.paths[name]}; unload it first"
-                    )
+                    loaded = self.paths[name]
+                    raise ValueError(f"adapter {name!r} is already loaded from {loaded}")
                 return self._bytes(name)
             try:
                 if self._peft is None:
