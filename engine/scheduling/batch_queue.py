@@ -720,8 +720,9 @@ class BatchQueue:
         builds slowly (a cache answering half the items) otherwise waits for the pass
         running and then runs alone on every core, which on a CPU does less per core than
         two passes side by side (benchmarks/cache.py: 75 -> 79 calls/s at 8 texts a call;
-        benchmarks/alternate.py at C=16 and C=64: 1.01x and 1.03x, in 4 and 5 of 6 rounds). A lone request always meets worker 0, and a pass
-        with nothing beside it and nothing waiting may use every core (see ThreadShare).
+        benchmarks/alternate.py at C=16 and C=64: 1.01x and 1.03x, in 4 and 5 of 6 rounds).
+        A lone request always meets worker 0, and a pass with nothing beside it and nothing
+        waiting may use every core (see ThreadShare).
         """
         try:
             if index:  # one at a time, in order, as each would run
