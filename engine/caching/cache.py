@@ -104,7 +104,8 @@ class ResultCache:
             self.memory.put(key, value)
         if self.redis is not None:
             self.redis.put(key, pack(key, value))
-        self.stats.stores += 1
+        with self._lock:  # the engine's forward workers store side by side
+            self.stats.stores += 1
         return value
 
     def close(self) -> None:
