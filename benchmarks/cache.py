@@ -113,9 +113,9 @@ def calls_row(model: Path, logs: Path, args: argparse.Namespace) -> dict[str, An
                     client = _own_cpu() - client
                     cpu.stop()
                     calls = -(-len(corpus) // per_call)
-                    used = {role_kind(k): 0.0 for k in cpu.used()} | {"client": client}
-                    for key, value in cpu.used().items():
-                        used[role_kind(key)] += value
+                    used = {"client": client}
+                    for role, value in cpu.used().items():
+                        used[role_kind(role)] = used.get(role_kind(role), 0.0) + value
                     this[name] = {
                         "calls_per_s": round(calls / seconds, 1),
                         "busy": busy,

@@ -185,9 +185,7 @@ def test_loads_wait_for_passes(models: dict[str, LoadedModel], root: Path) -> No
                 stop.set()
             assert all(future.result() > 0 for future in running)
     finally:
-        for name in ("_forward",):
-            del runner.__dict__[name]
-        del peft.load_adapter, peft.delete_adapter
+        del runner._forward, peft.load_adapter, peft.delete_adapter
     assert len(spans["change"]) == 10
     for a, b in spans["change"]:
         overlapping = [(c, d) for c, d in spans["pass"] if c < b and a < d]
