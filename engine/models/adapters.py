@@ -37,6 +37,7 @@ import torch
 from pooling_server.engine.errors import ErrorKind, PoolingError, clip
 
 BASE = "__base__"  # PEFT's row name for the base weights alone
+_READS_ROWS = "_pooling_reads_rows"  # set on a LoRA layer once its hook is registered
 
 
 class AdapterSet:
@@ -47,7 +48,6 @@ class AdapterSet:
         self.model = model
         self.paths: dict[str, str] = {}
         self._peft: Any = None  # the PeftModel around `module`, once one loads
-        self._hooked: set[int] = set()  # the LoRA layers that read a pass's row names
         self._rows = threading.local()  # `names`: the row names of this thread's pass
         # Passes running, and loads or unloads waiting for them to end, under `_turn`.
         self._running = 0
@@ -111,12 +111,14 @@ class AdapterSet:
             del self.paths[name]
 
     def _hook_layers(self) -> None:
+        """Every LoRA layer not yet reading a pass's row names made to (the mark is on the
+        layer itself, so it holds for the layer's life)."""
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         for layer in self.module.modules():
-            if isinstance(layer, BaseTunerLayer) and id(layer) not in self._hooked:
+            if isinstance(layer, BaseTunerLayer) and not getattr(layer, _READS_ROWS, False):
                 layer.register_forward_pre_hook(self._with_rows, with_kwargs=True)
-                self._hooked.add(id(layer))
+                setattr(layer, _READS_ROWS, True)
 
     def _with_rows(
         self, layer: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
